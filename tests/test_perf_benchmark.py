@@ -21,9 +21,11 @@ def test_perf_report_on_tiny_model(tmp_path, capsys):
     assert report["inner_step_teacher_passes"] == 0
     assert report["teacher_forward_tokens_per_edit"] > 0
     assert report["rollout"]["ratio"] > 0 and report["edit"]["ratio"] > 0
+    assert len(report["rollout"]["seconds_each"]) == 3  # --rollout-repeats default, median reported
+    assert 0 < report["hpse_rollout_seconds"] < report["edit"]["hpse_seconds"]
     assert set(report["sequential"]["bytes_after"]) == {"1", "3"}
     assert "memory" in report and report["memory"]["ratio"] > 0
     text = capsys.readouterr().out
-    assert "rollout / generate()" in text and "HPSE edit / NLL-only edit" in text
+    assert "rollout / generate()" in text and "HPSE edit / NLL-only edit" in text and "of which HPSE rollouts" in text
     with pytest.raises(SystemExit):
         perf_main(args)  # never overwrites a report
