@@ -1,0 +1,63 @@
+"""benchmarks/paired.py: per-case paired differences of two runs, by hand-computed cases."""
+
+import json
+
+import pytest
+
+from benchmarks.paired import bootstrap_ci, main, paired_report
+
+
+def _run(path, benchmark, records, name="results.jsonl"):
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps({"benchmark": benchmark}))
+    with open(path / name, "a") as fh:
+        for rec in records:
+            fh.write(json.dumps(rec) + "\n")
+    return path
+
+
+def test_paired_mquake_by_hand(tmp_path):
+    a = _run(tmp_path / "a", "mquake-uns", [
+        {"case_id": "1", "Ind": 0.5, "Cmp": 0.0}, {"case_id": "2", "Ind": 1.0, "Cmp": 1.0},
+        {"case_id": "3", "Ind": 0.0, "Cmp": 0.0}, {"case_id": "9", "Ind": 1.0, "Cmp": 1.0}])
+    # run B split over two process files, as an accelerate run writes it
+    b = _run(tmp_path / "b", "mquake-uns", [{"case_id": "1", "Ind": 1.0, "Cmp": 1.0}], "results.rank0-of-2.jsonl")
+    _run(b, "mquake-uns", [{"case_id": "2", "Ind": 1.0, "Cmp": 0.0}, {"case_id": "3", "Ind": 0.0, "Cmp": 0.0}],
+         "results.rank1-of-2.jsonl")
+    r = paired_report(a, b, resamples=2000)
+    assert r["n_cases"] == 3 and r["only_in_a"] == 1 and r["only_in_b"] == 0
+    ind, cmp_, avg = r["metrics"]["Ind"], r["metrics"]["Cmp"], r["metrics"]["Avg"]
+    assert ind["a"] == pytest.approx(50.0) and ind["b"] == pytest.approx(200 / 3)
+    assert ind["diff"] == pytest.approx(50 / 3) and (ind["b_wins"], ind["ties"], ind["b_losses"]) == (1, 2, 0)
+    assert cmp_["diff"] == pytest.approx(0.0) and (cmp_["b_wins"], cmp_["ties"], cmp_["b_losses"]) == (1, 1, 1)
+    # Avg is the per-case mean of Ind and Cmp: A = (25, 100, 0), B = (100, 50, 0)
+    assert avg["a"] == pytest.approx(125 / 3) and avg["b"] == pytest.approx(50.0)
+    lo, hi = ind["diff_ci95"]
+    assert lo <= ind["diff"] <= hi and lo >= 0.0  # every resampled mean of (+50, 0, 0) is >= 0
+
+
+def test_bootstrap_ci_of_constant_and_spread():
+    assert bootstrap_ci([3.0] * 5) == (3.0, 3.0)
+    lo, hi = bootstrap_ci([0.0, 100.0] * 10, resamples=4000)
+    assert 20 < lo < 50 < hi < 80
+
+
+def test_paired_refuses_mixed_benchmarks_and_non_runs(tmp_path, capsys):
+    a = _run(tmp_path / "a", "mquake-uns", [{"case_id": "1", "Ind": 1.0, "Cmp": 1.0}])
+    u = _run(tmp_path / "u", "unkebench", [{"case_id": "1", "Jnt": 1.0, "Dmp": 1.0, "Div": 1.0}])
+    assert main([str(a), str(u)]) == 2
+    assert "compare runs of one benchmark" in capsys.readouterr().err
+    assert main([str(a), str(tmp_path / "nothing")]) == 2
+    assert "no config.json" in capsys.readouterr().err
+
+
+def test_paired_cli_table_and_no_overwrite(tmp_path, capsys):
+    a = _run(tmp_path / "a", "unkebench", [{"case_id": "1", "Jnt": 0.5, "Dmp": 0.0, "Div": 1.0}])
+    b = _run(tmp_path / "b", "unkebench", [{"case_id": "1", "Jnt": 1.0, "Dmp": 0.5, "Div": 0.9}])
+    out = tmp_path / "p.json"
+    assert main([str(a), str(b), "--label-a", "LoRA", "--label-b", "HPSE", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "| Jnt | 50.0" in text and "HPSE - LoRA" in text and "| Div |" in text
+    assert json.loads(out.read_text())["metrics"]["Dmp"]["diff"] == pytest.approx(50.0)
+    with pytest.raises(SystemExit):
+        main([str(a), str(b), "--out", str(out)])
