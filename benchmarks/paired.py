@@ -8,6 +8,7 @@ both runs), and how many cases B won, tied and lost. ``Avg`` is the per-case mea
 metrics (MQuAKE-uns: Ind and Cmp; UnKEBench: Jnt, Dmp, Div), as in the paper's tables.
 
     python -m benchmarks.paired runs/mq20-lora runs/mq20-hpse --out runs/mq20-paired.json
+    python -m benchmarks.paired runs/mq20-lora runs/mq20-hpse --show 3 --data ../shared/data   # + case studies
 """
 
 from __future__ import annotations
@@ -80,7 +81,12 @@ def paired_report(dir_a: str | Path, dir_b: str | Path, *, resamples: int = 1000
     b = [_case_values(recs_b[c], metrics) for c in common]
     out: dict[str, Any] = {"benchmark": bench_a, "a": str(dir_a), "b": str(dir_b), "n_cases": len(common),
                            "only_in_a": len(recs_a) - len(common), "only_in_b": len(recs_b) - len(common),
+                           "cases": common,
                            "metrics": {}}
+    from .runner import stepin_rate_by_round
+
+    out["stepin_rate_by_round"] = {"a": stepin_rate_by_round([recs_a[c] for c in common]),
+                                   "b": stepin_rate_by_round([recs_b[c] for c in common])}
     for m in (*metrics, "Avg"):
         xa, xb = [100 * v[m] for v in a], [100 * v[m] for v in b]
         diff = [y - x for x, y in zip(xa, xb)]
@@ -107,7 +113,63 @@ def paired_table(report: Mapping[str, Any], label_a: str = "A", label_b: str = "
             f"{r['diff']:+.1f} [{r['diff_ci95'][0]:+.1f}, {r['diff_ci95'][1]:+.1f}] | "
             f"{r['b_wins']} / {r['ties']} / {r['b_losses']} |"
         )
+    for key, label in (("a", label_a), ("b", label_b)):
+        rates = report.get("stepin_rate_by_round", {}).get(key) or []
+        if any(r is not None for r in rates):
+            lines.append(f"\n{label}: step-in rate by round " + ", ".join("-" if r is None else f"{100 * r:.1f}%" for r in rates))
     return "\n".join(lines) + "\n"
+
+
+def _qa_rows(benchmark: str, case: Mapping[str, Any], rec_a: Mapping, rec_b: Mapping) -> list[tuple[str, str, str, str]]:
+    """(question, expected, answer A, answer B) for every question of one case."""
+    ans_a, ans_b = rec_a.get("answers") or {}, rec_b.get("answers") or {}
+    if benchmark == "mquake-uns":
+        qs = [(q, g, "single_hop", i) for i, (q, g) in enumerate(zip(case["single_hop_questions"], case["single_hop_answers"]))]
+        # the multi-hop questions share one answer list: new_answer + new_answer_alias
+        qs += [(q, case["multi_hop_answers"], "multi_hop", i) for i, q in enumerate(case["multi_hop_questions"])]
+        return [(q, " / ".join(g[:3]), (ans_a.get(k) or [""] * (i + 1))[i], (ans_b.get(k) or [""] * (i + 1))[i])
+                for q, g, k, i in qs]
+    rows = [(case["question"], "(the passage)", ans_a.get("question", ""), ans_b.get("question", ""))]
+    rows += [(q, g, (ans_a.get("sub_questions") or [""] * (i + 1))[i], (ans_b.get("sub_questions") or [""] * (i + 1))[i])
+             for i, (q, g) in enumerate(zip(case["sub_questions"], case["sub_answers"]))]
+    return rows
+
+
+def case_studies(report: Mapping[str, Any], data_dir: str | Path, n: int, *, label_a: str = "A", label_b: str = "B",
+                 max_chars: int = 240) -> str:
+    """Markdown for the ``n`` cases where the two runs differ most on Avg (ties broken by case order):
+    every question with its expected answer and both runs' answers (cut to ``max_chars``)."""
+    from .datasets import load_mquake_uns, load_unkebench
+
+    benchmark = report["benchmark"]
+    _, recs_a = load_run(report["a"])
+    _, recs_b = load_run(report["b"])
+    metrics = METRICS[benchmark]
+    common = sorted(set(recs_a) & set(recs_b), key=lambda c: (len(c), c))
+    gap = {c: _case_values(recs_b[c], metrics)["Avg"] - _case_values(recs_a[c], metrics)["Avg"] for c in common}
+    chosen = sorted(common, key=lambda c: -abs(gap[c]))[:n]
+    if benchmark == "mquake-uns":
+        cases = load_mquake_uns(data_dir)
+    else:
+        cases = load_unkebench(data_dir, subjects="heuristic")
+    by_id = {str(c["case_id"]): c for c in cases}
+
+    def cut(text: str) -> str:
+        text = " ".join(str(text).split()).replace("|", "/")
+        return text if len(text) <= max_chars else text[:max_chars] + " ..."
+
+    out = []
+    for cid in chosen:
+        case = by_id.get(cid)
+        if case is None:
+            raise ValueError(f"case {cid} of {report['a']} is not in the {benchmark} data under {data_dir}; pass the "
+                             "--data directory the runs used")
+        scores = " ".join(f"{m} {100 * recs_a[cid][m]:.0f} -> {100 * recs_b[cid][m]:.0f}" for m in metrics)
+        out += [f"#### case {cid} ({label_a} -> {label_b}: {scores})", "",
+                f"| question | expected | {label_a} | {label_b} |", "|---|---|---|---|"]
+        out += [f"| {cut(q)} | {cut(g)} | {cut(x)} | {cut(y)} |" for q, g, x, y in _qa_rows(benchmark, case, recs_a[cid], recs_b[cid])]
+        out.append("")
+    return "\n".join(out)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -118,6 +180,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--label-b", default="B", help="column label of run_b")
     parser.add_argument("--resamples", type=int, default=10000, help="bootstrap resamples (default 10000)")
     parser.add_argument("--out", help="also write the report as JSON here (refuses to overwrite an existing file)")
+    parser.add_argument("--plot", metavar="PNG", help="also plot both runs' mean step-in rate per round (common cases)")
+    parser.add_argument("--show", type=int, default=0, metavar="N",
+                        help="also print the N cases where the runs differ most: questions, expected and both answers")
+    parser.add_argument("--data", help="data directory the runs used, for --show (default: $HPSE_DATA_DIR or ../shared/data)")
     args = parser.parse_args(argv)
     if args.out and Path(args.out).exists():
         parser.error(f"--out {args.out} exists; choose a new file")
@@ -127,6 +193,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(paired_table(report, args.label_a, args.label_b), end="")
+    if args.plot:
+        from .report import plot_stepin_rates
+
+        series = {args.label_a: report["stepin_rate_by_round"]["a"], args.label_b: report["stepin_rate_by_round"]["b"]}
+        Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
+        plot_stepin_rates(series, args.plot, title=f"Step-in rate per round, {report['benchmark']}, "
+                                                   f"{report['n_cases']} cases")
+        print(f"wrote {args.plot}")
+    if args.show:
+        from .datasets import DataError, default_data_dir
+
+        try:
+            print("\n" + case_studies(report, args.data or default_data_dir(), args.show,
+                                      label_a=args.label_a, label_b=args.label_b))
+        except (DataError, FileNotFoundError, ValueError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=1), encoding="utf-8")

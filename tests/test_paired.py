@@ -25,6 +25,7 @@ def test_paired_mquake_by_hand(tmp_path):
     _run(b, "mquake-uns", [{"case_id": "2", "Ind": 1.0, "Cmp": 0.0}, {"case_id": "3", "Ind": 0.0, "Cmp": 0.0}],
          "results.rank1-of-2.jsonl")
     r = paired_report(a, b, resamples=2000)
+    assert r["cases"] == ["1", "2", "3"] and r["stepin_rate_by_round"] == {"a": [], "b": []}
     assert r["n_cases"] == 3 and r["only_in_a"] == 1 and r["only_in_b"] == 0
     ind, cmp_, avg = r["metrics"]["Ind"], r["metrics"]["Cmp"], r["metrics"]["Avg"]
     assert ind["a"] == pytest.approx(50.0) and ind["b"] == pytest.approx(200 / 3)
@@ -54,10 +55,35 @@ def test_paired_refuses_mixed_benchmarks_and_non_runs(tmp_path, capsys):
 def test_paired_cli_table_and_no_overwrite(tmp_path, capsys):
     a = _run(tmp_path / "a", "unkebench", [{"case_id": "1", "Jnt": 0.5, "Dmp": 0.0, "Div": 1.0}])
     b = _run(tmp_path / "b", "unkebench", [{"case_id": "1", "Jnt": 1.0, "Dmp": 0.5, "Div": 0.9}])
-    out = tmp_path / "p.json"
-    assert main([str(a), str(b), "--label-a", "LoRA", "--label-b", "HPSE", "--out", str(out)]) == 0
+    out, png = tmp_path / "p.json", tmp_path / "plot" / "s.png"
+    rounds = [{"round": 1, "stepin_rate": 0.25}, {"round": 2, "stepin_rate": 0.05}]
+    _run(b, "unkebench", [{"case_id": "2", "Jnt": 1.0, "Dmp": 1.0, "Div": 1.0, "rounds": rounds}])
+    _run(a, "unkebench", [{"case_id": "2", "Jnt": 1.0, "Dmp": 1.0, "Div": 1.0, "rounds": [{"round": 1, "stepin_rate": None}]}])
+    assert main([str(a), str(b), "--label-a", "LoRA", "--label-b", "HPSE", "--out", str(out), "--plot", str(png)]) == 0
+    assert png.stat().st_size > 0
     text = capsys.readouterr().out
-    assert "| Jnt | 50.0" in text and "HPSE - LoRA" in text and "| Div |" in text
-    assert json.loads(out.read_text())["metrics"]["Dmp"]["diff"] == pytest.approx(50.0)
+    assert "| Jnt | 75.0" in text and "HPSE - LoRA" in text and "| Div |" in text
+    assert "HPSE: step-in rate by round 25.0%, 5.0%" in text and "LoRA: step-in" not in text
+    assert json.loads(out.read_text())["metrics"]["Dmp"]["diff"] == pytest.approx(25.0)
     with pytest.raises(SystemExit):
         main([str(a), str(b), "--out", str(out)])
+
+
+def test_case_studies_on_real_mquake_case(tmp_path, capsys):
+    from pathlib import Path
+
+    from benchmarks.datasets import default_data_dir, load_mquake_uns
+
+    data = Path(default_data_dir())
+    if not (data / "akew" / "MQuAKE-CF.json").is_file():
+        pytest.skip(f"MQuAKE-uns data not found under {data} (set HPSE_DATA_DIR)")
+    case = load_mquake_uns(data, limit=1)[0]
+    n_single, n_multi = len(case["single_hop_questions"]), len(case["multi_hop_questions"])
+    answers = {"single_hop": ["a%d" % i for i in range(n_single)], "multi_hop": ["m%d" % i for i in range(n_multi)]}
+    a = _run(tmp_path / "a", "mquake-uns", [{"case_id": case["case_id"], "Ind": 0.0, "Cmp": 0.0, "answers": answers}])
+    b = _run(tmp_path / "b", "mquake-uns", [{"case_id": case["case_id"], "Ind": 1.0, "Cmp": 1.0, "answers": answers}])
+    assert main([str(a), str(b), "--show", "1", "--data", str(data)]) == 0
+    text = capsys.readouterr().out
+    assert f"#### case {case['case_id']} (A -> B: Ind 0 -> 100 Cmp 0 -> 100)" in text
+    assert case["multi_hop_questions"][2] in text and case["multi_hop_answers"][0] in text
+    assert "| m2 | m2 |" in text
