@@ -5,7 +5,9 @@ results files of two run directories (``runs/A`` and ``runs/B``, any number of p
 keeps the cases both have, and reports per metric: the two means, the mean paired difference B - A
 with a 95% bootstrap confidence interval (cases resampled with replacement, the same resample for
 both runs), and how many cases B won, tied and lost. ``Avg`` is the per-case mean of the task's
-metrics (MQuAKE-uns: Ind and Cmp; UnKEBench: Jnt, Dmp, Div), as in the paper's tables.
+metrics (MQuAKE-uns: Ind and Cmp; UnKEBench: Jnt, Dmp, Div), as in the paper's tables. For
+MQuAKE-uns it adds ``AnsDiv``, a diagnostic outside the paper: 1 - SelfBLEU-4 among all answers of a
+case, which exposes an editor that answers every question by reciting the passage.
 
     python -m benchmarks.paired runs/mq20-lora runs/mq20-hpse --out runs/mq20-paired.json
     python -m benchmarks.paired runs/mq20-lora runs/mq20-hpse --show 3 --data ../shared/data   # + case studies
@@ -61,9 +63,21 @@ def bootstrap_ci(values: Sequence[float], *, resamples: int = 10000, seed: int =
     return lo, hi
 
 
+# Not a paper metric: 1 - SelfBLEU-4 among ALL of a MQuAKE-uns case's answers. An editor that answers
+# every question by reciting the passage scores near 0 here, and can still pass the substring check.
+ANSWER_DIVERSITY = "AnsDiv"
+
+
 def _case_values(rec: Mapping[str, Any], metrics: Sequence[str]) -> dict[str, float]:
     vals = {m: float(rec[m]) for m in metrics}
     vals["Avg"] = _mean([vals[m] for m in metrics])
+    answers = rec.get("answers") or {}
+    if "single_hop" in answers:
+        from .metrics import diversity
+
+        div = diversity([*answers.get("single_hop", []), *answers.get("multi_hop", [])])
+        if div is not None:
+            vals[ANSWER_DIVERSITY] = div
     return vals
 
 
@@ -87,7 +101,8 @@ def paired_report(dir_a: str | Path, dir_b: str | Path, *, resamples: int = 1000
 
     out["stepin_rate_by_round"] = {"a": stepin_rate_by_round([recs_a[c] for c in common]),
                                    "b": stepin_rate_by_round([recs_b[c] for c in common])}
-    for m in (*metrics, "Avg"):
+    extra = [ANSWER_DIVERSITY] if all(ANSWER_DIVERSITY in v for v in (*a, *b)) else []
+    for m in (*metrics, "Avg", *extra):
         xa, xb = [100 * v[m] for v in a], [100 * v[m] for v in b]
         diff = [y - x for x, y in zip(xa, xb)]
         lo, hi = bootstrap_ci(diff, resamples=resamples, seed=seed)
@@ -113,6 +128,9 @@ def paired_table(report: Mapping[str, Any], label_a: str = "A", label_b: str = "
             f"{r['diff']:+.1f} [{r['diff_ci95'][0]:+.1f}, {r['diff_ci95'][1]:+.1f}] | "
             f"{r['b_wins']} / {r['ties']} / {r['b_losses']} |"
         )
+    if ANSWER_DIVERSITY in report["metrics"]:
+        lines.append(f"\n{ANSWER_DIVERSITY} is a diagnostic, not a paper metric: 1 - SelfBLEU-4 among all answers of a case "
+                     "(near 0 when every question is answered by reciting the same passage).")
     for key, label in (("a", label_a), ("b", label_b)):
         rates = report.get("stepin_rate_by_round", {}).get(key) or []
         if any(r is not None for r in rates):

@@ -85,5 +85,18 @@ def test_case_studies_on_real_mquake_case(tmp_path, capsys):
     assert main([str(a), str(b), "--show", "1", "--data", str(data)]) == 0
     text = capsys.readouterr().out
     assert f"#### case {case['case_id']} (A -> B: Ind 0 -> 100 Cmp 0 -> 100)" in text
+    assert "| AnsDiv |" in text and "not a paper metric" in text
     assert case["multi_hop_questions"][2] in text and case["multi_hop_answers"][0] in text
     assert "| m2 | m2 |" in text
+
+
+def test_answer_diversity_exposes_recitation(tmp_path):
+    recite = "Manila is the capital of the Philippines and the birthplace of Mark Burnett, who created Tetris."
+    same = {"single_hop": [recite, recite], "multi_hop": [recite, recite, recite]}
+    varied = {"single_hop": ["Mark Burnett created it.", "He was born in Manila."],
+              "multi_hop": ["Manila.", "The creator was born in Manila, the capital.", "In the city of Manila."]}
+    a = _run(tmp_path / "a", "mquake-uns", [{"case_id": "1", "Ind": 1.0, "Cmp": 1.0, "answers": same}])
+    b = _run(tmp_path / "b", "mquake-uns", [{"case_id": "1", "Ind": 1.0, "Cmp": 1.0, "answers": varied}])
+    r = paired_report(a, b, resamples=100)
+    assert r["metrics"]["AnsDiv"]["a"] == pytest.approx(0.0) and r["metrics"]["AnsDiv"]["b"] > 50
+    assert r["metrics"]["Avg"]["diff"] == pytest.approx(0.0)  # AnsDiv never enters the paper's Avg
