@@ -55,7 +55,7 @@ import torch.nn.functional as F
 from .editor import EditResult, RequestError, normalize_requests
 from .executors import make_executor
 from .hparams import HParamsError
-from .integrations.config import EditorHParams, hp_field
+from .integrations.config import ExecutorHParams, hp_field
 from .losses import sequence_nll
 from .prompts import chat_prompt_ids, end_of_turn_id
 from .rollout import input_device
@@ -75,24 +75,12 @@ _SENTENCE_END = re.compile(r"[.!?][\"'\u201d\u2019)\]]*(?=\s)")
 
 
 @dataclass
-class COINHyperParams(EditorHParams):
+class COINHyperParams(ExecutorHParams):
     """Hyper-parameters of one COIN* edit (see the module docstring for each loss term)."""
 
     ALG_NAME = "COIN"
 
     alg_name: str = hp_field("COIN", "Method name; must be COIN (EasyEdit dispatches on it).", choices=("COIN",))
-    executor: str = hp_field("lora", "Which parameters move: 'lora' (adapters) or 'ft_m' (one MLP matrix).", choices=("lora", "ft_m"))
-    lora_rank: int = hp_field(12, "LoRA rank r.", min=1)
-    lora_alpha: float = hp_field(24.0, "LoRA alpha (scaling = alpha / r).", min=0.0)
-    lora_dropout: float = hp_field(0.0, "LoRA dropout.", min=0.0, max=1.0)
-    target_modules: list = hp_field(
-        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-        "Module names that get LoRA adapters.", nonempty=True,
-    )
-    layers: Any = hp_field(None, "Layer indices that get LoRA adapters; null = all layers.", types=(list, type(None)))
-    ftm_layer: int = hp_field(8, "FT-M: the layer L whose MLP down_proj is fine-tuned.", min=0)
-    ftm_module_template: str = hp_field("model.layers.{}.mlp.down_proj", "FT-M: module path template, '{}' = layer.")
-    seed: int = hp_field(0, "Seed for adapter initialisation.", min=0)
     steps: int = hp_field(40, "Adam steps on the fixed long + short batch (40 = the LoRA baseline's 5 x 8).", min=1)
     lr: float = hp_field(1e-4, "Adam step size.", min=0.0, exclusive_min=True)
     adam_betas: list = hp_field([0.9, 0.999], "Adam betas.", length=2)

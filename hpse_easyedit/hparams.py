@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Iterable, Mapping
 
 import yaml
 
-__all__ = ["HPSEHyperParams", "HParamsError", "YamlHParams", "parse_overrides"]
+__all__ = ["EditorHParams", "ExecutorHParams", "HPSEHyperParams", "HParamsError", "YamlHParams", "parse_overrides"]
 
 
 class HParamsError(ValueError):
@@ -127,21 +127,27 @@ class YamlHParams:
 
 
 @dataclass
-class HPSEHyperParams(YamlHParams):
-    """Hyper-parameters of one HPSE edit (and of its executor baselines and ablations)."""
+class EditorHParams(YamlHParams):
+    """The fields EasyEdit's ``BaseEditor`` reads and ``hpse_easyedit.load_model`` needs, shared by every method."""
 
-    ALG_NAME: ClassVar[str] = "HPSE"
-
-    alg_name: str = _f("HPSE", "Method name; must be HPSE (EasyEdit dispatches on it).", choices=("HPSE",))
+    alg_name: str = _f("", "Method name; EasyEdit's BaseEditor dispatches on it.")
     model_name: str = _f("", "HF model id or local directory of the model to edit.", nonempty=True)
     device: Any = _f("cpu", "'cpu', 'cuda', 'cuda:N' or an int GPU index (EasyEdit style).", types=(str, int))
     dtype: str = _f("float32", "Weights dtype when loading.", choices=("float32", "bfloat16", "float16"))
     model_parallel: bool = _f(False, "Spread the model over all visible GPUs (device_map='auto').")
     trust_remote_code: bool = _f(False, "Allow model code from the hub; off unless you trust the repo.")
-    max_length: int = _f(2048, "Longest token sequence (prompt + passage, prompt + rollout) an edit may build.", min=8)
+    max_length: int = _f(2048, "Longest token sequence (prompt + passage, prompt + rollout) an edit may build; "
+                               "EasyEdit's evaluation also reads it.", min=8)
     batch_size: int = _f(1, "Requests per batch_edit call (EasyEdit); all requests of one call are edited jointly.", min=1)
     use_chat_template: bool = _f(
         True, "EasyEdit evaluation only: BaseEditor scores teacher-forced accuracy with prompts in the chat template.")
+    editing_prompt: str = _f("Introduce {subject}.", "Untargeted editing prompt; '{subject}' is filled in.", contains="{subject}")
+    chat_template_kwargs: dict = _f({}, "Extra keyword arguments for apply_chat_template (e.g. enable_thinking: false).")
+
+
+@dataclass
+class ExecutorHParams(EditorHParams):
+    """What moves in an edit, for the methods that train through an executor (HPSE, COIN*)."""
 
     executor: str = _f("lora", "Which parameters move: 'lora' (adapters) or 'ft_m' (one MLP matrix).", choices=("lora", "ft_m"))
     lora_rank: int = _f(12, "LoRA rank r.", min=1)
@@ -154,6 +160,16 @@ class HPSEHyperParams(YamlHParams):
     layers: Any = _f(None, "Layer indices that get LoRA adapters; null = all layers.", types=(list, type(None)))
     ftm_layer: int = _f(8, "FT-M: the layer L whose MLP down_proj is fine-tuned (8 Qwen/Gemma, 16 Llama-3.1).", min=0)
     ftm_module_template: str = _f("model.layers.{}.mlp.down_proj", "FT-M: module path template, '{}' = layer.")
+    seed: int = _f(0, "Seed for adapter initialisation.", min=0)
+
+
+@dataclass
+class HPSEHyperParams(ExecutorHParams):
+    """Hyper-parameters of one HPSE edit (and of its executor baselines and ablations)."""
+
+    ALG_NAME: ClassVar[str] = "HPSE"
+
+    alg_name: str = _f("HPSE", "Method name; must be HPSE (EasyEdit dispatches on it).", choices=("HPSE",))
 
     tau: float = _f(2.0, "Step-in gap gate: log pi*(y*) - log pi_theta(y*) > tau.")
     kappa: float = _f(0.3, "Step-in confidence gate: pi*(y*) > kappa.", min=0.0, max=1.0)
@@ -167,7 +183,6 @@ class HPSEHyperParams(YamlHParams):
     adam_betas: list = _f([0.9, 0.999], "Adam betas.", length=2)
     weight_decay: float = _f(0.0, "Adam weight decay.", min=0.0)
     max_new_tokens: int = _f(96, "Rollout length cap (96 MQuAKE-uns, 128 UnKEBench).", min=1)
-    editing_prompt: str = _f("Introduce {subject}.", "Untargeted editing prompt; '{subject}' is filled in.", contains="{subject}")
     teacher_prompt_style: str = _f(
         "auto", "Privileged system prompt wording: 'auto' (from model_type), 'default' or 'llama'.",
         choices=("auto", "default", "llama"),
@@ -180,8 +195,6 @@ class HPSEHyperParams(YamlHParams):
         True, "Advance student and teacher in ONE batched forward per rollout token (one KV cache of batch 2); "
         "false = two separate cached forwards. Same tokens either way.",
     )
-    chat_template_kwargs: dict = _f({}, "Extra keyword arguments for apply_chat_template (e.g. enable_thinking: false).")
-    seed: int = _f(0, "Seed for adapter initialisation.", min=0)
 
 
 def parse_overrides(items: Iterable[str]) -> dict:
