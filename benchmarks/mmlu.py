@@ -50,6 +50,9 @@ def letter_scores(model: Any, tokenizer: Any, items: Sequence[MMLUItem], batch_s
     letters = letter_token_ids(tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     order = sorted(range(len(items)), key=lambda i: len(encoded[i]))  # similar lengths share a batch
+    # Only the last position's logits are read: skip the [B, T, V] head product where the model allows it
+    # (transformers >= 4.50 names it logits_to_keep; a model or wrapper that refuses it gets the full product).
+    last_only: dict = {"logits_to_keep": 1}
     scores: list[list[float]] = [[] for _ in items]
     was_training = model.training
     model.eval()
@@ -63,9 +66,14 @@ def letter_scores(model: Any, tokenizer: Any, items: Sequence[MMLUItem], batch_s
                 ids[row, width - len(encoded[i]):] = torch.tensor(encoded[i])
                 mask[row, width - len(encoded[i]):] = 1
             positions = (mask.cumsum(-1) - 1).clamp(min=0)
-            logits = model(
-                input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device)
-            ).logits[:, -1].float()
+            inputs = dict(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device))
+            try:
+                logits = model(**inputs, **last_only).logits[:, -1].float()
+            except TypeError:
+                if not last_only:
+                    raise
+                last_only = {}
+                logits = model(**inputs).logits[:, -1].float()
             for row, i in enumerate(idx):
                 scores[i] = [max(logits[row, t].item() for t in cand) for cand in letters]
     finally:

@@ -90,6 +90,7 @@ class RunOptions:
     mmlu_shots: int = 5
     mmlu_seed: int = 0
     mmlu_batch_size: int = 4
+    mmlu_every: int = 1
     dist_timeout_hours: float = DEFAULT_TIMEOUT.total_seconds() / 3600
 
     def __post_init__(self) -> None:
@@ -101,6 +102,8 @@ class RunOptions:
             raise ValueError(f"--limit must be >= 1, got {self.limit}")
         if self.mmlu_n < 0:
             raise ValueError(f"--mmlu-n must be >= 0 (0 skips MMLU), got {self.mmlu_n}")
+        if self.mmlu_every < 1:
+            raise ValueError(f"--mmlu-every must be >= 1 (1 = MMLU after every edit), got {self.mmlu_every}")
         if self.dist_timeout_hours <= 0:
             raise ValueError(f"--dist-timeout-hours must be > 0, got {self.dist_timeout_hours}")
 
@@ -274,6 +277,8 @@ class _Run:
             config["judge"] = self.judge.name if self.judge else None
             config["subjects"] = o.subjects
             config["mmlu"] = {"n": o.mmlu_n, "shots": o.mmlu_shots, "seed": o.mmlu_seed} if self.mmlu_enabled else None
+            if self.mmlu_enabled and o.mmlu_every != 1:  # absent at 1, so run directories from before the option still match
+                config["mmlu"]["every"] = o.mmlu_every
         return config
 
     # ---------------------------------------------------------------------------------------- results files
@@ -327,6 +332,10 @@ class _Run:
 
         acc, _ = mmlu_accuracy(model, self.tok, self.mmlu_items, batch_size=self.opts.mmlu_batch_size)
         return 100.0 * acc
+
+    def _mmlu_due(self, unit: int) -> bool:
+        """MMLU after the edit of this case (single) or block (sequential): every ``mmlu_every``-th one, from the first."""
+        return self.mmlu_enabled and unit % self.opts.mmlu_every == 0
 
     def _mmlu_before(self, compute: bool) -> float | None:
         """MMLU of the unedited model, computed once per output directory (kept in mmlu_before.json)."""
@@ -383,7 +392,7 @@ class _Run:
             case = self.cases[i]
             res, seconds = self._edit(self.model, case)
             answers = self._answers(res.model, [case])[0]
-            mmlu_after = self._mmlu(res.model) if self.mmlu_enabled else None
+            mmlu_after = self._mmlu(res.model) if self._mmlu_due(i) else None
             self.model = self.editor.restore(res.model, res.weights_copy)
             rec = self._record(i, case, answers, res, seconds, None, mmlu_after)
             self.store.append([rec])
@@ -398,7 +407,7 @@ class _Run:
                 model = res.model
                 results.append((res, seconds))
             answers = self._answers(model, [self.cases[i] for i in block])
-            mmlu_after = self._mmlu(model) if self.mmlu_enabled else None
+            mmlu_after = self._mmlu(model) if self._mmlu_due(b) else None
             self.model = self.editor.restore(model, first.weights_copy)
             self.store.append([
                 self._record(i, self.cases[i], a, res, seconds, b, mmlu_after)
@@ -474,6 +483,7 @@ class _Run:
         if self.task.name == "unkebench":
             out["MMLU_before"] = mmlu_before
             out["MMLU_after"] = mean(r.get("MMLU_after") for r in records)
+            out["MMLU_edits"] = sum(r.get("MMLU_after") is not None for r in records)  # < n_cases under --mmlu-every
             out["judge"] = self.judge.name if self.judge else None
         out.update(
             n_cases=len(records),
@@ -529,6 +539,9 @@ def add_run_arguments(parser: argparse.ArgumentParser, benchmark: str | None) ->
         u.add_argument("--mmlu-n", type=int, default=100, help="MMLU subset size for locality (0 skips it; default 100)")
         u.add_argument("--mmlu-shots", type=int, default=5, help="dev examples per MMLU prompt (default 5)")
         u.add_argument("--mmlu-seed", type=int, default=0, help="seed of the fixed MMLU subset (default 0)")
+        u.add_argument("--mmlu-every", type=int, default=1, metavar="K",
+                       help="MMLU after every K-th edit only (cases or blocks 0, K, 2K, ...; default 1 = every edit): "
+                            "on a CPU the 5-shot subset costs more than the edit")
     if benchmark in (None, "mquake-uns"):
         m = parser.add_argument_group("MQuAKE-uns")
         m.add_argument("--mquake-file", metavar="FILE",
@@ -570,6 +583,7 @@ def options_from_args(args: argparse.Namespace, benchmark: str, hparams: str, ov
         mmlu_n=getattr(args, "mmlu_n", 0),
         mmlu_shots=getattr(args, "mmlu_shots", 5),
         mmlu_seed=getattr(args, "mmlu_seed", 0),
+        mmlu_every=getattr(args, "mmlu_every", 1),
         dist_timeout_hours=args.dist_timeout_hours,
     )
 

@@ -127,6 +127,20 @@ def test_tiny_single_editing_run_both_benchmarks(tiny, tmp_path):
     assert "lexical-fallback" in (tmp_path / "unke" / "table.md").read_text()
 
 
+def test_mmlu_every_k_measures_only_every_kth_edit_and_is_part_of_the_config(tiny, tmp_path):
+    opts = dict(limit=3, mmlu_every=2, out_dir=str(tmp_path / "every"))
+    summary = run_benchmark(_opts(tiny, tmp_path, "unkebench", **opts))
+    recs = _lines(tmp_path / "every")
+    assert ["MMLU_after" in r for r in recs] == [True, False, True]  # cases 0 and 2
+    assert summary["MMLU_edits"] == 2
+    assert summary["MMLU_after"] == pytest.approx(sum(r["MMLU_after"] for r in recs if "MMLU_after" in r) / 2)
+    assert json.loads((tmp_path / "every" / "config.json").read_text())["mmlu"]["every"] == 2
+    with pytest.raises(ConfigMismatchError):  # another sampling of MMLU is another configuration
+        run_benchmark(_opts(tiny, tmp_path, "unkebench", **{**opts, "mmlu_every": 1}))
+    with pytest.raises(ValueError, match="--mmlu-every"):
+        _opts(tiny, tmp_path, "unkebench", mmlu_every=0)
+
+
 def test_tiny_continual_editing_blocks(tiny, tmp_path):
     spy = Spy()
     register_editor("SPY", spy.factory)
