@@ -82,9 +82,6 @@ class COINHyperParams(ExecutorHParams):
 
     alg_name: str = hp_field("COIN", "Method name; must be COIN (EasyEdit dispatches on it).", choices=("COIN",))
     steps: int = hp_field(40, "Adam steps on the fixed long + short batch (40 = the LoRA baseline's 5 x 8).", min=1)
-    lr: float = hp_field(1e-4, "Adam step size.", min=0.0, exclusive_min=True)
-    adam_betas: list = hp_field([0.9, 0.999], "Adam betas.", length=2)
-    weight_decay: float = hp_field(0.0, "Adam weight decay.", min=0.0)
     long_weight: float = hp_field(1.0, "Weight of NLL(passage | editing prompt), the long context.", min=0.0)
     short_weight: float = hp_field(1.0, "Weight of NLL(chunk | editing prompt) over every chunk, the short contexts.", min=0.0)
     cons_weight: float = hp_field(1.0, "Knowledge Consistency Loss: KL(long-context || short-context) next-token distributions.", min=0.0)

@@ -147,7 +147,7 @@ class EditorHParams(YamlHParams):
 
 @dataclass
 class ExecutorHParams(EditorHParams):
-    """What moves in an edit, for the methods that train through an executor (HPSE, COIN*)."""
+    """What moves in an edit and the Adam optimiser that moves it, for the methods that train through an executor (HPSE, COIN*)."""
 
     executor: str = _f("lora", "Which parameters move: 'lora' (adapters) or 'ft_m' (one MLP matrix).", choices=("lora", "ft_m"))
     lora_rank: int = _f(12, "LoRA rank r.", min=1)
@@ -161,6 +161,9 @@ class ExecutorHParams(EditorHParams):
     ftm_layer: int = _f(8, "FT-M: the layer L whose MLP down_proj is fine-tuned (8 Qwen/Gemma, 16 Llama-3.1).", min=0)
     ftm_module_template: str = _f("model.layers.{}.mlp.down_proj", "FT-M: module path template, '{}' = layer.")
     seed: int = _f(0, "Seed for adapter initialisation.", min=0)
+    lr: float = _f(1e-4, "Adam step size (eta).", min=0.0, exclusive_min=True)
+    adam_betas: list = _f([0.9, 0.999], "Adam betas.", length=2)
+    weight_decay: float = _f(0.0, "Adam weight decay.", min=0.0)
 
 
 @dataclass
@@ -179,9 +182,6 @@ class HPSEHyperParams(ExecutorHParams):
     rollout: str = _f("hybrid", "'hybrid' (HPSE) or 'on_policy' (OPSD, the 'w/o HP' ablation).", choices=("hybrid", "on_policy"))
     rounds: int = _f(5, "R: outer rounds, one greedy rollout each.", min=1)
     inner_steps: int = _f(8, "M: Adam steps per round on that round's fixed rollout.", min=1)
-    lr: float = _f(1e-4, "Adam step size eta.", min=0.0, exclusive_min=True)
-    adam_betas: list = _f([0.9, 0.999], "Adam betas.", length=2)
-    weight_decay: float = _f(0.0, "Adam weight decay.", min=0.0)
     max_new_tokens: int = _f(96, "Rollout length cap (96 MQuAKE-uns, 128 UnKEBench).", min=1)
     teacher_prompt_style: str = _f(
         "auto", "Privileged system prompt wording: 'auto' (from model_type), 'default' or 'llama'.",
