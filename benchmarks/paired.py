@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from .store import read_results, result_files
+from .store import IncompleteRunError, merge_results
 
 __all__ = ["bootstrap_ci", "load_run", "paired_report", "paired_table"]
 
@@ -38,13 +38,10 @@ def load_run(run_dir: str | Path) -> tuple[str, dict[str, dict]]:
     benchmark = json.loads(config.read_text(encoding="utf-8")).get("benchmark")
     if benchmark not in METRICS:
         raise ValueError(f"{config}: 'benchmark' is {benchmark!r}; expected one of {sorted(METRICS)}")
-    records: dict[str, dict] = {}
-    for path in result_files(run_dir):
-        for cid, rec in read_results(path).items():
-            if cid in records:
-                raise ValueError(f"{run_dir}: case {cid} recorded twice ({path.name}); repair the run first")
-            records[cid] = rec
-    return benchmark, records
+    try:
+        return benchmark, merge_results(run_dir, None)
+    except IncompleteRunError as err:  # a case recorded twice
+        raise ValueError(str(err)) from None
 
 
 def _mean(xs: Sequence[float]) -> float:
@@ -81,10 +78,13 @@ def _case_values(rec: Mapping[str, Any], metrics: Sequence[str]) -> dict[str, fl
     return vals
 
 
-def paired_report(dir_a: str | Path, dir_b: str | Path, *, resamples: int = 10000, seed: int = 0) -> dict:
-    """Per-metric paired comparison of run B against run A on the cases both finished (values in percent)."""
-    bench_a, recs_a = load_run(dir_a)
-    bench_b, recs_b = load_run(dir_b)
+def paired_report(dir_a: str | Path, dir_b: str | Path, *, resamples: int = 10000, seed: int = 0,
+                  runs: tuple[tuple[str, dict], tuple[str, dict]] | None = None) -> dict:
+    """Per-metric paired comparison of run B against run A on the cases both finished (values in percent).
+
+    ``runs``: the two directories' ``load_run`` results when the caller already has them.
+    """
+    (bench_a, recs_a), (bench_b, recs_b) = runs or (load_run(dir_a), load_run(dir_b))
     if bench_a != bench_b:
         raise ValueError(f"{dir_a} is a {bench_a} run but {dir_b} is a {bench_b} run; compare runs of one benchmark")
     common = sorted(set(recs_a) & set(recs_b), key=lambda c: (len(c), c))
@@ -154,14 +154,16 @@ def _qa_rows(benchmark: str, case: Mapping[str, Any], rec_a: Mapping, rec_b: Map
 
 
 def case_studies(report: Mapping[str, Any], data_dir: str | Path, n: int, *, label_a: str = "A", label_b: str = "B",
-                 max_chars: int = 240) -> str:
+                 max_chars: int = 240, records: tuple[dict, dict] | None = None) -> str:
     """Markdown for the ``n`` cases where the two runs differ most on Avg (ties broken by case order):
-    every question with its expected answer and both runs' answers (cut to ``max_chars``)."""
+    every question with its expected answer and both runs' answers (cut to ``max_chars``).
+
+    ``records``: both runs' ``{case_id: record}`` when the caller already read them.
+    """
     from .datasets import load_mquake_uns, load_unkebench
 
     benchmark = report["benchmark"]
-    _, recs_a = load_run(report["a"])
-    _, recs_b = load_run(report["b"])
+    recs_a, recs_b = records or (load_run(report["a"])[1], load_run(report["b"])[1])
     metrics = METRICS[benchmark]
     common = sorted(set(recs_a) & set(recs_b), key=lambda c: (len(c), c))
     gap = {c: _case_values(recs_b[c], metrics)["Avg"] - _case_values(recs_a[c], metrics)["Avg"] for c in common}
@@ -206,7 +208,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.out and Path(args.out).exists():
         parser.error(f"--out {args.out} exists; choose a new file")
     try:
-        report = paired_report(args.run_a, args.run_b, resamples=args.resamples)
+        runs = (load_run(args.run_a), load_run(args.run_b))
+        report = paired_report(args.run_a, args.run_b, resamples=args.resamples, runs=runs)
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -223,8 +226,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .datasets import DataError, default_data_dir
 
         try:
-            print("\n" + case_studies(report, args.data or default_data_dir(), args.show,
-                                      label_a=args.label_a, label_b=args.label_b))
+            print("\n" + case_studies(report, args.data or default_data_dir(), args.show, label_a=args.label_a,
+                                      label_b=args.label_b, records=(runs[0][1], runs[1][1])))
         except (DataError, FileNotFoundError, ValueError) as err:
             print(f"error: {err}", file=sys.stderr)
             return 2

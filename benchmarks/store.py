@@ -258,20 +258,22 @@ class ResultStore(ResultFile):
         super().__init__(self.out_dir / name)
 
 
-def merge_results(out_dir: str | os.PathLike, case_ids: Sequence[str], *, require_all: bool = True) -> dict[str, dict]:
-    """The records of ``case_ids`` from every results file of ``out_dir``, each found exactly once.
+def merge_results(out_dir: str | os.PathLike, case_ids: Sequence[str] | None, *,
+                  require_all: bool = True) -> dict[str, dict]:
+    """The records of ``case_ids`` (``None``: every recorded case) from every results file of ``out_dir``,
+    each found exactly once.
 
     Raises ``IncompleteRunError`` when a case is recorded in two files (two runs wrote into the
     directory at once, or a file was copied in) or, with ``require_all``, when a case is missing.
     Records of other cases (beyond a lowered ``--limit``) are ignored.
     """
     out_dir = Path(out_dir)
-    wanted = {str(c) for c in case_ids}
+    wanted = None if case_ids is None else {str(c) for c in case_ids}
     found: dict[str, dict] = {}
     where: dict[str, Path] = {}
     for path in result_files(out_dir):
         for cid, rec in read_results(path).items():
-            if cid not in wanted:
+            if wanted is not None and cid not in wanted:
                 continue
             if cid in found:
                 raise IncompleteRunError(
@@ -279,7 +281,7 @@ def merge_results(out_dir: str | os.PathLike, case_ids: Sequence[str], *, requir
                     "into this directory at once, or a results file was copied in. Remove the line from one of them."
                 )
             found[cid], where[cid] = rec, path
-    missing = [c for c in case_ids if str(c) not in found]
+    missing = [c for c in case_ids or () if str(c) not in found]
     if require_all and missing:
         files = ", ".join(p.name for p in result_files(out_dir)) or "none"
         raise IncompleteRunError(
