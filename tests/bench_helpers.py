@@ -98,3 +98,13 @@ def judge_like_responder(prompt: str) -> str:
     if "name its topic" in prompt:
         return "Generated Topic"
     return "A generated passage stating the fact."
+
+
+JUDGE_ENV = ("HPSE_JUDGE_BASE_URL", "OPENAI_BASE_URL", "HPSE_JUDGE_API_KEY", "OPENAI_API_KEY", "HPSE_JUDGE_MODEL")
+
+
+def isolate_judge_env(monkeypatch, tmp_path: Path) -> None:
+    """No judge endpoint from the developer's environment, and a cache directory of the test's own."""
+    for var in JUDGE_ENV:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HPSE_CACHE_DIR", str(tmp_path / "cache"))

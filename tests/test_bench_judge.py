@@ -4,7 +4,7 @@ import logging
 
 import pytest
 
-from bench_helpers import ChatServer, judge_like_responder
+from bench_helpers import JUDGE_ENV, ChatServer, judge_like_responder
 from benchmarks.judge import (
     FIXED_DEMOS,
     ChatClient,
@@ -27,7 +27,7 @@ SECRET = "sk-test-SECRET-0123456789"
 
 @pytest.fixture(autouse=True)
 def _no_judge_env(monkeypatch):
-    for var in ("HPSE_JUDGE_BASE_URL", "OPENAI_BASE_URL", "HPSE_JUDGE_API_KEY", "OPENAI_API_KEY", "HPSE_JUDGE_MODEL"):
+    for var in JUDGE_ENV:
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench_helpers import DATA_DIR, ChatServer, judge_like_responder
+from bench_helpers import DATA_DIR, ChatServer, isolate_judge_env, judge_like_responder
 from benchmarks.compare import compare_main
 from benchmarks.editors import Editor, get_editor, register_editor
 from benchmarks.judge import JudgeSettings
@@ -43,9 +43,7 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def _isolated_env(monkeypatch, tmp_path):
-    for var in ("HPSE_JUDGE_BASE_URL", "OPENAI_BASE_URL", "HPSE_JUDGE_API_KEY", "OPENAI_API_KEY", "HPSE_JUDGE_MODEL"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("HPSE_CACHE_DIR", str(tmp_path / "cache"))
+    isolate_judge_env(monkeypatch, tmp_path)
     monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
 
 

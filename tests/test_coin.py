@@ -15,7 +15,7 @@ from hpse_easyedit.coin import (
     sentence_chunks,
 )
 from hpse_easyedit.prompts import chat_prompt_ids
-from tiny_models import make_tiny_model_and_tokenizer
+from tiny_models import make_tiny_model_and_tokenizer, same_weights, weights_snapshot
 
 REPO = Path(__file__).resolve().parents[1]
 PASSAGE = "AJ Lee is a professional wrestler. She speaks Russian fluently. She lives in Moscow."
@@ -110,22 +110,10 @@ def test_bad_coin_files_name_the_key_and_the_file(tmp_path, text, fragment):
 
 
 # ---------------------------------------------------------------------------------------------- the edit
-def _snapshot(model):
-    return ({k: v.detach().clone() for k, v in model.state_dict().items()},
-            {n: p.requires_grad for n, p in model.named_parameters()}, type(model))
-
-
-def _same(model, snap):
-    state, grads, cls = snap
-    now = model.state_dict()
-    return (type(model) is cls and set(now) == set(state) and all(torch.equal(now[k], state[k]) for k in state)
-            and {n: p.requires_grad for n, p in model.named_parameters()} == grads)
-
-
 @pytest.mark.parametrize("executor", ["lora", "ft_m"])
 def test_coin_edit_changes_the_model_and_restores_it_exactly(executor):
     model, tok = make_tiny_model_and_tokenizer("llama")
-    snap = _snapshot(model)
+    snap = weights_snapshot(model)
     hp = COINHyperParams(model_name="tiny", executor=executor, ftm_layer=1, steps=3, lr=1e-2, min_chunk_tokens=2)
     requests = [{"subject": "AJ Lee", "target_new": PASSAGE},
                 {"subject": "Ellie Kemper", "target_new": "Ellie Kemper is a citizen of Croatia."}]
@@ -137,7 +125,7 @@ def test_coin_edit_changes_the_model_and_restores_it_exactly(executor):
         assert type(res.model).__name__.startswith("PeftModel") and set(res.weights_copy)
         assert all("lora_" in n for n in res.weights_copy)
     restored = restore_weights(res.model, res.weights_copy)
-    assert _same(restored, snap)
+    assert same_weights(restored, snap)
 
 
 def _short_nll(model, tok, prompt, sentence):

@@ -16,7 +16,7 @@ from hpse_easyedit import HParamsError, HPSEHyperParams, restore_weights
 from hpse_easyedit.integrations import baselines as B
 from hpse_easyedit.integrations.methods import load_hparams
 from hpse_easyedit.integrations.registration import EditHandle, apply_hpse_for_easyedit
-from tiny_models import make_tiny_model_and_tokenizer, tiny_hparams
+from tiny_models import make_tiny_model_and_tokenizer, same_weights, tiny_hparams, weights_snapshot
 
 REPO = Path(__file__).resolve().parents[1]
 HP = REPO / "hparams"
@@ -175,32 +175,21 @@ def test_locate_then_edit_requests_are_chat_templated_with_the_passage_closed(tm
 
 
 # ---------------------------------------------------------------------------------------------- restore handle
-def _state(model):
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}, {n: p.requires_grad for n, p in model.named_parameters()}
-
-
-def _same(model, snap):
-    state, grads = snap
-    now = model.state_dict()
-    return set(now) == set(state) and all(torch.equal(now[k], state[k]) for k in state) and grads == {
-        n: p.requires_grad for n, p in model.named_parameters()}
-
-
 @pytest.mark.parametrize("executor", ["lora", "ft_m"])
 def test_sequential_plugin_edits_on_the_bare_model_accumulate_and_handles_restore_exactly(executor):
     """BaseEditor's sequential edit passes its unwrapped model each time: the LoRA edits must land in one adapter."""
     model, tok = make_tiny_model_and_tokenizer("llama")
-    snap = _state(model)
+    snap = weights_snapshot(model)
     hp = tiny_hparams(executor=executor, rounds=1, inner_steps=2)
     e1, h1 = apply_hpse_for_easyedit(model, tok, [{"subject": "AJ Lee", "target_new": "AJ Lee speaks Russian."}], hp)
-    after_first = _state(e1)
+    after_first = weights_snapshot(e1)
     e2, h2 = apply_hpse_for_easyedit(model, tok, [{"subject": "Ellie Kemper", "target_new": "She is Croatian."}], hp)
     assert e2 is e1 and isinstance(h2, EditHandle) and isinstance(h2, dict)
-    assert not _same(e2, after_first)
+    assert not same_weights(e2, after_first)
     h2()
-    assert _same(e1, after_first)
+    assert same_weights(e1, after_first)
     restored = h1()
-    assert restored is model and _same(model, snap) and type(model).__name__ == "LlamaForCausalLM"
+    assert restored is model and same_weights(model, snap) and type(model).__name__ == "LlamaForCausalLM"
     # a dict like any weights_copy: restore_weights takes it too
     e3, h3 = apply_hpse_for_easyedit(model, tok, [{"subject": "AJ Lee", "target_new": "AJ Lee speaks Russian."}], hp)
-    assert _same(restore_weights(e3, h3), snap)
+    assert same_weights(restore_weights(e3, h3), snap)

@@ -15,7 +15,7 @@ import torch
 import yaml
 
 from hpse_easyedit.integrations import baselines as B
-from tiny_models import CORPUS, make_tiny_model_and_tokenizer, tiny_hparams
+from tiny_models import CORPUS, changed_weights, make_tiny_model_and_tokenizer, same_weights, tiny_hparams, weights_snapshot
 
 P1 = "AJ Lee is a professional wrestler. She speaks Russian fluently."
 P2 = "Ellie Kemper is a citizen of Croatia."
@@ -40,23 +40,6 @@ def workdir(tmp_path, monkeypatch):
     return tmp_path
 
 
-def _snapshot(model):
-    return ({k: v.detach().clone() for k, v in model.state_dict().items()},
-            {n: p.requires_grad for n, p in model.named_parameters()}, type(model))
-
-
-def _same(model, snap):
-    state, grads, cls = snap
-    now = model.state_dict()
-    return (type(model) is cls and set(now) == set(state) and all(torch.equal(now[k], state[k]) for k in state)
-            and {n: p.requires_grad for n, p in model.named_parameters()} == grads)
-
-
-def _changed(model, snap):
-    now = model.state_dict()
-    return {k for k in snap[0] if k in now and not torch.equal(now[k], snap[0][k])}
-
-
 # ---------------------------------------------------------------------------------------------- HPSE / COIN*
 @pytest.mark.parametrize("executor", ["lora", "ft_m"])
 def test_hpse_through_base_editor_edit_batch_sequential_and_restore(he, workdir, executor):
@@ -66,27 +49,27 @@ def test_hpse_through_base_editor_edit_batch_sequential_and_restore(he, workdir,
     make_tiny_model_and_tokenizer("llama", tmp_path=path)
     hp = tiny_hparams(model_name=str(path), executor=executor, rounds=1, inner_steps=2)
     editor = BaseEditor.from_hparams(hp)
-    snap = _snapshot(editor.model)
+    snap = weights_snapshot(editor.model)
     prompts, subjects = ["Introduce AJ Lee.", "Introduce Ellie Kemper."], ["AJ Lee", "Ellie Kemper"]
 
     metrics, edited, handle = editor.edit(prompts=prompts, target_new=[P1, P2], subject=subjects, sequential_edit=False)
     assert len(metrics) == 2 and "rewrite_acc" in metrics[0]["post"]
     assert isinstance(handle, he.EditHandle)
-    assert _same(editor.model, snap)  # EasyEdit's own restore between and after the edits
+    assert same_weights(editor.model, snap)  # EasyEdit's own restore between and after the edits
 
     hp.batch_size = 2
     metrics, edited, handle = editor.batch_edit(prompts=prompts, target_new=[P1, P2], subject=subjects)
-    assert len(metrics) == 2 and _same(editor.model, snap)
+    assert len(metrics) == 2 and same_weights(editor.model, snap)
 
     hp.batch_size = 1
     _, e1, h1 = editor.edit(prompts=prompts[:1], target_new=[P1], subject=subjects[:1], sequential_edit=True)
-    after_first = _snapshot(e1)
+    after_first = weights_snapshot(e1)
     _, e2, h2 = editor.edit(prompts=prompts[1:], target_new=[P2], subject=subjects[1:], sequential_edit=True)
-    assert e2 is e1 and _changed(e2, after_first)  # one adapter / one matrix accumulates both edits
+    assert e2 is e1 and changed_weights(e2, after_first)  # one adapter / one matrix accumulates both edits
     h2()
-    assert _same(e1, after_first)
+    assert same_weights(e1, after_first)
     h1()
-    assert _same(editor.model, snap)
+    assert same_weights(editor.model, snap)
 
 
 def test_coin_and_hpse_through_make_editor_on_a_model_easyedit_cannot_load_by_name(he, workdir):
@@ -94,14 +77,14 @@ def test_coin_and_hpse_through_make_editor_on_a_model_easyedit_cannot_load_by_na
     from hpse_easyedit.coin import COINHyperParams
 
     model, tok = make_tiny_model_and_tokenizer("gemma2")
-    snap = _snapshot(model)
+    snap = weights_snapshot(model)
     for hp in (COINHyperParams(model_name="google/gemma-2-9b-it", steps=2, lr=1e-2, min_chunk_tokens=2, batch_size=2),
                tiny_hparams(model_name="google/gemma-2-9b-it", rounds=1, inner_steps=1, batch_size=2)):
         editor = he.make_editor(hp, model, tok)
         assert editor.model_name == "google/gemma-2-9b-it" and editor.hparams is hp
         metrics, _, _ = editor.batch_edit(
             prompts=["Introduce AJ Lee.", "Introduce Ellie Kemper."], target_new=[P1, P2], subject=["AJ Lee", "Ellie Kemper"])
-        assert len(metrics) == 2 and _same(editor.model, snap)
+        assert len(metrics) == 2 and same_weights(editor.model, snap)
         ids = torch.tensor([tok.encode("Introduce AJ Lee.")])
         hp.batch_size = 1  # BaseEditor.edit is single editing
         with torch.no_grad():
@@ -111,7 +94,7 @@ def test_coin_and_hpse_through_make_editor_on_a_model_easyedit_cannot_load_by_na
         with torch.no_grad():
             assert not torch.equal(editor.model(input_ids=ids).logits, before)  # the edit lives in editor.model
         handle()
-        assert _same(editor.model, snap)
+        assert same_weights(editor.model, snap)
 
 
 # ---------------------------------------------------------------------------------------------- baselines
@@ -141,7 +124,7 @@ def test_unke_and_anyedit_run_easyedits_own_code_and_restore(he, workdir, monkey
 
     monkeypatch.setattr(mod, fn, spy)
     model, tok = make_tiny_model_and_tokenizer("llama")
-    snap = _snapshot(model)
+    snap = weights_snapshot(model)
     hp = _unke_hparams(alg, workdir)
     spec = he.runner_spec(alg)
     res = spec["edit"](model, tok, REQUESTS, hp)
@@ -149,14 +132,14 @@ def test_unke_and_anyedit_run_easyedits_own_code_and_restore(he, workdir, monkey
     assert ee_module.startswith("easyeditor.models.unke") and "Qwen2.5-7B-Instruct" in ee_name
     assert batch[0]["question"] == "<|im_start|>user\nIntroduce AJ Lee.<|im_end|>\n<|im_start|>assistant\n"
     assert batch[1]["answer"] == P2 + "<|im_end|>" and n_ex == 4
-    assert _changed(model, snap) and all(k.startswith("model.layers.0.") for k in _changed(model, snap))
+    assert changed_weights(model, snap) and all(k.startswith("model.layers.0.") for k in changed_weights(model, snap))
     assert {n: p.requires_grad for n, p in model.named_parameters()} == snap[1]
     spec["restore"](res.model, res.weights_copy)
-    assert _same(model, snap)
+    assert same_weights(model, snap)
 
     editor = he.make_editor(hp, model, tok)  # the same method as an ALG_DICT entry of BaseEditor
     metrics, _, _ = editor.edit(prompts=["Introduce AJ Lee."], target_new=[P1], subject=["AJ Lee"])
-    assert len(metrics) == 1 and len(calls) == 2 and _same(editor.model, snap)
+    assert len(metrics) == 1 and len(calls) == 2 and same_weights(editor.model, snap)
 
 
 def _locate_then_edit_file(alg, tmp_path):
@@ -197,15 +180,15 @@ def test_memit_and_alphaedit_edit_offline_through_easyedits_alg_dict_and_restore
     monkeypatch.setitem(alg_dict, alg, spy)
     model, tok = make_tiny_model_and_tokenizer("llama")
     model.config._name_or_path = "tiny-llama"
-    snap = _snapshot(model)
+    snap = weights_snapshot(model)
     spec = he.runner_spec(alg)
     hp = spec["load_hparams"](str(_locate_then_edit_file(alg, workdir)), ["v_num_grad_steps=2"])
     assert hp.easyedit.v_num_grad_steps == 2 and spec["hparams_dict"](hp)["adapter"]["stats_corpus"]
     for _ in range(2):  # two single edits, each from the unedited model
         res = spec["edit"](model, tok, REQUESTS, hp)
-        assert _changed(model, snap) == {"model.layers.0.mlp.down_proj.weight", "model.layers.1.mlp.down_proj.weight"}
+        assert changed_weights(model, snap) == {"model.layers.0.mlp.down_proj.weight", "model.layers.1.mlp.down_proj.weight"}
         spec["restore"](res.model, res.weights_copy)
-        assert _same(model, snap)
+        assert same_weights(model, snap)
     assert all(req["target_new"].endswith("<|im_end|>") for req in calls[0][1])
     assert (workdir / "stats" / "tiny-llama" / "tinycorpus_stats").is_dir()
     if alg == "AlphaEdit":

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench_helpers import DATA_DIR
+from bench_helpers import DATA_DIR, isolate_judge_env
 from benchmarks.distributed import LaunchError, ProcessContext, gpu_group
 from benchmarks.runner import RunOptions, config_policy, run_benchmark
 from benchmarks.store import ConfigMismatchError, IncompleteRunError
@@ -51,9 +51,7 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def _isolated_env(monkeypatch, tmp_path):
-    for var in ("HPSE_JUDGE_BASE_URL", "OPENAI_BASE_URL", "HPSE_JUDGE_API_KEY", "OPENAI_API_KEY", "HPSE_JUDGE_MODEL"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("HPSE_CACHE_DIR", str(tmp_path / "cache"))
+    isolate_judge_env(monkeypatch, tmp_path)
 
 
 @pytest.fixture()

@@ -124,3 +124,23 @@ def tiny_hparams(**overrides):
     )
     base.update(overrides)
     return HPSEHyperParams(**base)
+
+
+def weights_snapshot(model):
+    """Every tensor of ``model``'s state dict (cloned), which parameters train, and the model's class."""
+    return ({k: v.detach().clone() for k, v in model.state_dict().items()},
+            {n: p.requires_grad for n, p in model.named_parameters()}, type(model))
+
+
+def same_weights(model, snap) -> bool:
+    """``model`` is exactly as ``weights_snapshot`` saw it: same class, keys, tensors and trainable flags."""
+    state, grads, cls = snap
+    now = model.state_dict()
+    return (type(model) is cls and set(now) == set(state) and all(torch.equal(now[k], state[k]) for k in state)
+            and {n: p.requires_grad for n, p in model.named_parameters()} == grads)
+
+
+def changed_weights(model, snap) -> set:
+    """State-dict keys whose tensors differ from the snapshot's."""
+    now = model.state_dict()
+    return {k for k in snap[0] if k in now and not torch.equal(now[k], snap[0][k])}
