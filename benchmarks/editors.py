@@ -110,3 +110,27 @@ register_editor("MEMIT", _hpse_easyedit_method("MEMIT"))
 register_editor("AlphaEdit", _hpse_easyedit_method("AlphaEdit"))
 register_editor("UnKE", _hpse_easyedit_method("UnKE"))
 register_editor("AnyEdit", _hpse_easyedit_method("AnyEdit"))
+
+
+def _reference(alg_name: str) -> Callable[[], Editor]:
+    """UNEDITED and IN_CONTEXT: the pre-edit and the passages-in-context reference rows (benchmarks.references)."""
+
+    def factory() -> Editor:
+        import hpse_easyedit as hpse
+
+        from .references import load_reference_hparams, reference_edit
+
+        return Editor(
+            name=alg_name,
+            load_hparams=lambda path, overrides: load_reference_hparams(alg_name, path, overrides),
+            hparams_dict=lambda hp: hp.to_dict(),
+            load_model=hpse.load_model,
+            edit=reference_edit,
+            restore=lambda model, weights_copy: model,
+        )
+
+    return factory
+
+
+register_editor("UNEDITED", _reference("UNEDITED"))
+register_editor("IN_CONTEXT", _reference("IN_CONTEXT"))

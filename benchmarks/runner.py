@@ -351,14 +351,18 @@ class _Run:
         write_json_atomic(path, {"MMLU_before": value, "n": len(self.mmlu_items)})
         return value
 
-    def _answers(self, model: Any, cases: Sequence[Mapping[str, Any]]) -> list[list[str]]:
-        """Greedy chat-template answers to every case's questions, batched across the cases."""
+    def _answers(self, model: Any, cases: Sequence[Mapping[str, Any]], results: Sequence[Any] = ()) -> list[list[str]]:
+        """Greedy chat-template answers to every case's questions, batched across the cases (under the
+        passages' system prompt when the edit results carry a context: the IN_CONTEXT reference)."""
         from hpse_easyedit import generate_answers
+
+        from .references import answer_system
 
         questions = [self.task.questions(c) for c in cases]
         flat = generate_answers(
             model, self.tok, [q for qs in questions for q in qs],
             max_new_tokens=self.max_new_tokens, batch_size=self.opts.batch_size,
+            system=answer_system(model, self.tok, results, self.hp),
             template_kwargs=getattr(self.hp, "chat_template_kwargs", None),
         )
         out, pos = [], 0
@@ -391,7 +395,7 @@ class _Run:
         for i in todo:
             case = self.cases[i]
             res, seconds = self._edit(self.model, case)
-            answers = self._answers(res.model, [case])[0]
+            answers = self._answers(res.model, [case], [res])[0]
             mmlu_after = self._mmlu(res.model) if self._mmlu_due(i) else None
             self.model = self.editor.restore(res.model, res.weights_copy)
             rec = self._record(i, case, answers, res, seconds, None, mmlu_after)
@@ -406,7 +410,7 @@ class _Run:
                 first = res if first is None else first
                 model = res.model
                 results.append((res, seconds))
-            answers = self._answers(model, [self.cases[i] for i in block])
+            answers = self._answers(model, [self.cases[i] for i in block], [res for res, _ in results])
             mmlu_after = self._mmlu(model) if self._mmlu_due(b) else None
             self.model = self.editor.restore(model, first.weights_copy)
             self.store.append([

@@ -6,7 +6,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from .prompts import chat_prompt_ids, stop_token_ids
+from .prompts import chat_prompt_ids, has_system_role, stop_token_ids
 from .rollout import input_device
 
 __all__ = ["generate_answers"]
@@ -23,9 +23,15 @@ def generate_answers(
     system: str | None = None,
     template_kwargs: Mapping[str, Any] | None = None,
 ) -> list[str]:
-    """Answer each question greedily as a one-turn chat; returns the decoded new text, special tokens dropped."""
+    """Answer each question greedily as a one-turn chat; returns the decoded new text, special tokens dropped.
+
+    ``system``: a system message for every question (folded into the user turn for chat templates without
+    a system role, e.g. Gemma2's).
+    """
     if not questions:
         return []
+    system_role = system is None or has_system_role(
+        tok, getattr(getattr(model, "config", None), "model_type", ""), template_kwargs)
     device = input_device(model)
     stops = sorted(stop_token_ids(model, tok))
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else (stops[0] if stops else 0)
@@ -35,7 +41,8 @@ def generate_answers(
     try:
         for start in range(0, len(questions), batch_size):
             chunk = questions[start: start + batch_size]
-            rows = [chat_prompt_ids(tok, q, system, template_kwargs=template_kwargs) for q in chunk]
+            rows = [chat_prompt_ids(tok, q, system, system_role=system_role, template_kwargs=template_kwargs)
+                    for q in chunk]
             width = max(len(r) for r in rows)
             ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
             mask = torch.zeros((len(rows), width), dtype=torch.long)

@@ -21,6 +21,8 @@ __all__ = [
     "build_edit_prompts",
     "chat_prompt_ids",
     "end_of_turn_id",
+    "has_system_role",
+    "privileged_system",
     "stop_token_ids",
     "teacher_style_for",
 ]
@@ -159,6 +161,17 @@ def end_of_turn_id(tokenizer: Any, template_kwargs: Mapping[str, Any] | None = N
     return found
 
 
+def privileged_system(style: str, subject: str, passages: Sequence[str]) -> str:
+    """The privileged teacher's system text (paper Fig. ``teacher_prompt``): the rules, then the passages."""
+    template = LLAMA_SYSTEM if style == "llama" else DEFAULT_SYSTEM
+    return template.format(passage="\n\n".join(passages), subject=subject)
+
+
+def has_system_role(tokenizer: Any, model_type: str, template_kwargs: Mapping[str, Any] | None = None) -> bool:
+    """Whether the model's chat template takes a system message (else it is folded into the user turn)."""
+    return _has_system_role(tokenizer, model_type, dict(template_kwargs or {}))
+
+
 @dataclass
 class EditPrompts:
     """Token ids for one request: the student prompt, the teacher prompt, and the NLL target."""
@@ -183,13 +196,11 @@ def build_edit_prompts(
     style = teacher_style_for(model_type, teacher_prompt_style)
     system_role = _has_system_role(tokenizer, model_type, template_kwargs)
     eot = end_of_turn_id(tokenizer, template_kwargs)
-    all_passages = "\n\n".join(r["target_new"] for r in requests)
+    all_passages = [r["target_new"] for r in requests]
     out = []
     for req in requests:
         subject, passage = req["subject"], req["target_new"]
-        facts = all_passages if teacher_facts == "all" else passage
-        template = LLAMA_SYSTEM if style == "llama" else DEFAULT_SYSTEM
-        system = template.format(passage=facts, subject=subject)
+        system = privileged_system(style, subject, all_passages if teacher_facts == "all" else [passage])
         teacher = chat_prompt_ids(
             tokenizer, PRIVILEGED_QUESTION.format(subject=subject), system,
             system_role=system_role, template_kwargs=template_kwargs,
