@@ -11,6 +11,11 @@ case, which exposes an editor that answers every question by reciting the passag
 
     python -m benchmarks.paired runs/mq20-lora runs/mq20-hpse --out runs/mq20-paired.json
     python -m benchmarks.paired runs/mq20-lora runs/mq20-hpse --show 3 --data ../shared/data   # + case studies
+
+With more than two runs (the baseline first), it prints one row per run on the cases ALL of them
+finished, each with its Avg difference from the baseline (interval, wins / ties / losses):
+
+    python -m benchmarks.paired runs/mq-lora runs/mq-hpse runs/mq-hpse-nonll --label LoRA --label HPSE --label "w/o NLL"
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from typing import Any, Mapping, Sequence
 
 from .store import IncompleteRunError, merge_results
 
-__all__ = ["bootstrap_ci", "load_run", "paired_report", "paired_table"]
+__all__ = ["bootstrap_ci", "load_run", "multi_report", "multi_table", "paired_report", "paired_table"]
 
 METRICS = {"mquake-uns": ("Ind", "Cmp"), "unkebench": ("Jnt", "Dmp", "Div")}
 
@@ -138,6 +143,53 @@ def paired_table(report: Mapping[str, Any], label_a: str = "A", label_b: str = "
     return "\n".join(lines) + "\n"
 
 
+def multi_report(dirs: Sequence[str | Path], *, resamples: int = 10000, seed: int = 0) -> dict:
+    """Every run against the first (the baseline) on the cases ALL runs finished: one ``paired_report`` each."""
+    if len(dirs) < 2:
+        raise ValueError("give at least two run directories: the baseline first, then the runs compared with it")
+    loaded = [load_run(d) for d in dirs]
+    benches = {b for b, _ in loaded}
+    if len(benches) > 1:
+        raise ValueError(f"the runs mix benchmarks ({', '.join(sorted(benches))}); compare runs of one benchmark")
+    common = set.intersection(*(set(recs) for _, recs in loaded))
+    if not common:
+        raise ValueError(f"the runs {', '.join(map(str, dirs))} have no finished case in common")
+    kept = [(b, {c: recs[c] for c in common}) for b, recs in loaded]
+    pairs = [paired_report(dirs[0], d, resamples=resamples, seed=seed, runs=(kept[0], k))
+             for d, k in zip(dirs[1:], kept[1:])]
+    return {"benchmark": loaded[0][0], "runs": [str(d) for d in dirs], "n_cases": len(common),
+            "not_in_all": {str(d): len(recs) - len(common) for d, (_, recs) in zip(dirs, loaded)}, "pairs": pairs}
+
+
+def multi_table(report: Mapping[str, Any], labels: Sequence[str]) -> str:
+    """Markdown: one row per run (means with 95% intervals) and its Avg difference from the first run."""
+    pairs = report["pairs"]
+    metrics = [m for m in pairs[0]["metrics"] if all(m in p["metrics"] for p in pairs)]
+    base = labels[0]
+    lines = [f"{report['benchmark']}, {report['n_cases']} cases finished by all {len(labels)} runs", "",
+             "| run | " + " | ".join(metrics) + f" | Avg - {base} (95% CI) | wins / ties / losses vs {base} |",
+             "|---|" + "---:|" * (len(metrics) + 2)]
+
+    def cell(r: Mapping[str, Any], side: str) -> str:
+        lo, hi = r[f"{side}_ci95"]
+        return f"{r[side]:.1f} [{lo:.1f}, {hi:.1f}]"
+
+    lines.append(f"| {base} | " + " | ".join(cell(pairs[0]["metrics"][m], "a") for m in metrics) + " | | |")
+    for label, p in zip(labels[1:], pairs):
+        avg = p["metrics"]["Avg"]
+        lines.append(f"| {label} | " + " | ".join(cell(p["metrics"][m], "b") for m in metrics)
+                     + f" | {avg['diff']:+.1f} [{avg['diff_ci95'][0]:+.1f}, {avg['diff_ci95'][1]:+.1f}]"
+                     + f" | {avg['b_wins']} / {avg['ties']} / {avg['b_losses']} |")
+    rates = [(base, pairs[0]["stepin_rate_by_round"]["a"])] + [
+        (label, p["stepin_rate_by_round"]["b"]) for label, p in zip(labels[1:], pairs)]
+    shown = [(label, r) for label, r in rates if any(x is not None for x in r or [])]
+    if shown:
+        lines.append("")
+    for label, r in shown:
+        lines.append(f"- {label}: step-in rate by round " + ", ".join("-" if x is None else f"{100 * x:.1f}%" for x in r))
+    return "\n".join(lines) + "\n"
+
+
 def _qa_rows(benchmark: str, case: Mapping[str, Any], rec_a: Mapping, rec_b: Mapping) -> list[tuple[str, str, str, str]]:
     """(question, expected, answer A, answer B) for every question of one case."""
     ans_a, ans_b = rec_a.get("answers") or {}, rec_b.get("answers") or {}
@@ -194,30 +246,49 @@ def case_studies(report: Mapping[str, Any], data_dir: str | Path, n: int, *, lab
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.paired", description=__doc__.split("\n")[0])
-    parser.add_argument("run_a", help="baseline run directory (e.g. runs/mq20-lora)")
-    parser.add_argument("run_b", help="run directory compared against it (e.g. runs/mq20-hpse)")
-    parser.add_argument("--label-a", default="A", help="column label of run_a")
-    parser.add_argument("--label-b", default="B", help="column label of run_b")
+    parser.add_argument("runs", nargs="+", metavar="RUN",
+                        help="run directories: the baseline first (e.g. runs/mq-lora), then one or more runs compared with it")
+    parser.add_argument("--label", action="append", default=[], metavar="NAME",
+                        help="row/column label of each RUN, in order (repeat; default: the directory names)")
+    parser.add_argument("--label-a", help="with two runs: label of the first (same as the first --label)")
+    parser.add_argument("--label-b", help="with two runs: label of the second")
     parser.add_argument("--resamples", type=int, default=10000, help="bootstrap resamples (default 10000)")
     parser.add_argument("--out", help="also write the report as JSON here (refuses to overwrite an existing file)")
-    parser.add_argument("--plot", metavar="PNG", help="also plot both runs' mean step-in rate per round (common cases)")
+    parser.add_argument("--plot", metavar="PNG", help="also plot every run's mean step-in rate per round (common cases)")
     parser.add_argument("--show", type=int, default=0, metavar="N",
-                        help="also print the N cases where the runs differ most: questions, expected and both answers")
+                        help="two runs only: also print the N cases where they differ most: questions, expected and both answers")
     parser.add_argument("--data", help="data directory the runs used, for --show (default: $HPSE_DATA_DIR or ../shared/data)")
     args = parser.parse_args(argv)
+    if len(args.runs) < 2:
+        parser.error("give at least two run directories (the baseline first)")
+    labels = list(args.label) or [Path(r).name for r in args.runs]
+    if len(args.runs) == 2:
+        labels = [args.label_a or labels[0], args.label_b or (labels[1] if len(labels) > 1 else Path(args.runs[1]).name)]
+    elif args.label_a or args.label_b:
+        parser.error("--label-a/--label-b are for two runs; with more, give one --label per run")
+    if len(labels) != len(args.runs):
+        parser.error(f"{len(labels)} --label for {len(args.runs)} runs; give one per run or none")
+    if args.show and len(args.runs) > 2:
+        parser.error("--show compares two runs; pass the two runs whose answers you want side by side")
     if args.out and Path(args.out).exists():
         parser.error(f"--out {args.out} exists; choose a new file")
     try:
-        runs = (load_run(args.run_a), load_run(args.run_b))
-        report = paired_report(args.run_a, args.run_b, resamples=args.resamples, runs=runs)
+        if len(args.runs) == 2:
+            runs = (load_run(args.runs[0]), load_run(args.runs[1]))
+            report = paired_report(args.runs[0], args.runs[1], resamples=args.resamples, runs=runs)
+            series = {labels[0]: report["stepin_rate_by_round"]["a"], labels[1]: report["stepin_rate_by_round"]["b"]}
+            print(paired_table(report, *labels), end="")
+        else:
+            report = multi_report(args.runs, resamples=args.resamples)
+            series = {labels[0]: report["pairs"][0]["stepin_rate_by_round"]["a"]}
+            series.update({lab: p["stepin_rate_by_round"]["b"] for lab, p in zip(labels[1:], report["pairs"])})
+            print(multi_table(report, labels), end="")
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(paired_table(report, args.label_a, args.label_b), end="")
     if args.plot:
         from .report import plot_stepin_rates
 
-        series = {args.label_a: report["stepin_rate_by_round"]["a"], args.label_b: report["stepin_rate_by_round"]["b"]}
         Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
         plot_stepin_rates(series, args.plot, title=f"Step-in rate per round, {report['benchmark']}, "
                                                    f"{report['n_cases']} cases")
@@ -226,8 +297,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .datasets import DataError, default_data_dir
 
         try:
-            print("\n" + case_studies(report, args.data or default_data_dir(), args.show, label_a=args.label_a,
-                                      label_b=args.label_b, records=(runs[0][1], runs[1][1])))
+            print("\n" + case_studies(report, args.data or default_data_dir(), args.show, label_a=labels[0],
+                                      label_b=labels[1], records=(runs[0][1], runs[1][1])))
         except (DataError, FileNotFoundError, ValueError) as err:
             print(f"error: {err}", file=sys.stderr)
             return 2

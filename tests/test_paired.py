@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from benchmarks.paired import bootstrap_ci, main, paired_report
+from benchmarks.paired import bootstrap_ci, main, multi_report, paired_report
 
 
 def _run(path, benchmark, records, name="results.jsonl"):
@@ -84,7 +84,7 @@ def test_case_studies_on_real_mquake_case(tmp_path, capsys):
     b = _run(tmp_path / "b", "mquake-uns", [{"case_id": case["case_id"], "Ind": 1.0, "Cmp": 1.0, "answers": answers}])
     assert main([str(a), str(b), "--show", "1", "--data", str(data)]) == 0
     text = capsys.readouterr().out
-    assert f"#### case {case['case_id']} (A -> B: Ind 0 -> 100 Cmp 0 -> 100)" in text
+    assert f"#### case {case['case_id']} (a -> b: Ind 0 -> 100 Cmp 0 -> 100)" in text  # labels default to the directory names
     assert "| AnsDiv |" in text and "not a paper metric" in text
     assert case["multi_hop_questions"][2] in text and case["multi_hop_answers"][0] in text
     assert "| m2 | m2 |" in text
@@ -100,3 +100,30 @@ def test_answer_diversity_exposes_recitation(tmp_path):
     r = paired_report(a, b, resamples=100)
     assert r["metrics"]["AnsDiv"]["a"] == pytest.approx(0.0) and r["metrics"]["AnsDiv"]["b"] > 50
     assert r["metrics"]["Avg"]["diff"] == pytest.approx(0.0)  # AnsDiv never enters the paper's Avg
+
+
+def test_more_than_two_runs_one_row_each_on_the_cases_all_finished(tmp_path, capsys):
+    rounds = [{"round": 1, "stepin_rate": 0.5}]
+    base = _run(tmp_path / "lora", "mquake-uns", [
+        {"case_id": "1", "Ind": 0.0, "Cmp": 0.0}, {"case_id": "2", "Ind": 1.0, "Cmp": 0.0},
+        {"case_id": "3", "Ind": 1.0, "Cmp": 1.0}])
+    hpse = _run(tmp_path / "hpse", "mquake-uns", [
+        {"case_id": "1", "Ind": 1.0, "Cmp": 1.0, "rounds": rounds}, {"case_id": "2", "Ind": 1.0, "Cmp": 1.0, "rounds": rounds}])
+    other = _run(tmp_path / "other", "mquake-uns", [
+        {"case_id": "2", "Ind": 0.0, "Cmp": 0.0}, {"case_id": "1", "Ind": 0.0, "Cmp": 0.0}, {"case_id": "7", "Ind": 1.0, "Cmp": 1.0}])
+    r = multi_report([base, hpse, other], resamples=500)
+    assert r["n_cases"] == 2 and r["not_in_all"] == {str(base): 1, str(hpse): 0, str(other): 1}
+    first, second = r["pairs"]
+    assert first["cases"] == second["cases"] == ["1", "2"]  # case 3 (not in hpse) and 7 (only in other) left out
+    assert first["metrics"]["Avg"]["a"] == pytest.approx(25.0) and first["metrics"]["Avg"]["b"] == pytest.approx(100.0)
+    assert second["metrics"]["Avg"]["diff"] == pytest.approx(-25.0)
+    assert main([str(base), str(hpse), str(other), "--label", "LoRA", "--label", "HPSE", "--label", "X",
+                 "--resamples", "200"]) == 0
+    text = capsys.readouterr().out
+    assert "2 cases finished by all 3 runs" in text and "| Avg - LoRA (95% CI) |" in text
+    assert "| HPSE | 100.0 [100.0, 100.0] | 100.0 [100.0, 100.0] | 100.0 [100.0, 100.0] | +75.0" in text
+    assert "| X |" in text and "2 / 0 / 0" in text and "- HPSE: step-in rate by round 50.0%" in text
+    with pytest.raises(SystemExit):  # one label per run, and --show only for two runs
+        main([str(base), str(hpse), str(other), "--label", "LoRA"])
+    with pytest.raises(SystemExit):
+        main([str(base), str(hpse), str(other), "--show", "1"])
