@@ -190,27 +190,33 @@ def multi_table(report: Mapping[str, Any], labels: Sequence[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _qa_rows(benchmark: str, case: Mapping[str, Any], rec_a: Mapping, rec_b: Mapping) -> list[tuple[str, str, str, str]]:
-    """(question, expected, answer A, answer B) for every question of one case."""
-    ans_a, ans_b = rec_a.get("answers") or {}, rec_b.get("answers") or {}
+def _qa_rows(benchmark: str, case: Mapping[str, Any], recs: Sequence[Mapping]) -> list[tuple[str, str, list[str]]]:
+    """(question, expected, [answer of each record]) for every question of one case."""
+    answers = [r.get("answers") or {} for r in recs]
+
+    def pick(key: str, i: int) -> list[str]:
+        return [((a.get(key) or [])[i:i + 1] or [""])[0] for a in answers]
+
     if benchmark == "mquake-uns":
-        qs = [(q, g, "single_hop", i) for i, (q, g) in enumerate(zip(case["single_hop_questions"], case["single_hop_answers"]))]
+        rows = [(q, " / ".join(g[:3]), pick("single_hop", i))
+                for i, (q, g) in enumerate(zip(case["single_hop_questions"], case["single_hop_answers"]))]
         # the multi-hop questions share one answer list: new_answer + new_answer_alias
-        qs += [(q, case["multi_hop_answers"], "multi_hop", i) for i, q in enumerate(case["multi_hop_questions"])]
-        return [(q, " / ".join(g[:3]), (ans_a.get(k) or [""] * (i + 1))[i], (ans_b.get(k) or [""] * (i + 1))[i])
-                for q, g, k, i in qs]
-    rows = [(case["question"], "(the passage)", ans_a.get("question", ""), ans_b.get("question", ""))]
-    rows += [(q, g, (ans_a.get("sub_questions") or [""] * (i + 1))[i], (ans_b.get("sub_questions") or [""] * (i + 1))[i])
-             for i, (q, g) in enumerate(zip(case["sub_questions"], case["sub_answers"]))]
+        rows += [(q, " / ".join(case["multi_hop_answers"][:3]), pick("multi_hop", i))
+                 for i, q in enumerate(case["multi_hop_questions"])]
+        return rows
+    rows = [(case["question"], "(the passage)", [a.get("question", "") for a in answers])]
+    rows += [(q, g, pick("sub_questions", i)) for i, (q, g) in enumerate(zip(case["sub_questions"], case["sub_answers"]))]
     return rows
 
 
 def case_studies(report: Mapping[str, Any], data_dir: str | Path, n: int, *, label_a: str = "A", label_b: str = "B",
-                 max_chars: int = 240, records: tuple[dict, dict] | None = None) -> str:
+                 max_chars: int = 240, records: tuple[dict, dict] | None = None,
+                 before: tuple[str, dict] | None = None) -> str:
     """Markdown for the ``n`` cases where the two runs differ most on Avg (ties broken by case order):
     every question with its expected answer and both runs' answers (cut to ``max_chars``).
 
-    ``records``: both runs' ``{case_id: record}`` when the caller already read them.
+    ``records``: both runs' ``{case_id: record}`` when the caller already read them. ``before``:
+    (label, records) of a third run, e.g. the UNEDITED reference, shown as the first answer column.
     """
     from .datasets import load_mquake_uns, load_unkebench
 
@@ -230,16 +236,22 @@ def case_studies(report: Mapping[str, Any], data_dir: str | Path, n: int, *, lab
         text = " ".join(str(text).split()).replace("|", "/")
         return text if len(text) <= max_chars else text[:max_chars] + " ..."
 
+    columns = ([before[0]] if before else []) + [label_a, label_b]
     out = []
     for cid in chosen:
         case = by_id.get(cid)
         if case is None:
             raise ValueError(f"case {cid} of {report['a']} is not in the {benchmark} data under {data_dir}; pass the "
                              "--data directory the runs used")
+        recs = [recs_a[cid], recs_b[cid]]
+        if before:
+            if cid not in before[1]:
+                raise ValueError(f"case {cid} has no result in the --before run; finish it on the same cases first")
+            recs.insert(0, before[1][cid])
         scores = " ".join(f"{m} {100 * recs_a[cid][m]:.0f} -> {100 * recs_b[cid][m]:.0f}" for m in metrics)
         out += [f"#### case {cid} ({label_a} -> {label_b}: {scores})", "",
-                f"| question | expected | {label_a} | {label_b} |", "|---|---|---|---|"]
-        out += [f"| {cut(q)} | {cut(g)} | {cut(x)} | {cut(y)} |" for q, g, x, y in _qa_rows(benchmark, case, recs_a[cid], recs_b[cid])]
+                "| question | expected | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
+        out += ["| " + " | ".join(cut(x) for x in (q, g, *ans)) + " |" for q, g, ans in _qa_rows(benchmark, case, recs)]
         out.append("")
     return "\n".join(out)
 
@@ -257,6 +269,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--plot", metavar="PNG", help="also plot every run's mean step-in rate per round (common cases)")
     parser.add_argument("--show", type=int, default=0, metavar="N",
                         help="two runs only: also print the N cases where they differ most: questions, expected and both answers")
+    parser.add_argument("--before", metavar="RUN",
+                        help="with --show: a third run (e.g. the UNEDITED reference) whose answers form the first column")
+    parser.add_argument("--before-label", default="before", help="column label of --before (default: before)")
     parser.add_argument("--data", help="data directory the runs used, for --show (default: $HPSE_DATA_DIR or ../shared/data)")
     args = parser.parse_args(argv)
     if len(args.runs) < 2:
@@ -268,6 +283,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--label-a/--label-b are for two runs; with more, give one --label per run")
     if len(labels) != len(args.runs):
         parser.error(f"{len(labels)} --label for {len(args.runs)} runs; give one per run or none")
+    if args.before and not args.show:
+        parser.error("--before adds a column to the --show case studies; pass --show N too")
     if args.show and len(args.runs) > 2:
         parser.error("--show compares two runs; pass the two runs whose answers you want side by side")
     if args.out and Path(args.out).exists():
@@ -297,8 +314,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .datasets import DataError, default_data_dir
 
         try:
+            before = (args.before_label, load_run(args.before)[1]) if args.before else None
             print("\n" + case_studies(report, args.data or default_data_dir(), args.show, label_a=labels[0],
-                                      label_b=labels[1], records=(runs[0][1], runs[1][1])))
+                                      label_b=labels[1], records=(runs[0][1], runs[1][1]), before=before))
         except (DataError, FileNotFoundError, ValueError) as err:
             print(f"error: {err}", file=sys.stderr)
             return 2

@@ -88,6 +88,13 @@ def test_case_studies_on_real_mquake_case(tmp_path, capsys):
     assert "| AnsDiv |" in text and "not a paper metric" in text
     assert case["multi_hop_questions"][2] in text and case["multi_hop_answers"][0] in text
     assert "| m2 | m2 |" in text
+    before = _run(tmp_path / "unedited", "mquake-uns", [{"case_id": case["case_id"], "Ind": 0.0, "Cmp": 0.0,
+                  "answers": {"single_hop": ["old"] * n_single, "multi_hop": ["older"] * n_multi}}])
+    assert main([str(a), str(b), "--show", "1", "--data", str(data), "--before", str(before)]) == 0
+    text = capsys.readouterr().out
+    assert "| question | expected | before | a | b |" in text and "| older | m2 | m2 |" in text
+    with pytest.raises(SystemExit):  # --before is a column of --show
+        main([str(a), str(b), "--before", str(before)])
 
 
 def test_answer_diversity_exposes_recitation(tmp_path):
