@@ -1,0 +1,122 @@
+"""What the privileged teacher injects: the first-round hybrid rollout of benchmark cases, step-ins marked.
+
+For each case it builds the edit prompts exactly as ``hpse_edit`` does, draws the round-1 greedy hybrid
+rollout on the UNEDITED model (student and teacher are then the same weights, the teacher reading the
+passage), and prints the rollout with every stepped-in token in ``[[...]]``. It also counts the
+step-ins whose token is a content word (letters, 3+ characters, not a function word) and whether that word occurs in the
+case's passages: a teacher that steps in with passage words is supplying the new facts; one that steps
+in with other words is injecting its own text. Several ``--set`` groups compare gate settings on the
+same rollouts' cases.
+
+    python -m benchmarks.inspect_rollout --hparams hparams/HPSE/smollm2-135m.yaml --limit 20 \\
+        --gates tau=2,kappa=0.3 --gates tau=1,kappa=0.1 --out runs/inspect-gates.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+__all__ = ["inspect_case", "main"]
+
+_WORD = re.compile(r"^[A-Za-z\u00C0-\u024F]{3,}$")
+# function words that occur in almost any passage, so "in the passage" says nothing about them
+_STOP = frozenset("""the and for are was were has have had his her hers she him they them their its this that
+these those with from into also been being which who whom whose what when where while than then there here
+not but all any one two some such very more most many much our out over under about after before""".split())
+
+
+def inspect_case(model: Any, tok: Any, case: dict, hp: Any) -> dict:
+    """Round-1 rollouts of one case's requests under ``hp``'s gates, with each step-in classified."""
+    from hpse_easyedit.editor import normalize_requests
+    from hpse_easyedit.prompts import build_edit_prompts, stop_token_ids
+    from hpse_easyedit.rollout import hybrid_rollout
+
+    reqs = normalize_requests([dict(r) for r in case["requests"]], hp)
+    model_type = getattr(model.config, "model_type", "")
+    prompts = build_edit_prompts(tok, model_type, reqs, teacher_prompt_style=hp.teacher_prompt_style,
+                                 teacher_facts=hp.teacher_facts, template_kwargs=hp.chat_template_kwargs)
+    passages = " ".join(r["target_new"] for r in reqs).lower()
+    stops = stop_token_ids(model, tok)
+    out = {"case_id": str(case["case_id"]), "requests": []}
+    for p in prompts:
+        ro = hybrid_rollout(model, model, p.student_ids, p.teacher_ids, tau=hp.tau, kappa=hp.kappa, top_k=hp.top_k,
+                            max_new_tokens=hp.max_new_tokens, stop_ids=stops, hybrid=hp.rollout == "hybrid")
+        pieces, injected = [], []
+        for t, s in zip(ro.tokens.tolist(), ro.stepped_in.tolist()):
+            text = tok.decode([t])
+            pieces.append(f"[[{text}]]" if s else text)
+            if s:
+                word = text.strip()
+                content = bool(_WORD.match(word)) and word.lower() not in _STOP
+                injected.append({"token": text, "content_word": content,
+                                 "in_passage": content and word.lower() in passages})
+        out["requests"].append({"subject": p.subject, "tokens": len(ro), "stepins": ro.stepin_count,
+                                "marked": "".join(pieces), "injected": injected})
+    return out
+
+
+def _summary(cases: Sequence[dict]) -> dict:
+    inj = [i for c in cases for r in c["requests"] for i in r["injected"]]
+    tokens = sum(r["tokens"] for c in cases for r in c["requests"])
+    content = [i for i in inj if i["content_word"]]
+    return {"rollout_tokens": tokens, "stepins": len(inj), "stepin_rate": len(inj) / max(tokens, 1),
+            "content_word_stepins": len(content),
+            "content_words_in_passage": sum(i["in_passage"] for i in content),
+            "content_words_in_passage_share": (sum(i["in_passage"] for i in content) / len(content)) if content else None}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.inspect_rollout", description=__doc__.split("\n")[0])
+    parser.add_argument("--hparams", required=True, help="HPSE YAML (its model, prompts and gates)")
+    parser.add_argument("--gates", action="append", default=[], metavar="K=V[,K=V]",
+                        help="a group of overrides to compare, e.g. tau=1,kappa=0.1 (repeat; default: the file as it is)")
+    parser.add_argument("--benchmark", default="mquake-uns", choices=["mquake-uns", "unkebench"])
+    parser.add_argument("--data", help="data directory (default: $HPSE_DATA_DIR or ../shared/data)")
+    parser.add_argument("--limit", type=int, default=5, help="first N cases (default 5)")
+    parser.add_argument("--print", type=int, default=2, dest="n_print", metavar="N",
+                        help="print the marked rollouts of the first N cases per setting (default 2)")
+    parser.add_argument("--out", help="write every rollout and the counts as JSON (refuses to overwrite)")
+    args = parser.parse_args(argv)
+    if args.out and Path(args.out).exists():
+        parser.error(f"--out {args.out} exists; choose a new file")
+
+    from hpse_easyedit import HPSEHyperParams, load_model
+
+    from .datasets import default_data_dir, load_mquake_uns, load_unkebench
+
+    data = args.data or default_data_dir()
+    cases = (load_mquake_uns(data, limit=args.limit) if args.benchmark == "mquake-uns"
+             else load_unkebench(data, limit=args.limit, subjects="auto"))
+    base = HPSEHyperParams.from_hparams(args.hparams)
+    model, tok = load_model(base)
+    report = {"hparams": args.hparams, "benchmark": args.benchmark, "n_cases": len(cases), "settings": {}}
+    for group in args.gates or [""]:
+        overrides = [g for g in group.split(",") if g]
+        hp = base.with_overrides(overrides)
+        label = group or "as in the file"
+        per_case = [inspect_case(model, tok, dict(c), hp) for c in cases]
+        summary = _summary(per_case)
+        report["settings"][label] = {"summary": summary, "cases": per_case}
+        share = summary["content_words_in_passage_share"]
+        print(f"## {label} (tau {hp.tau}, kappa {hp.kappa}): {summary['stepins']} step-ins in {summary['rollout_tokens']} "
+              f"rollout tokens ({100 * summary['stepin_rate']:.1f}%); {summary['content_word_stepins']} are content words, "
+              f"{summary['content_words_in_passage']} of them in the passage"
+              + ("" if share is None else f" ({100 * share:.0f}%)"))
+        for c in per_case[: args.n_print]:
+            for r in c["requests"]:
+                print(f"\ncase {c['case_id']}, {r['subject']!r}:\n{r['marked']}")
+        print()
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=1), encoding="utf-8")
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

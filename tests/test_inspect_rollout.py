@@ -1,0 +1,32 @@
+"""benchmarks.inspect_rollout: the first-round rollout with its step-ins marked, on a tiny model."""
+
+import json
+
+import pytest
+
+from bench_helpers import DATA_DIR
+from benchmarks.inspect_rollout import main
+from tiny_models import make_tiny_model_and_tokenizer
+
+pytestmark = pytest.mark.skipif(not DATA_DIR.is_dir(), reason="needs ../shared/data next to the repository")
+
+
+def test_gates_that_always_or_never_fire(tmp_path, capsys):
+    make_tiny_model_and_tokenizer("llama", tmp_path / "model")
+    hp = tmp_path / "hpse.yaml"
+    hp.write_text(f"alg_name: HPSE\nmodel_name: {tmp_path / 'model'}\nmax_new_tokens: 5\n")
+    out = tmp_path / "inspect.json"
+    assert main(["--hparams", str(hp), "--data", str(DATA_DIR), "--limit", "2", "--print", "1",
+                 "--gates", "tau=-1000,kappa=0", "--gates", "rollout=on_policy", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    always, never = report["settings"]["tau=-1000,kappa=0"], report["settings"]["rollout=on_policy"]
+    assert report["n_cases"] == 2 and len(always["cases"]) == 2
+    # gap > -1000 and confidence > 0 hold at every position: the teacher writes the whole rollout
+    assert always["summary"]["stepins"] == always["summary"]["rollout_tokens"] > 0
+    for r in always["cases"][0]["requests"]:
+        assert r["marked"].startswith("[[") and r["stepins"] == r["tokens"] == len(r["injected"])
+    assert never["summary"]["stepins"] == 0 and "[[" not in never["cases"][0]["requests"][0]["marked"]
+    text = capsys.readouterr().out
+    assert "## tau=-1000,kappa=0 (tau -1000.0, kappa 0.0)" in text and "## rollout=on_policy" in text
+    with pytest.raises(SystemExit):  # never overwrites
+        main(["--hparams", str(hp), "--data", str(DATA_DIR), "--out", str(out)])
