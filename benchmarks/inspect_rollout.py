@@ -15,7 +15,6 @@ same rollouts' cases.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from pathlib import Path
@@ -88,6 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from hpse_easyedit import HPSEHyperParams, load_model
 
     from .datasets import default_data_dir, load_mquake_uns, load_unkebench
+    from .store import write_new_json
 
     data = args.data or default_data_dir()
     cases = (load_mquake_uns(data, limit=args.limit) if args.benchmark == "mquake-uns"
@@ -112,8 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"\ncase {c['case_id']}, {r['subject']!r}:\n{r['marked']}")
         print()
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(report, indent=1), encoding="utf-8")
+        write_new_json(args.out, report)
         print(f"wrote {args.out}")
     return 0
 

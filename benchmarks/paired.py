@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from .store import IncompleteRunError, merge_results
+from .store import IncompleteRunError, merge_results, write_new_json
 
 __all__ = ["bootstrap_ci", "load_run", "multi_report", "multi_table", "paired_report", "paired_table"]
 
@@ -321,8 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"error: {err}", file=sys.stderr)
             return 2
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(report, indent=1), encoding="utf-8")
+        write_new_json(args.out, report)
         print(f"wrote {args.out}")
     return 0
 

@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 __all__ = [
     "ConfigMismatchError", "ConfigPolicy", "IncompleteRunError", "ResultFile", "ResultStore", "check_run_config",
-    "merge_results", "read_results", "result_files", "results_name", "write_json_atomic",
+    "merge_results", "read_results", "result_files", "results_name", "write_json_atomic", "write_new_json",
 ]
 
 log = logging.getLogger(__name__)
@@ -81,6 +81,15 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
+
+
+def write_new_json(path: str | os.PathLike, obj: Any) -> None:
+    """``write_json_atomic`` into a file that must not exist yet (parents created): a report never replaces one."""
+    path = Path(path)
+    if path.exists():
+        raise FileExistsError(f"{path} exists; choose a new file (reports are never overwritten)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, obj)
 
 
 # ------------------------------------------------------------------------------------------ config.json
