@@ -39,7 +39,7 @@ class InContextHParams(ReferenceHParams):
     alg_name: str = hp_field("IN_CONTEXT", "Method name; must be IN_CONTEXT.", choices=("IN_CONTEXT",))
     teacher_prompt_style: str = hp_field(
         "auto", "System-prompt wording, as HPSE's teacher_prompt_style ('auto' = from model_type).",
-        choices=("auto", "default", "llama"),
+        choices=("auto", "default", "llama", "plain"),
     )
 
 

@@ -184,8 +184,9 @@ class HPSEHyperParams(ExecutorHParams):
     inner_steps: int = _f(8, "M: Adam steps per round on that round's fixed rollout.", min=1)
     max_new_tokens: int = _f(96, "Rollout length cap (96 MQuAKE-uns, 128 UnKEBench).", min=1)
     teacher_prompt_style: str = _f(
-        "auto", "Privileged system prompt wording: 'auto' (from model_type), 'default' or 'llama'.",
-        choices=("auto", "default", "llama"),
+        "auto", "Privileged system prompt wording: 'auto' (from model_type), 'default' or 'llama' (the paper's), "
+        "or 'plain' (the passage alone, no rules; not in the paper).",
+        choices=("auto", "default", "llama", "plain"),
     )
     teacher_facts: str = _f(
         "request", "What the teacher reads for a request: its own passage ('request') or all passages of the edit ('all').",

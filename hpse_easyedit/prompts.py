@@ -16,7 +16,9 @@ from typing import Any, Mapping, Sequence
 __all__ = [
     "DEFAULT_SYSTEM",
     "LLAMA_SYSTEM",
+    "PLAIN_SYSTEM",
     "PRIVILEGED_QUESTION",
+    "TEACHER_STYLES",
     "EditPrompts",
     "build_edit_prompts",
     "chat_prompt_ids",
@@ -48,6 +50,12 @@ LLAMA_SYSTEM = (
     "Use this information comprehensively: answer in full, including every relevant detail when answering "
     "relevant questions."
 )
+
+# Not in the paper: the passage alone, no rules. For small models, where a block of instructions ahead of
+# the facts is more text to get lost in than guidance (see docs/RESULTS.md).
+PLAIN_SYSTEM = "{passage}"
+
+TEACHER_STYLES = {"default": DEFAULT_SYSTEM, "llama": LLAMA_SYSTEM, "plain": PLAIN_SYSTEM}
 
 PRIVILEGED_QUESTION = (
     "What is established here about {subject}? State, in full and in detail, every fact given about {subject} "
@@ -163,8 +171,7 @@ def end_of_turn_id(tokenizer: Any, template_kwargs: Mapping[str, Any] | None = N
 
 def privileged_system(style: str, subject: str, passages: Sequence[str]) -> str:
     """The privileged teacher's system text (paper Fig. ``teacher_prompt``): the rules, then the passages."""
-    template = LLAMA_SYSTEM if style == "llama" else DEFAULT_SYSTEM
-    return template.format(passage="\n\n".join(passages), subject=subject)
+    return TEACHER_STYLES[style].format(passage="\n\n".join(passages), subject=subject)
 
 
 def has_system_role(tokenizer: Any, model_type: str, template_kwargs: Mapping[str, Any] | None = None) -> bool:

@@ -70,3 +70,10 @@ def test_teacher_facts_scope(facts, expect_other):
     tok = make_tokenizer("qwen2")
     teacher = _text(tok, build_edit_prompts(tok, "qwen2", REQ, teacher_facts=facts)[0].teacher_ids)
     assert ("Moscow is cold." in teacher) is expect_other
+
+
+def test_plain_style_is_the_passage_alone():
+    tok = make_tokenizer("qwen2")
+    teacher = _text(tok, build_edit_prompts(tok, "qwen2", REQ, teacher_prompt_style="plain")[0].teacher_ids)
+    assert teacher.startswith("<|im_start|>system\nAJ Lee speaks Russian.<|im_end|>\n<|im_start|>user\n")
+    assert "RULES" not in teacher and PRIVILEGED_QUESTION.format(subject="AJ Lee") in teacher
