@@ -31,15 +31,12 @@ not but all any one two some such very more most many much our out over under ab
 
 def inspect_case(model: Any, tok: Any, case: dict, hp: Any) -> dict:
     """Round-1 rollouts of one case's requests under ``hp``'s gates, with each step-in classified."""
-    from hpse_easyedit.editor import normalize_requests
-    from hpse_easyedit.prompts import build_edit_prompts, stop_token_ids
+    from hpse_easyedit.editor import edit_prompts
+    from hpse_easyedit.prompts import stop_token_ids
     from hpse_easyedit.rollout import hybrid_rollout
 
-    reqs = normalize_requests([dict(r) for r in case["requests"]], hp)
-    model_type = getattr(model.config, "model_type", "")
-    prompts = build_edit_prompts(tok, model_type, reqs, teacher_prompt_style=hp.teacher_prompt_style,
-                                 teacher_facts=hp.teacher_facts, template_kwargs=hp.chat_template_kwargs)
-    passages = " ".join(r["target_new"] for r in reqs).lower()
+    prompts = edit_prompts(model, tok, [dict(r) for r in case["requests"]], hp)
+    passages = " ".join(r["target_new"] for r in case["requests"]).lower()
     stops = stop_token_ids(model, tok)
     out = {"case_id": str(case["case_id"]), "requests": []}
     for p in prompts:

@@ -146,8 +146,8 @@ def _rollout_vs_generate(model: Any, tok: Any, hp: Any, prompts: Any, repeats: i
 
 
 def measure(args: argparse.Namespace) -> dict:
-    from hpse_easyedit import hpse_edit, normalize_requests, restore_weights
-    from hpse_easyedit.prompts import build_edit_prompts
+    from hpse_easyedit import hpse_edit, restore_weights
+    from hpse_easyedit.editor import edit_prompts
     from hpse_easyedit.rollout import input_device
 
     passage = Path(args.passage).read_text(encoding="utf-8").strip()
@@ -166,8 +166,7 @@ def measure(args: argparse.Namespace) -> dict:
     }
 
     # 1. rollout vs the student's own greedy generate() of the same length (fresh adapter / matrix).
-    prompts = build_edit_prompts(tok, model.config.model_type, normalize_requests(_requests(passage), hp),
-                                 teacher_prompt_style=hp.teacher_prompt_style, template_kwargs=hp.chat_template_kwargs)[0]
+    prompts = edit_prompts(model, tok, _requests(passage), hp)[0]
     report["rollout"], model = _rollout_vs_generate(model, tok, hp, prompts, args.rollout_repeats)
 
     # 2-4. HPSE edit vs NLL-only edit: time (in process), peak memory, teacher traffic.

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Any, ClassVar, Sequence
 
 from hpse_easyedit.integrations.config import EditorHParams, hp_field
 
@@ -62,20 +62,18 @@ def load_reference_hparams(alg_name: str, path: str, overrides: Sequence[str]) -
 
 
 def reference_edit(model: Any, tok: Any, requests: list[dict], hp: ReferenceHParams) -> ReferenceResult:
-    """No weight changes; IN_CONTEXT keeps the requests' passages for the answers' system prompt."""
+    """No weight changes; IN_CONTEXT keeps the requests' passages for the answers' system prompt
+    (requests checked and read exactly as an HPSE edit reads them)."""
+    from hpse_easyedit.editor import normalize_requests
+
     t0 = time.perf_counter()
     context = []
     if hp.alg_name == "IN_CONTEXT":
-        for i, req in enumerate(requests):
-            passage = req.get("target_new")
-            passage = passage.get("str") if isinstance(passage, Mapping) else passage
-            if not isinstance(passage, str) or not passage.strip():
-                raise ValueError(f"request {i}: 'target_new' must be the non-empty passage, got {passage!r}")
-            context.append((str(req.get("subject") or ""), passage))
+        context = [(r["subject"], r["target_new"]) for r in normalize_requests(requests, hp)]
     return ReferenceResult(model=model, context=context, seconds=time.perf_counter() - t0)
 
 
-def answer_system(model: Any, tok: Any, results: Sequence[Any], hp: Any) -> str | None:
+def answer_system(model: Any, results: Sequence[Any], hp: Any) -> str | None:
     """The system prompt the answers of these edits are generated under: ``None`` unless some result
     carries ``context`` (IN_CONTEXT), else the privileged teacher's wording with all their passages."""
     from hpse_easyedit.prompts import privileged_system, teacher_style_for
@@ -85,5 +83,5 @@ def answer_system(model: Any, tok: Any, results: Sequence[Any], hp: Any) -> str 
         return None
     model_type = getattr(getattr(model, "config", None), "model_type", "")
     style = teacher_style_for(model_type, getattr(hp, "teacher_prompt_style", "auto"))
-    subjects = ", ".join(dict.fromkeys(s for s, _ in context if s))
+    subjects = ", ".join(dict.fromkeys(s for s, _ in context))
     return privileged_system(style, subjects, [p for _, p in context])

@@ -362,7 +362,7 @@ class _Run:
         flat = generate_answers(
             model, self.tok, [q for qs in questions for q in qs],
             max_new_tokens=self.max_new_tokens, batch_size=self.opts.batch_size,
-            system=answer_system(model, self.tok, results, self.hp),
+            system=answer_system(model, results, self.hp),
             template_kwargs=getattr(self.hp, "chat_template_kwargs", None),
         )
         out, pos = [], 0

@@ -20,7 +20,7 @@ from .losses import sequence_nll, topk_forward_kl
 from .prompts import EditPrompts, build_edit_prompts, stop_token_ids
 from .rollout import Rollout, batched_hybrid_rollout, hybrid_rollout, input_device
 
-__all__ = ["EditResult", "RequestError", "apply_hpse_to_model", "hpse_edit", "normalize_requests"]
+__all__ = ["EditResult", "RequestError", "apply_hpse_to_model", "edit_prompts", "hpse_edit", "normalize_requests"]
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +98,19 @@ def _check_lengths(prompts: Sequence[EditPrompts], hparams: HPSEHyperParams) -> 
             )
 
 
+def edit_prompts(model: Any, tok: Any, requests: Any, hparams: HPSEHyperParams) -> list[EditPrompts]:
+    """What an edit trains on, per request: student prompt, teacher prompt and passage ids, as ``hparams``
+    words them (teacher style, facts, chat template), with bad requests and over-long sequences refused."""
+    reqs = normalize_requests(requests, hparams)
+    model_type = getattr(getattr(model, "config", None), "model_type", "")
+    prompts = build_edit_prompts(
+        tok, model_type, reqs, teacher_prompt_style=hparams.teacher_prompt_style,
+        teacher_facts=hparams.teacher_facts, template_kwargs=hparams.chat_template_kwargs,
+    )
+    _check_lengths(prompts, hparams)
+    return prompts
+
+
 def _pad_batch(sequences: list[list[int]], labels: list[list[int]], pad_id: int, device: torch.device):
     width = max(len(s) for s in sequences)
     ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
@@ -160,13 +173,7 @@ def hpse_edit(
     if hparams.kl_weight == 0 and hparams.nll_weight == 0:
         raise ValueError("kl_weight and nll_weight are both 0, so the edit would train nothing; set one of them > 0")
     start = time.perf_counter()
-    reqs = normalize_requests(requests, hparams)
-    model_type = getattr(getattr(model, "config", None), "model_type", "")
-    prompts = build_edit_prompts(
-        tok, model_type, reqs, teacher_prompt_style=hparams.teacher_prompt_style,
-        teacher_facts=hparams.teacher_facts, template_kwargs=hparams.chat_template_kwargs,
-    )
-    _check_lengths(prompts, hparams)
+    prompts = edit_prompts(model, tok, requests, hparams)
     stop_ids = stop_token_ids(model, tok)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else next(iter(stop_ids), 0)
 

@@ -84,7 +84,9 @@ def teacher_style_for(model_type: str, requested: str = "auto") -> str:
     return _FAMILIES.get(model_type, ("default", True))[0]
 
 
-def _has_system_role(tokenizer: Any, model_type: str, template_kwargs: Mapping[str, Any]) -> bool:
+def has_system_role(tokenizer: Any, model_type: str, template_kwargs: Mapping[str, Any] | None = None) -> bool:
+    """Whether the model's chat template takes a system message (else it is folded into the user turn)."""
+    template_kwargs = dict(template_kwargs or {})
     if model_type in _FAMILIES:
         return _FAMILIES[model_type][1]
     try:  # unknown family: ask the template itself
@@ -170,13 +172,9 @@ def end_of_turn_id(tokenizer: Any, template_kwargs: Mapping[str, Any] | None = N
 
 
 def privileged_system(style: str, subject: str, passages: Sequence[str]) -> str:
-    """The privileged teacher's system text (paper Fig. ``teacher_prompt``): the rules, then the passages."""
+    """The privileged teacher's system text in ``style`` (``TEACHER_STYLES``): the paper's wordings (Fig.
+    ``teacher_prompt``, rules then the passages) or ``plain`` (the passages alone)."""
     return TEACHER_STYLES[style].format(passage="\n\n".join(passages), subject=subject)
-
-
-def has_system_role(tokenizer: Any, model_type: str, template_kwargs: Mapping[str, Any] | None = None) -> bool:
-    """Whether the model's chat template takes a system message (else it is folded into the user turn)."""
-    return _has_system_role(tokenizer, model_type, dict(template_kwargs or {}))
 
 
 @dataclass
@@ -201,7 +199,7 @@ def build_edit_prompts(
     """Student/teacher prompt ids and passage target ids for each (normalised) request."""
     template_kwargs = dict(template_kwargs or {})
     style = teacher_style_for(model_type, teacher_prompt_style)
-    system_role = _has_system_role(tokenizer, model_type, template_kwargs)
+    system_role = has_system_role(tokenizer, model_type, template_kwargs)
     eot = end_of_turn_id(tokenizer, template_kwargs)
     all_passages = [r["target_new"] for r in requests]
     out = []
