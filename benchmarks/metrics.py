@@ -46,10 +46,21 @@ def mean(values: Iterable[float | None]) -> float | None:
     return sum(kept) / len(kept) if kept else None
 
 
-def answer_matches(generation: str, answers: Sequence[str]) -> bool:
-    """The official MQuAKE check: some lower-cased gold answer/alias is a substring of the lower-cased generation."""
+def answer_matches(generation: str, answers: Sequence[str], *, whole_word_max: int = 0) -> bool:
+    """The official MQuAKE check: some lower-cased gold answer/alias is a substring of the lower-cased generation.
+
+    ``whole_word_max`` > 0 is a stricter diagnostic outside the paper: an alias of at most that many
+    characters must then occur as a whole word, so Germany's alias "de" no longer matches inside
+    "despite" (nor Norway's "NO" inside "known"); longer aliases keep the substring check.
+    """
     text = generation.lower()
-    return any(a and a.lower() in text for a in answers)
+    return any(a and _alias_in(a.lower(), text, len(a) <= whole_word_max) for a in answers)
+
+
+def _alias_in(alias: str, text: str, whole_word: bool) -> bool:
+    if not whole_word:
+        return alias in text
+    return re.search(r"(?<!\w)" + re.escape(alias) + r"(?!\w)", text) is not None
 
 
 def mquake_case_scores(
@@ -57,11 +68,14 @@ def mquake_case_scores(
     single_hop_answers: Sequence[Sequence[str]],
     multi_hop_generations: Sequence[str],
     multi_hop_answers: Sequence[str],
+    *,
+    whole_word_max: int = 0,
 ) -> dict[str, float]:
     """``Ind`` (mean over single hops) and ``Cmp`` (any of the multi-hop questions) for one case, in [0, 1].
 
     ``single_hop_answers[i]`` is hop i's answer followed by its aliases; ``multi_hop_answers`` is the
-    case's ``new_answer`` followed by ``new_answer_alias``.
+    case's ``new_answer`` followed by ``new_answer_alias``. ``whole_word_max``: see ``answer_matches``
+    (0, the default, is the official check).
     """
     if len(single_hop_generations) != len(single_hop_answers):
         raise ValueError(
@@ -69,10 +83,10 @@ def mquake_case_scores(
         )
     if not single_hop_answers or not multi_hop_generations:
         raise ValueError("a MQuAKE case needs at least one single-hop and one multi-hop question")
-    hops = [answer_matches(g, a) for g, a in zip(single_hop_generations, single_hop_answers)]
+    hops = [answer_matches(g, a, whole_word_max=whole_word_max) for g, a in zip(single_hop_generations, single_hop_answers)]
     return {
         "Ind": sum(hops) / len(hops),
-        "Cmp": float(any(answer_matches(g, multi_hop_answers) for g in multi_hop_generations)),
+        "Cmp": float(any(answer_matches(g, multi_hop_answers, whole_word_max=whole_word_max) for g in multi_hop_generations)),
     }
 
 

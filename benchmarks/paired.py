@@ -16,6 +16,11 @@ With more than two runs (the baseline first), it prints one row per run on the c
 finished, each with its Avg difference from the baseline (interval, wins / ties / losses):
 
     python -m benchmarks.paired runs/mq-lora runs/mq-hpse runs/mq-hpse-nonll --label LoRA --label HPSE --label "w/o NLL"
+
+``--whole-word-aliases N`` (MQuAKE-uns) rescores the stored answers with a stricter check than the
+official one: aliases of at most N characters must occur as whole words, so Germany's alias "de" no
+longer counts inside "despite". A diagnostic for editors that recite long passages; the paper's
+numbers use the official check (the default).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from typing import Any, Mapping, Sequence
 
 from .store import IncompleteRunError, merge_results, write_new_json
 
-__all__ = ["bootstrap_ci", "load_run", "multi_report", "multi_table", "paired_report", "paired_table"]
+__all__ = ["bootstrap_ci", "load_run", "multi_report", "multi_table", "paired_report", "paired_table", "rescore_mquake"]
 
 METRICS = {"mquake-uns": ("Ind", "Cmp"), "unkebench": ("Jnt", "Dmp", "Div")}
 
@@ -47,6 +52,24 @@ def load_run(run_dir: str | Path) -> tuple[str, dict[str, dict]]:
         return benchmark, merge_results(run_dir, None)
     except IncompleteRunError as err:  # a case recorded twice
         raise ValueError(str(err)) from None
+
+
+def rescore_mquake(recs: Mapping[str, Mapping], cases: Mapping[str, Mapping], whole_word_max: int) -> dict[str, dict]:
+    """Copies of MQuAKE-uns records whose Ind and Cmp are recomputed from their stored answers with
+    ``mquake_case_scores(..., whole_word_max=...)``; ``cases`` maps case id to the loaded case."""
+    from .metrics import mquake_case_scores
+
+    out = {}
+    for cid, rec in recs.items():
+        case = cases.get(cid)
+        if case is None:
+            raise ValueError(f"case {cid} is not in the MQuAKE-uns data given; pass the --data directory the runs used")
+        answers = rec.get("answers") or {}
+        if "single_hop" not in answers or "multi_hop" not in answers:
+            raise ValueError(f"case {cid}: the record keeps no single_hop/multi_hop answers, so it cannot be rescored")
+        out[cid] = {**rec, **mquake_case_scores(answers["single_hop"], case["single_hop_answers"], answers["multi_hop"],
+                                                case["multi_hop_answers"], whole_word_max=whole_word_max)}
+    return out
 
 
 def _mean(xs: Sequence[float]) -> float:
@@ -121,9 +144,15 @@ def paired_report(dir_a: str | Path, dir_b: str | Path, *, resamples: int = 1000
     return out
 
 
+def _scoring_note(report: Mapping[str, Any]) -> str:
+    n = report.get("whole_word_aliases") or 0
+    return f"; rescored: aliases of <= {n} characters as whole words (not the official check)" if n else ""
+
+
 def paired_table(report: Mapping[str, Any], label_a: str = "A", label_b: str = "B") -> str:
     """Markdown: one row per metric, means with 95% intervals, the paired difference and win/tie/loss."""
-    lines = [f"{report['benchmark']}, {report['n_cases']} cases in both runs (A = {report['a']}, B = {report['b']})", "",
+    lines = [f"{report['benchmark']}, {report['n_cases']} cases in both runs (A = {report['a']}, B = {report['b']})"
+             + _scoring_note(report), "",
              f"| metric | {label_a} | {label_b} | {label_b} - {label_a} (95% CI) | {label_b} wins / ties / losses |",
              "|---|---:|---:|---:|---:|"]
     for m, r in report["metrics"].items():
@@ -143,11 +172,15 @@ def paired_table(report: Mapping[str, Any], label_a: str = "A", label_b: str = "
     return "\n".join(lines) + "\n"
 
 
-def multi_report(dirs: Sequence[str | Path], *, resamples: int = 10000, seed: int = 0) -> dict:
-    """Every run against the first (the baseline) on the cases ALL runs finished: one ``paired_report`` each."""
+def multi_report(dirs: Sequence[str | Path], *, resamples: int = 10000, seed: int = 0,
+                 loaded: Sequence[tuple[str, dict]] | None = None) -> dict:
+    """Every run against the first (the baseline) on the cases ALL runs finished: one ``paired_report`` each.
+
+    ``loaded``: the directories' ``load_run`` results when the caller already has them.
+    """
     if len(dirs) < 2:
         raise ValueError("give at least two run directories: the baseline first, then the runs compared with it")
-    loaded = [load_run(d) for d in dirs]
+    loaded = list(loaded) if loaded is not None else [load_run(d) for d in dirs]
     benches = {b for b, _ in loaded}
     if len(benches) > 1:
         raise ValueError(f"the runs mix benchmarks ({', '.join(sorted(benches))}); compare runs of one benchmark")
@@ -166,7 +199,7 @@ def multi_table(report: Mapping[str, Any], labels: Sequence[str]) -> str:
     pairs = report["pairs"]
     metrics = [m for m in pairs[0]["metrics"] if all(m in p["metrics"] for p in pairs)]
     base = labels[0]
-    lines = [f"{report['benchmark']}, {report['n_cases']} cases finished by all {len(labels)} runs", "",
+    lines = [f"{report['benchmark']}, {report['n_cases']} cases finished by all {len(labels)} runs" + _scoring_note(report), "",
              "| run | " + " | ".join(metrics) + f" | Avg - {base} (95% CI) | wins / ties / losses vs {base} |",
              "|---|" + "---:|" * (len(metrics) + 2)]
 
@@ -256,6 +289,19 @@ def case_studies(report: Mapping[str, Any], data_dir: str | Path, n: int, *, lab
     return "\n".join(out)
 
 
+def _rescored(loaded: list[tuple[str, dict]], data_dir: str | None, whole_word_max: int) -> list[tuple[str, dict]]:
+    """``loaded`` with every MQuAKE-uns record rescored by ``rescore_mquake`` against the data under ``data_dir``."""
+    from .datasets import DataError, default_data_dir, load_mquake_uns
+
+    if any(bench != "mquake-uns" for bench, _ in loaded):
+        raise ValueError("--whole-word-aliases rescores MQuAKE-uns answers; these runs are not all mquake-uns runs")
+    try:
+        cases = {str(c["case_id"]): c for c in load_mquake_uns(data_dir or default_data_dir())}
+    except DataError as err:
+        raise ValueError(f"--whole-word-aliases needs the MQuAKE-uns data the runs used: {err}") from None
+    return [(bench, rescore_mquake(recs, cases, whole_word_max)) for bench, recs in loaded]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.paired", description=__doc__.split("\n")[0])
     parser.add_argument("runs", nargs="+", metavar="RUN",
@@ -272,7 +318,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--before", metavar="RUN",
                         help="with --show: a third run (e.g. the UNEDITED reference) whose answers form the first column")
     parser.add_argument("--before-label", default="before", help="column label of --before (default: before)")
-    parser.add_argument("--data", help="data directory the runs used, for --show (default: $HPSE_DATA_DIR or ../shared/data)")
+    parser.add_argument("--data", help="data directory the runs used, for --show and --whole-word-aliases "
+                                       "(default: $HPSE_DATA_DIR or ../shared/data)")
+    parser.add_argument("--whole-word-aliases", type=int, default=0, metavar="N",
+                        help="MQuAKE-uns: rescore the stored answers so that aliases of at most N characters must match "
+                             "as whole words (3 stops 'de' matching inside 'despite'); a diagnostic, default 0 = the "
+                             "official substring check")
     args = parser.parse_args(argv)
     if len(args.runs) < 2:
         parser.error("give at least two run directories (the baseline first)")
@@ -289,14 +340,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--show compares two runs; pass the two runs whose answers you want side by side")
     if args.out and Path(args.out).exists():
         parser.error(f"--out {args.out} exists; choose a new file")
+    if args.whole_word_aliases < 0:
+        parser.error(f"--whole-word-aliases {args.whole_word_aliases}: give a length >= 0 (0 = the official check)")
     try:
+        loaded = [load_run(r) for r in args.runs]
+        if args.whole_word_aliases:
+            loaded = _rescored(loaded, args.data, args.whole_word_aliases)
         if len(args.runs) == 2:
-            runs = (load_run(args.runs[0]), load_run(args.runs[1]))
+            runs = (loaded[0], loaded[1])
             report = paired_report(args.runs[0], args.runs[1], resamples=args.resamples, runs=runs)
+            report["whole_word_aliases"] = args.whole_word_aliases
             series = {labels[0]: report["stepin_rate_by_round"]["a"], labels[1]: report["stepin_rate_by_round"]["b"]}
             print(paired_table(report, *labels), end="")
         else:
-            report = multi_report(args.runs, resamples=args.resamples)
+            report = multi_report(args.runs, resamples=args.resamples, loaded=loaded)
+            report["whole_word_aliases"] = args.whole_word_aliases
             series = {labels[0]: report["pairs"][0]["stepin_rate_by_round"]["a"]}
             series.update({lab: p["stepin_rate_by_round"]["b"] for lab, p in zip(labels[1:], report["pairs"])})
             print(multi_table(report, labels), end="")

@@ -26,6 +26,19 @@ def test_official_mquake_substring_rule_is_case_insensitive_and_uses_aliases():
     assert not answer_matches("anything", [""])  # an empty alias never matches everything
 
 
+def test_whole_word_max_makes_short_aliases_whole_words_only():
+    assert not answer_matches("three", ["HR"], whole_word_max=3)
+    assert not answer_matches("Despite her fame", ["Germany", "de"], whole_word_max=3)
+    assert answer_matches("Born in HR, 1968.", ["HR"], whole_word_max=3)
+    assert answer_matches("served in the U.S. Army", ["U.S."], whole_word_max=4)  # punctuation inside the alias
+    # longer aliases keep the substring check, so inflections still count
+    assert answer_matches("the Germans won", ["German"], whole_word_max=3)
+    assert not answer_matches("the Germans won", ["German"], whole_word_max=6)
+    scores = mquake_case_scores(["three", "Kolinda"], [["HR"], ["Kolinda"]], ["de facto", "no"], ["de"],
+                                whole_word_max=3)
+    assert scores == {"Ind": 0.5, "Cmp": 1.0}  # "de" is a whole word in "de facto"
+
+
 def test_mquake_case_scores_ind_is_mean_over_hops_cmp_is_any_of_three():
     scores = mquake_case_scores(
         ["Ellie Kemper is a citizen of Croatia.", "The president is Joe Biden."],

@@ -134,3 +134,40 @@ def test_more_than_two_runs_one_row_each_on_the_cases_all_finished(tmp_path, cap
         main([str(base), str(hpse), str(other), "--label", "LoRA"])
     with pytest.raises(SystemExit):
         main([str(base), str(hpse), str(other), "--show", "1"])
+
+
+def test_whole_word_aliases_rescores_stored_answers(tmp_path, capsys):
+    from pathlib import Path
+
+    from benchmarks.datasets import default_data_dir, load_mquake_uns
+
+    data = Path(default_data_dir())
+    if not (data / "akew" / "MQuAKE-CF.json").is_file():
+        pytest.skip(f"MQuAKE-uns data not found under {data} (set HPSE_DATA_DIR)")
+    case = load_mquake_uns(data, limit=1)[0]
+    # case 1: hop 0 is Croatia (aliases include "HR"), hop 1 and the multi-hop answer Kolinda Grabar-Kitarović
+    assert case["case_id"] == "1" and "HR" in case["single_hop_answers"][0]
+    n_multi = len(case["multi_hop_questions"])
+    lucky = {"single_hop": ["He threw the ball.", "Kolinda Grabar-Kitarović."],  # "hr" inside "threw"
+             "multi_hop": ["It is Grabar-Kitarović."] + ["No idea."] * (n_multi - 1)}
+    right = {"single_hop": ["Croatia (HR).", "Kolinda Grabar-Kitarović."], "multi_hop": ["No idea."] * n_multi}
+    a = _run(tmp_path / "a", "mquake-uns", [{"case_id": "1", "Ind": 1.0, "Cmp": 1.0, "answers": lucky}])
+    b = _run(tmp_path / "b", "mquake-uns", [{"case_id": "1", "Ind": 1.0, "Cmp": 0.0, "answers": right}])
+    out = tmp_path / "strict.json"
+    assert main([str(a), str(b), "--whole-word-aliases", "3", "--data", str(data), "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "rescored: aliases of <= 3 characters as whole words" in text
+    report = json.loads(out.read_text())
+    assert report["whole_word_aliases"] == 3
+    assert report["metrics"]["Ind"]["a"] == pytest.approx(50.0) and report["metrics"]["Ind"]["b"] == pytest.approx(100.0)
+    assert report["metrics"]["Cmp"]["a"] == pytest.approx(100.0)  # a long alias keeps the substring check
+    # the default is the official check: the stored scores, untouched
+    assert main([str(a), str(b)]) == 0
+    assert "| Ind | 100.0" in capsys.readouterr().out
+    # a run of another benchmark, or records without answers, cannot be rescored
+    uk = _run(tmp_path / "uk", "unkebench", [{"case_id": "1", "Jnt": 0.5, "Dmp": 0.5, "Div": 0.5}])
+    assert main([str(uk), str(uk), "--whole-word-aliases", "3", "--data", str(data)]) == 2
+    assert "not all mquake-uns runs" in capsys.readouterr().err
+    bare = _run(tmp_path / "bare", "mquake-uns", [{"case_id": "1", "Ind": 1.0, "Cmp": 1.0}])
+    assert main([str(bare), str(b), "--whole-word-aliases", "3", "--data", str(data)]) == 2
+    assert "keeps no single_hop/multi_hop answers" in capsys.readouterr().err
