@@ -35,7 +35,8 @@ def inspect_case(model: Any, tok: Any, case: dict, hp: Any) -> dict:
     from hpse_easyedit.prompts import stop_token_ids
     from hpse_easyedit.rollout import hybrid_rollout
 
-    prompts = edit_prompts(model, tok, [dict(r) for r in case["requests"]], hp)
+    # without the loader's "prompt", each request takes hp.editing_prompt (so a group may override it)
+    prompts = edit_prompts(model, tok, [{k: v for k, v in r.items() if k != "prompt"} for r in case["requests"]], hp)
     passages = " ".join(r["target_new"] for r in case["requests"]).lower()
     stops = stop_token_ids(model, tok)
     out = {"case_id": str(case["case_id"]), "requests": []}
@@ -51,7 +52,8 @@ def inspect_case(model: Any, tok: Any, case: dict, hp: Any) -> dict:
                 content = bool(_WORD.match(word)) and word.lower() not in _STOP
                 injected.append({"token": text, "content_word": content,
                                  "in_passage": content and word.lower() in passages})
-        out["requests"].append({"subject": p.subject, "tokens": len(ro), "stepins": ro.stepin_count,
+        out["requests"].append({"subject": p.subject, "student_prompt": tok.decode(p.student_ids),
+                                "tokens": len(ro), "stepins": ro.stepin_count,
                                 "marked": "".join(pieces), "injected": injected})
     return out
 

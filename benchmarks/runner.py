@@ -33,6 +33,7 @@ from .datasets import (
     MQUAKE_FILE,
     UNKE_FILE,
     UNKE_SUBJECTS_FILE,
+    EDIT_PROMPT,
     default_cache_dir,
     default_data_dir,
     file_sha256,
@@ -243,19 +244,22 @@ class _Run:
 
     def _load_data(self) -> list[Path]:
         o = self.opts
+        # the requests carry the editor's own editing prompt, so `--set editing_prompt=...` takes effect
+        template = self.hp_dict.get("editing_prompt") or EDIT_PROMPT
         if self.task.name == "unkebench":
             file = o.data_file or UNKE_FILE
             subjects_file = Path(o.subjects_file) if o.subjects_file else self.data_dir / UNKE_SUBJECTS_FILE
             self.cases = load_unkebench(
                 self.data_dir, file=file, limit=o.limit, subjects=o.subjects, subjects_file=subjects_file,
-                client=self.client, cache_dir=self.cache_dir,
+                client=self.client, cache_dir=self.cache_dir, prompt_template=template,
             )
             paths = [self.data_dir / file if not Path(file).is_absolute() else Path(file)]
             if subjects_file.is_file() and o.subjects in {"auto", "file"}:
                 paths.append(subjects_file)
         else:
             file = o.data_file or MQUAKE_FILE
-            self.cases = load_mquake_uns(self.data_dir, file=file, limit=o.limit, client=self.client, cache_dir=self.cache_dir)
+            self.cases = load_mquake_uns(self.data_dir, file=file, limit=o.limit, client=self.client, cache_dir=self.cache_dir,
+                                         prompt_template=template)
             paths = [self.data_dir / file if not Path(file).is_absolute() else Path(file)]
         if len(self.cases) == 0:
             raise ValueError(f"no cases selected from {paths[0]} (limit {o.limit})")

@@ -56,6 +56,7 @@ class Spy:
 
     def __init__(self):
         self.calls = []  # (model id, weights equal to the unedited ones?)
+        self.prompts = []  # the request prompts of each edit
         self.original = None
 
     def factory(self):
@@ -81,6 +82,7 @@ class Spy:
                 torch.equal(v, self.original[k]) for k, v in _state(model).items()
             )
             self.calls.append((id(model), unedited))
+            self.prompts.append([r["prompt"] for r in requests])
             return hpse.edit(model, tok, requests, hp)
 
         return Editor("SPY", load_hparams, hpse.hparams_dict, load_model, edit, hpse.restore)
@@ -123,6 +125,17 @@ def test_tiny_single_editing_run_both_benchmarks(tiny, tmp_path):
     assert unke["Div"] == pytest.approx(100 * sum(r["Div"] for r in recs) / 2)
     assert unke["Avg"] == pytest.approx((unke["Jnt"] + unke["Dmp"] + unke["Div"]) / 3)
     assert "lexical-fallback" in (tmp_path / "unke" / "table.md").read_text()
+
+
+def test_editing_prompt_override_reaches_the_requests(tiny, tmp_path):
+    spy = Spy()
+    register_editor("SPY", spy.factory)
+    run_benchmark(_opts(tiny, tmp_path, "unkebench", hparams=str(tiny / "spy.yaml"), limit=1, mmlu_n=0,
+                        overrides=["editing_prompt=List the key facts about {subject}."], out_dir=str(tmp_path / "uk")))
+    assert len(spy.prompts) == 1 and len(spy.prompts[0]) == 1
+    assert spy.prompts[0][0].startswith("List the key facts about ") and spy.prompts[0][0].endswith(".")
+    run_benchmark(_opts(tiny, tmp_path, "mquake-uns", hparams=str(tiny / "spy.yaml"), limit=1, out_dir=str(tmp_path / "mq")))
+    assert spy.prompts[1] and all(p.startswith("Introduce ") for p in spy.prompts[1])  # the file's default
 
 
 def test_mmlu_every_k_measures_only_every_kth_edit_and_is_part_of_the_config(tiny, tmp_path):

@@ -28,5 +28,13 @@ def test_gates_that_always_or_never_fire(tmp_path, capsys):
     assert never["summary"]["stepins"] == 0 and "[[" not in never["cases"][0]["requests"][0]["marked"]
     text = capsys.readouterr().out
     assert "## tau=-1000,kappa=0 (tau -1000.0, kappa 0.0)" in text and "## rollout=on_policy" in text
+    assert "Introduce " in always["cases"][0]["requests"][0]["student_prompt"]  # the file's editing prompt
+    # a group may change the editing prompt: the student is then asked with it
+    other = tmp_path / "prompt.json"
+    assert main(["--hparams", str(hp), "--data", str(DATA_DIR), "--limit", "1", "--print", "0",
+                 "--gates", "editing_prompt=List the key facts about {subject}.", "--out", str(other)]) == 0
+    (setting,) = json.loads(other.read_text())["settings"].values()
+    prompt = setting["cases"][0]["requests"][0]["student_prompt"]
+    assert "List the key facts about " in prompt and "Introduce" not in prompt
     with pytest.raises(SystemExit):  # never overwrites
         main(["--hparams", str(hp), "--data", str(DATA_DIR), "--out", str(out)])
