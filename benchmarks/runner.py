@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from .datasets import (
+    EDIT_PROMPT,
     MQUAKE_FILE,
     UNKE_FILE,
     UNKE_SUBJECTS_FILE,
-    EDIT_PROMPT,
     default_cache_dir,
     default_data_dir,
     file_sha256,
