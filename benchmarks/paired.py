@@ -7,7 +7,10 @@ with a 95% bootstrap confidence interval (cases resampled with replacement, the 
 both runs), and how many cases B won, tied and lost. ``Avg`` is the per-case mean of the task's
 metrics (MQuAKE-uns: Ind and Cmp; UnKEBench: Jnt, Dmp, Div), as in the paper's tables. For
 MQuAKE-uns it adds ``AnsDiv``, a diagnostic outside the paper: 1 - SelfBLEU-4 among all answers of a
-case, which exposes an editor that answers every question by reciting the passage.
+case, which exposes an editor that answers every question by reciting the passage. Also for
+MQuAKE-uns, "composition given the hops": in how many cases a run answered every single-hop question
+(Ind = 1), and in how many of those it also answered the multi-hop question (Cmp). An editor whose
+facts are retrievable one by one but cannot be chained shows a low second number.
 
     python -m benchmarks.paired runs/mq20-lora runs/mq20-hpse --out runs/mq20-paired.json
     python -m benchmarks.paired runs/mq20-lora runs/mq20-hpse --show 3 --data ../shared/data   # + case studies
@@ -34,7 +37,7 @@ from typing import Any, Mapping, Sequence
 
 from .store import IncompleteRunError, merge_results, write_new_json
 
-__all__ = ["bootstrap_ci", "load_run", "multi_report", "multi_table", "paired_report", "paired_table", "rescore_mquake"]
+__all__ = ["bootstrap_ci", "composition_given_hops", "load_run", "multi_report", "multi_table", "paired_report", "paired_table", "rescore_mquake"]
 
 METRICS = {"mquake-uns": ("Ind", "Cmp"), "unkebench": ("Jnt", "Dmp", "Div")}
 
@@ -93,6 +96,20 @@ def bootstrap_ci(values: Sequence[float], *, resamples: int = 10000, seed: int =
 ANSWER_DIVERSITY = "AnsDiv"
 
 
+def composition_given_hops(recs: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """MQuAKE-uns: ``cases`` given, ``all_hops`` (cases with every single hop answered, Ind = 1) and
+    ``composed`` (of those, the ones whose multi-hop question was answered too, Cmp = 1)."""
+    full = [r for r in recs if float(r["Ind"]) >= 1.0 - 1e-9]
+    return {"cases": len(recs), "all_hops": len(full), "composed": sum(float(r["Cmp"]) >= 0.5 for r in full)}
+
+
+def _composition_line(label: str, comp: Mapping[str, int]) -> str:
+    k, n = comp["composed"], comp["all_hops"]
+    share = f" ({100 * k / n:.0f}%)" if n else ""
+    return (f"{label}: every single hop answered in {n} of {comp['cases']} cases; "
+            f"the multi-hop question too in {k} of those {n}{share}")
+
+
 def _case_values(rec: Mapping[str, Any], metrics: Sequence[str]) -> dict[str, float]:
     vals = {m: float(rec[m]) for m in metrics}
     vals["Avg"] = _mean([vals[m] for m in metrics])
@@ -129,6 +146,9 @@ def paired_report(dir_a: str | Path, dir_b: str | Path, *, resamples: int = 1000
 
     out["stepin_rate_by_round"] = {"a": stepin_rate_by_round([recs_a[c] for c in common]),
                                    "b": stepin_rate_by_round([recs_b[c] for c in common])}
+    if bench_a == "mquake-uns":
+        out["composition_given_hops"] = {"a": composition_given_hops([recs_a[c] for c in common]),
+                                         "b": composition_given_hops([recs_b[c] for c in common])}
     extra = [ANSWER_DIVERSITY] if all(ANSWER_DIVERSITY in v for v in (*a, *b)) else []
     for m in (*metrics, "Avg", *extra):
         xa, xb = [100 * v[m] for v in a], [100 * v[m] for v in b]
@@ -169,6 +189,10 @@ def paired_table(report: Mapping[str, Any], label_a: str = "A", label_b: str = "
         rates = report.get("stepin_rate_by_round", {}).get(key) or []
         if any(r is not None for r in rates):
             lines.append(f"\n{label}: step-in rate by round " + ", ".join("-" if r is None else f"{100 * r:.1f}%" for r in rates))
+    comp = report.get("composition_given_hops")
+    if comp:
+        lines.append("\nComposition given the hops:")
+        lines += [f"- {_composition_line(label, comp[key])}" for key, label in (("a", label_a), ("b", label_b))]
     return "\n".join(lines) + "\n"
 
 
@@ -220,6 +244,10 @@ def multi_table(report: Mapping[str, Any], labels: Sequence[str]) -> str:
         lines.append("")
     for label, r in shown:
         lines.append(f"- {label}: step-in rate by round " + ", ".join("-" if x is None else f"{100 * x:.1f}%" for x in r))
+    if "composition_given_hops" in pairs[0]:
+        comps = [(base, pairs[0]["composition_given_hops"]["a"])] + [
+            (label, p["composition_given_hops"]["b"]) for label, p in zip(labels[1:], pairs)]
+        lines += ["", "Composition given the hops:"] + [f"- {_composition_line(label, c)}" for label, c in comps]
     return "\n".join(lines) + "\n"
 
 

@@ -35,6 +35,9 @@ def test_paired_mquake_by_hand(tmp_path):
     assert avg["a"] == pytest.approx(125 / 3) and avg["b"] == pytest.approx(50.0)
     lo, hi = ind["diff_ci95"]
     assert lo <= ind["diff"] <= hi and lo >= 0.0  # every resampled mean of (+50, 0, 0) is >= 0
+    # composition given the hops: A knows every hop of case 2 and chains it; B knows every hop of 1 and 2, chains only 1
+    assert r["composition_given_hops"] == {"a": {"cases": 3, "all_hops": 1, "composed": 1},
+                                           "b": {"cases": 3, "all_hops": 2, "composed": 1}}
 
 
 def test_bootstrap_ci_of_constant_and_spread():
@@ -130,6 +133,8 @@ def test_more_than_two_runs_one_row_each_on_the_cases_all_finished(tmp_path, cap
     assert "2 cases finished by all 3 runs" in text and "| Avg - LoRA (95% CI) |" in text
     assert "| HPSE | 100.0 [100.0, 100.0] | 100.0 [100.0, 100.0] | 100.0 [100.0, 100.0] | +75.0" in text
     assert "| X |" in text and "2 / 0 / 0" in text and "- HPSE: step-in rate by round 50.0%" in text
+    assert "- LoRA: every single hop answered in 1 of 2 cases; the multi-hop question too in 0 of those 1 (0%)" in text
+    assert "- X: every single hop answered in 0 of 2 cases; the multi-hop question too in 0 of those 0" in text
     with pytest.raises(SystemExit):  # one label per run, and --show only for two runs
         main([str(base), str(hpse), str(other), "--label", "LoRA"])
     with pytest.raises(SystemExit):
