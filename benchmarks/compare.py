@@ -83,6 +83,8 @@ def compare_main(argv: Sequence[str] | None = None) -> int:
         methods = [parse_method(m) for m in args.method]
     except argparse.ArgumentTypeError as err:
         parser.error(str(err))
+    if args.cases and len(args.benchmark) > 1:
+        parser.error("--cases names case ids of one benchmark; pass --benchmark mquake-uns or --benchmark unkebench with it")
     labels = [m[0] for m in methods]
     if len(set(map(_slug, labels))) != len(labels):
         parser.error(f"method labels must be distinct, got {labels}")

@@ -78,6 +78,7 @@ class RunOptions:
     out_dir: str | None = None
     label: str | None = None
     limit: int | None = None
+    cases: list[str] | None = None
     sequential: int | None = None
     batch_size: int = 8
     max_new_tokens: int | None = None
@@ -101,6 +102,13 @@ class RunOptions:
             raise ValueError(f"--sequential must be >= 1 (cases edited one after another), got {self.sequential}")
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"--limit must be >= 1, got {self.limit}")
+        if self.cases is not None:
+            self.cases = [str(c).strip() for c in self.cases if str(c).strip()]
+            if not self.cases:
+                raise ValueError("--cases names no case id; give comma-separated ids, e.g. --cases 6,24,68")
+            if self.sequential:
+                raise ValueError("--cases picks single cases; continual editing (--sequential) edits consecutive "
+                                 "cases, so use --limit there")
         if self.mmlu_n < 0:
             raise ValueError(f"--mmlu-n must be >= 0 (0 skips MMLU), got {self.mmlu_n}")
         if self.mmlu_every < 1:
@@ -261,6 +269,15 @@ class _Run:
             self.cases = load_mquake_uns(self.data_dir, file=file, limit=o.limit, client=self.client, cache_dir=self.cache_dir,
                                          prompt_template=template)
             paths = [self.data_dir / file if not Path(file).is_absolute() else Path(file)]
+        if o.cases:
+            ids = [str(c) for c in self.cases["case_id"]]
+            missing = [c for c in o.cases if c not in set(ids)]
+            if missing:
+                within = f" among the first {o.limit} cases (--limit)" if o.limit else ""
+                raise ValueError(f"--cases: no case_id {', '.join(missing)}{within} in {paths[0]}; "
+                                 "check the ids (the case_id field of the data file)" + (" or raise --limit" if within else ""))
+            wanted = set(o.cases)
+            self.cases = self.cases.select([i for i, c in enumerate(ids) if c in wanted])
         if len(self.cases) == 0:
             raise ValueError(f"no cases selected from {paths[0]} (limit {o.limit})")
         return paths
@@ -529,6 +546,9 @@ def add_run_arguments(parser: argparse.ArgumentParser, benchmark: str | None) ->
     g = parser.add_argument_group("data and run")
     g.add_argument("--data", metavar="DIR", help="data directory (default: $HPSE_DATA_DIR or ../shared/data)")
     g.add_argument("--limit", type=int, metavar="N", help="first N cases only (a rerun may raise it and resume)")
+    g.add_argument("--cases", type=lambda v: v.split(","), metavar="ID,ID,...",
+                   help="only the cases with these case_id values, in data order (with --limit: among the first N); "
+                        "a later run into the same --out may pick others or more; not with --sequential")
     g.add_argument("--sequential", type=int, metavar="T", help="continual editing: T cases edited one after another, then evaluated")
     g.add_argument("--batch-size", type=int, default=8, help="generation batch size (default 8)")
     g.add_argument("--max-new-tokens", type=int, help="answer length cap (default 200 UnKEBench, 128 MQuAKE-uns)")
@@ -576,6 +596,7 @@ def options_from_args(args: argparse.Namespace, benchmark: str, hparams: str, ov
         out_dir=out_dir,
         label=label,
         limit=args.limit,
+        cases=args.cases,
         sequential=args.sequential,
         batch_size=args.batch_size,
         max_new_tokens=args.max_new_tokens,

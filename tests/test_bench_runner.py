@@ -138,6 +138,26 @@ def test_editing_prompt_override_reaches_the_requests(tiny, tmp_path):
     assert spy.prompts[1] and all(p.startswith("Introduce ") for p in spy.prompts[1])  # the file's default
 
 
+def test_cases_option_runs_only_the_named_cases_and_a_later_run_fills_in(tiny, tmp_path):
+    spy = Spy()
+    register_editor("SPY", spy.factory)
+    ids = [str(c["case_id"]) for c in json.loads((DATA_DIR / "akew" / "MQuAKE-CF.json").read_text())[:3]]
+    out = str(tmp_path / "mq")
+    first = run_benchmark(_opts(tiny, tmp_path, "mquake-uns", hparams=str(tiny / "spy.yaml"), out_dir=out,
+                                limit=None, cases=[f" {ids[2]}", ids[0]]))
+    assert [r["case_id"] for r in _lines(out)] == [ids[0], ids[2]] and first["n_cases"] == 2  # data order
+    assert len(spy.calls) == 2
+    more = run_benchmark(_opts(tiny, tmp_path, "mquake-uns", hparams=str(tiny / "spy.yaml"), out_dir=out, limit=3))
+    assert more["n_cases"] == 3 and len(spy.calls) == 3  # only the missing case is edited
+    assert sorted(r["case_id"] for r in _lines(out)) == sorted(ids)
+    with pytest.raises(ValueError, match=r"--cases: no case_id nope among the first 2 cases \(--limit\)"):
+        run_benchmark(_opts(tiny, tmp_path, "mquake-uns", hparams=str(tiny / "spy.yaml"), out_dir=out, cases=["nope"]))
+    with pytest.raises(ValueError, match="--sequential"):
+        _opts(tiny, tmp_path, "mquake-uns", cases=[ids[0]], sequential=2)
+    with pytest.raises(ValueError, match="names no case id"):
+        _opts(tiny, tmp_path, "mquake-uns", cases=[""])
+
+
 def test_mmlu_every_k_measures_only_every_kth_edit_and_is_part_of_the_config(tiny, tmp_path):
     opts = dict(limit=3, mmlu_every=2, out_dir=str(tmp_path / "every"))
     summary = run_benchmark(_opts(tiny, tmp_path, "unkebench", **opts))
@@ -250,3 +270,6 @@ def test_run_compare_table_and_plot(tiny, tmp_path, capsys):
     assert len(summaries["LoRA + HPSE"]["mquake-uns"]["stepin_rate_by_round"]) == 1
     assert (out / "stepin_by_round.png").read_bytes()[:4] == b"\x89PNG"
     assert (out / "mquake-uns" / "LoRA" / "results.jsonl").is_file()
+    with pytest.raises(SystemExit):  # case ids belong to one benchmark
+        compare_main(["--benchmark", "mquake-uns", "unkebench", "--cases", "1", "--out", str(tmp_path / "two"),
+                      "--method", "LoRA", str(tiny / "hpse.yaml")])
