@@ -20,6 +20,7 @@ finished, each with its Avg difference from the baseline (interval, wins / ties 
 
     python -m benchmarks.paired runs/mq-lora runs/mq-hpse runs/mq-hpse-nonll --label LoRA --label HPSE --label "w/o NLL"
 
+``--cases ID,ID,...`` keeps only those cases (e.g. the MQuAKE-uns cases with two or more edits).
 ``--whole-word-aliases N`` (MQuAKE-uns) rescores the stored answers with a stricter check than the
 official one: aliases of at most N characters must occur as whole words, so Germany's alias "de" no
 longer counts inside "despite". A diagnostic for editors that recite long passages; the paper's
@@ -348,6 +349,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--before-label", default="before", help="column label of --before (default: before)")
     parser.add_argument("--data", help="data directory the runs used, for --show and --whole-word-aliases "
                                        "(default: $HPSE_DATA_DIR or ../shared/data)")
+    parser.add_argument("--cases", type=lambda v: [c.strip() for c in v.split(",") if c.strip()], metavar="ID,ID,...",
+                        help="compare on these case ids only (those every run finished), e.g. the MQuAKE-uns cases with "
+                             "two or more edits")
     parser.add_argument("--whole-word-aliases", type=int, default=0, metavar="N",
                         help="MQuAKE-uns: rescore the stored answers so that aliases of at most N characters must match "
                              "as whole words (3 stops 'de' matching inside 'despite'); a diagnostic, default 0 = the "
@@ -372,6 +376,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--whole-word-aliases {args.whole_word_aliases}: give a length >= 0 (0 = the official check)")
     try:
         loaded = [load_run(r) for r in args.runs]
+        if args.cases is not None:
+            if not args.cases:
+                raise ValueError("--cases names no case id; give comma-separated ids, e.g. --cases 6,24,68")
+            wanted = set(args.cases)
+            loaded = [(bench, {c: rec for c, rec in recs.items() if c in wanted}) for bench, recs in loaded]
         if args.whole_word_aliases:
             loaded = _rescored(loaded, args.data, args.whole_word_aliases)
         if len(args.runs) == 2:

@@ -135,6 +135,10 @@ def test_more_than_two_runs_one_row_each_on_the_cases_all_finished(tmp_path, cap
     assert "| X |" in text and "2 / 0 / 0" in text and "- HPSE: step-in rate by round 50.0%" in text
     assert "- LoRA: every single hop answered in 1 of 2 cases; the multi-hop question too in 0 of those 1 (0%)" in text
     assert "- X: every single hop answered in 0 of 2 cases; the multi-hop question too in 0 of those 0" in text
+    assert main([str(base), str(hpse), "--cases", "2,3", "--resamples", "200"]) == 0  # case 3 is not in hpse
+    assert "1 cases in both runs" in capsys.readouterr().out
+    assert main([str(base), str(hpse), "--cases", "3", "--resamples", "200"]) == 2
+    assert "no finished case in common" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # one label per run, and --show only for two runs
         main([str(base), str(hpse), str(other), "--label", "LoRA"])
     with pytest.raises(SystemExit):
