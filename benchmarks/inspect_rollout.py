@@ -5,11 +5,15 @@ rollout on the UNEDITED model (student and teacher are then the same weights, th
 passage), and prints the rollout with every stepped-in token in ``[[...]]``. It also counts the
 step-ins whose token is a content word (letters, 3+ characters, not a function word) and whether that word occurs in the
 case's passages: a teacher that steps in with passage words is supplying the new facts; one that steps
-in with other words is injecting its own text. Several ``--set`` groups compare gate settings on the
-same rollouts' cases.
+in with other words is injecting its own text. In a case with several requests it also counts the
+content words that occur only in ANOTHER request's passage (with ``teacher_facts=all`` the teacher of
+one request's rollout reads every passage and may pull the student toward another subject). Several
+``--gates`` groups compare settings on the same cases; ``--cases`` names the cases to inspect.
 
     python -m benchmarks.inspect_rollout --hparams hparams/HPSE/smollm2-135m.yaml --limit 20 \\
         --gates tau=2,kappa=0.3 --gates tau=1,kappa=0.1 --out runs/inspect-gates.json
+    python -m benchmarks.inspect_rollout --hparams hparams/HPSE/smollm2-135m.yaml --cases 6,24,68 \
+        --gates teacher_facts=request --gates teacher_facts=all
 """
 
 from __future__ import annotations
@@ -37,10 +41,12 @@ def inspect_case(model: Any, tok: Any, case: dict, hp: Any) -> dict:
 
     # without the loader's "prompt", each request takes hp.editing_prompt (so a group may override it)
     prompts = edit_prompts(model, tok, [{k: v for k, v in r.items() if k != "prompt"} for r in case["requests"]], hp)
-    passages = " ".join(r["target_new"] for r in case["requests"]).lower()
+    own_passages = [r["target_new"].lower() for r in case["requests"]]
+    passages = " ".join(own_passages)
     stops = stop_token_ids(model, tok)
     out = {"case_id": str(case["case_id"]), "requests": []}
-    for p in prompts:
+    for i, p in enumerate(prompts):
+        others = " ".join(t for j, t in enumerate(own_passages) if j != i)
         ro = hybrid_rollout(model, model, p.student_ids, p.teacher_ids, tau=hp.tau, kappa=hp.kappa, top_k=hp.top_k,
                             max_new_tokens=hp.max_new_tokens, stop_ids=stops, hybrid=hp.rollout == "hybrid")
         pieces, injected = [], []
@@ -50,8 +56,10 @@ def inspect_case(model: Any, tok: Any, case: dict, hp: Any) -> dict:
             if s:
                 word = text.strip()
                 content = bool(_WORD.match(word)) and word.lower() not in _STOP
+                in_own = content and word.lower() in own_passages[i]
                 injected.append({"token": text, "content_word": content,
-                                 "in_passage": content and word.lower() in passages})
+                                 "in_passage": content and word.lower() in passages,
+                                 "only_in_other_passage": content and not in_own and word.lower() in others})
         out["requests"].append({"subject": p.subject, "student_prompt": tok.decode(p.student_ids),
                                 "tokens": len(ro), "stepins": ro.stepin_count,
                                 "marked": "".join(pieces), "injected": injected})
@@ -65,6 +73,7 @@ def _summary(cases: Sequence[dict]) -> dict:
     return {"rollout_tokens": tokens, "stepins": len(inj), "stepin_rate": len(inj) / max(tokens, 1),
             "content_word_stepins": len(content),
             "content_words_in_passage": sum(i["in_passage"] for i in content),
+            "content_words_only_in_other_passage": sum(i["only_in_other_passage"] for i in content),
             "content_words_in_passage_share": (sum(i["in_passage"] for i in content) / len(content)) if content else None}
 
 
@@ -75,7 +84,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="a group of overrides to compare, e.g. tau=1,kappa=0.1 (repeat; default: the file as it is)")
     parser.add_argument("--benchmark", default="mquake-uns", choices=["mquake-uns", "unkebench"])
     parser.add_argument("--data", help="data directory (default: $HPSE_DATA_DIR or ../shared/data)")
-    parser.add_argument("--limit", type=int, default=5, help="first N cases (default 5)")
+    parser.add_argument("--limit", type=int, help="first N cases (default 5; with --cases: all of the file)")
+    parser.add_argument("--cases", metavar="ID,ID,...",
+                        help="inspect only these case ids (comma-separated), e.g. the MQuAKE-uns cases with two edits")
     parser.add_argument("--print", type=int, default=2, dest="n_print", metavar="N",
                         help="print the marked rollouts of the first N cases per setting (default 2)")
     parser.add_argument("--out", help="write every rollout and the counts as JSON (refuses to overwrite)")
@@ -89,8 +100,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .store import write_new_json
 
     data = args.data or default_data_dir()
-    cases = (load_mquake_uns(data, limit=args.limit) if args.benchmark == "mquake-uns"
-             else load_unkebench(data, limit=args.limit, subjects="auto"))
+    wanted = [c.strip() for c in (args.cases or "").split(",") if c.strip()]
+    if args.cases is not None and not wanted:
+        parser.error("--cases names no case id; give comma-separated ids, e.g. --cases 6,24,68")
+    limit = args.limit if args.limit is not None else (None if wanted else 5)
+    cases = (load_mquake_uns(data, limit=limit) if args.benchmark == "mquake-uns"
+             else load_unkebench(data, limit=limit, subjects="auto"))
+    if wanted:
+        by_id = {str(c["case_id"]): c for c in cases}
+        missing = [c for c in wanted if c not in by_id]
+        if missing:
+            within = f" among the first {limit} cases (--limit)" if limit else ""
+            parser.error(f"--cases: no case_id {', '.join(missing)}{within} in the {args.benchmark} data under {data}; "
+                         "use ids from the data's case_id field (the runs' results.jsonl lists them)")
+        cases = [by_id[c] for c in wanted]
     base = HPSEHyperParams.from_hparams(args.hparams)
     model, tok = load_model(base)
     report = {"hparams": args.hparams, "benchmark": args.benchmark, "n_cases": len(cases), "settings": {}}
@@ -105,7 +128,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"## {label} (tau {hp.tau}, kappa {hp.kappa}): {summary['stepins']} step-ins in {summary['rollout_tokens']} "
               f"rollout tokens ({100 * summary['stepin_rate']:.1f}%); {summary['content_word_stepins']} are content words, "
               f"{summary['content_words_in_passage']} of them in the passage"
-              + ("" if share is None else f" ({100 * share:.0f}%)"))
+              + ("" if share is None else f" ({100 * share:.0f}%)")
+              + (f", {summary['content_words_only_in_other_passage']} only in another request's passage"
+                 if any(len(c["requests"]) > 1 for c in per_case) else ""))
         for c in per_case[: args.n_print]:
             for r in c["requests"]:
                 print(f"\ncase {c['case_id']}, {r['subject']!r}:\n{r['marked']}")
