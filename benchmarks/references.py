@@ -3,9 +3,10 @@
 - ``UNEDITED``: the edit changes nothing, so the answers are the pre-edit model's (the "before" of
   a before/after case study, and the floor every editor should clear).
 - ``IN_CONTEXT``: the edit changes nothing either, but every question of the case is asked with the
-  case's passages in the system prompt, worded as HPSE's privileged teacher reads them (paper Fig.
-  ``teacher_prompt``). That is the teacher HPSE distils from, so its scores are the ceiling an edit of
-  the same model can hope to reach.
+  case's passages (all of them) in the system prompt, worded as HPSE's privileged teacher reads them
+  (paper Fig. ``teacher_prompt``). On a one-edit case that is the teacher HPSE distils from; with
+  several edits HPSE's teacher reads one request's passage per rollout unless ``teacher_facts: all``,
+  so there the row shows what the passages allow in context, not what the shipped teacher sees.
 
 Both run through the ordinary runner (``alg_name: UNEDITED`` / ``IN_CONTEXT`` in a small hparams file,
 ``hparams/REFERENCE/``), so they are scored, stored, resumed and compared like any editor.
