@@ -189,8 +189,9 @@ class HPSEHyperParams(ExecutorHParams):
         choices=("auto", "default", "llama", "plain"),
     )
     teacher_facts: str = _f(
-        "request", "What the teacher reads for a request: its own passage ('request') or all passages of the edit ('all').",
-        choices=("request", "all"),
+        "request", "What the teacher reads for a request: its own passage ('request'), all passages of the edit ('all'), "
+        "or all passages each headed 'About <subject>:' ('labelled'; not in the paper).",
+        choices=("request", "all", "labelled"),
     )
     batched_rollout: bool = _f(
         True, "Advance student and teacher in ONE batched forward per rollout token (one KV cache of batch 2); "

@@ -17,6 +17,7 @@ __all__ = [
     "DEFAULT_SYSTEM",
     "LLAMA_SYSTEM",
     "PLAIN_SYSTEM",
+    "PASSAGE_LABEL",
     "PRIVILEGED_QUESTION",
     "TEACHER_STYLES",
     "EditPrompts",
@@ -56,6 +57,8 @@ LLAMA_SYSTEM = (
 PLAIN_SYSTEM = "{passage}"
 
 TEACHER_STYLES = {"default": DEFAULT_SYSTEM, "llama": LLAMA_SYSTEM, "plain": PLAIN_SYSTEM}
+
+PASSAGE_LABEL = "About {subject}:\n{passage}"   # one passage under teacher_facts: labelled
 
 PRIVILEGED_QUESTION = (
     "What is established here about {subject}? State, in full and in detail, every fact given about {subject} "
@@ -202,10 +205,14 @@ def build_edit_prompts(
     system_role = has_system_role(tokenizer, model_type, template_kwargs)
     eot = end_of_turn_id(tokenizer, template_kwargs)
     all_passages = [r["target_new"] for r in requests]
+    # 'labelled' (not in the paper): every passage, each headed by the subject it is about, so a teacher
+    # introducing one subject can tell its facts from the facts of another request
+    labelled = [PASSAGE_LABEL.format(subject=r["subject"], passage=r["target_new"]) for r in requests]
     out = []
     for req in requests:
         subject, passage = req["subject"], req["target_new"]
-        system = privileged_system(style, subject, all_passages if teacher_facts == "all" else [passage])
+        facts = {"all": all_passages, "labelled": labelled}.get(teacher_facts, [passage])
+        system = privileged_system(style, subject, facts)
         teacher = chat_prompt_ids(
             tokenizer, PRIVILEGED_QUESTION.format(subject=subject), system,
             system_role=system_role, template_kwargs=template_kwargs,

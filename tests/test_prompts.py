@@ -72,6 +72,17 @@ def test_teacher_facts_scope(facts, expect_other):
     assert ("Moscow is cold." in teacher) is expect_other
 
 
+def test_labelled_teacher_facts_head_every_passage_with_its_subject():
+    tok = make_tokenizer("qwen2")
+    prompts = build_edit_prompts(tok, "qwen2", REQ, teacher_facts="labelled")
+    for p in prompts:  # both requests' teachers read both passages, each under its own subject
+        teacher = _text(tok, p.teacher_ids)
+        assert "About AJ Lee:\nAJ Lee speaks Russian.\n\nAbout Moscow:\nMoscow is cold." in teacher
+    assert "What is established here about Moscow?" in _text(tok, prompts[1].teacher_ids)
+    # the NLL target stays the request's own passage
+    assert _text(tok, prompts[1].passage_ids).startswith("Moscow is cold.")
+
+
 def test_plain_style_is_the_passage_alone():
     tok = make_tokenizer("qwen2")
     teacher = _text(tok, build_edit_prompts(tok, "qwen2", REQ, teacher_prompt_style="plain")[0].teacher_ids)
