@@ -150,10 +150,10 @@ class _KLBatch:
         self.topk_ids = torch.cat([r.teacher_topk_ids for r in rollouts])
         self.topk_lp = torch.cat([r.teacher_topk_logprobs for r in rollouts])
 
-    def loss(self, model: Any) -> torch.Tensor:
+    def loss(self, model: Any, student: str = "full") -> torch.Tensor:
         logits = model(input_ids=self.ids, attention_mask=self.mask).logits
         picked = torch.cat([logits[row, start: start + length] for row, start, length in self.spans])
-        return topk_forward_kl(picked, self.topk_ids.to(picked.device), self.topk_lp.to(picked.device))
+        return topk_forward_kl(picked, self.topk_ids.to(picked.device), self.topk_lp.to(picked.device), student=student)
 
 
 def hpse_edit(
@@ -229,7 +229,7 @@ def hpse_edit(
                 nll = nll_batch.loss(student) / len(prompts)
                 (hparams.nll_weight * nll).backward()
             if kl_batch is not None:
-                kl = kl_batch.loss(student) / len(prompts)
+                kl = kl_batch.loss(student, hparams.kl_student) / len(prompts)
                 (hparams.kl_weight * kl).backward()
             optimizer.step()
             kl_v = None if kl is None else kl.item()

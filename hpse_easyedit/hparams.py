@@ -197,6 +197,12 @@ class HPSEHyperParams(ExecutorHParams):
         True, "Advance student and teacher in ONE batched forward per rollout token (one KV cache of batch 2); "
         "false = two separate cached forwards. Same tokens either way.",
     )
+    kl_student: str = _f(
+        "full", "Student side of the top-K KL: 'full' (the paper's: the student's full-vocabulary log-probabilities of "
+        "the teacher's top-K tokens) or 'topk' (NOT the paper's: renormalised over the teacher's top-K as well, a weaker "
+        "regulariser with zero gradient outside the top-K).",
+        choices=("full", "topk"),
+    )
 
 
 def parse_overrides(items: Iterable[str]) -> dict:

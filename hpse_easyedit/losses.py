@@ -1,7 +1,10 @@
 """HPSE's training signals as pure tensor functions (no model, no trainer in sight).
 
 - ``topk_forward_kl``: KL(pi* || pi_theta) per position, with the teacher restricted to its top-K
-  tokens and renormalised; the student term is the full-vocabulary log-probability of those tokens.
+  tokens and renormalised; the student term is the full-vocabulary log-probability of those tokens
+  (the paper's form). ``student="topk"`` renormalises the student over the same K tokens as well:
+  NOT the paper's form, a weaker regulariser with zero gradient outside the teacher's top-K
+  (hparams ``kl_student: topk``).
 - ``sequence_nll``: summed negative log-likelihood of labelled tokens (the passage anchor).
 - ``stepin_gate``: the paper's step-in rule (Eq. stepin).
 """
@@ -11,7 +14,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["renormalise_topk", "topk_forward_kl", "sequence_nll", "stepin_gate"]
+__all__ = ["KL_STUDENT_FORMS", "renormalise_topk", "topk_forward_kl", "sequence_nll", "stepin_gate"]
+
+# The student side of the top-K KL: "full" = the paper's (full-vocabulary log-probabilities of the
+# teacher's top-K tokens); "topk" = renormalised over those K tokens too (not the paper's).
+KL_STUDENT_FORMS = ("full", "topk")
 
 
 def renormalise_topk(topk_logprobs: torch.Tensor) -> torch.Tensor:
@@ -25,6 +32,7 @@ def topk_forward_kl(
     teacher_topk_ids: torch.Tensor,
     teacher_topk_logprobs: torch.Tensor,
     mask: torch.Tensor | None = None,
+    student: str = "full",
 ) -> torch.Tensor:
     """Summed forward KL from the renormalised teacher top-K to the student.
 
@@ -33,12 +41,19 @@ def topk_forward_kl(
         teacher_topk_ids: ``[..., K]`` the teacher's top-K token ids at the same positions.
         teacher_topk_logprobs: ``[..., K]`` the teacher's log-probabilities of those ids (any normalisation).
         mask: ``[...]`` 1 for positions that count, 0 for padding.
+        student: ``"full"`` (the paper's): ``log pi_theta(k)`` over the full vocabulary; ``"topk"`` (not
+            the paper's): the student's log-probabilities renormalised over the teacher's top-K as
+            well, so the student's mass outside them neither counts nor gets a gradient.
 
     Returns:
         A scalar: ``sum_t sum_k p*_k (log p*_k - log pi_theta(k))``.
     """
+    if student not in KL_STUDENT_FORMS:
+        raise ValueError(f"student must be one of {list(KL_STUDENT_FORMS)}, got {student!r}")
     log_p = renormalise_topk(teacher_topk_logprobs)
     log_q = F.log_softmax(student_logits.float(), dim=-1).gather(-1, teacher_topk_ids.long())
+    if student == "topk":
+        log_q = renormalise_topk(log_q)
     per_position = (log_p.exp() * (log_p - log_q)).sum(-1)
     if mask is not None:
         per_position = per_position * mask.to(per_position.dtype)
