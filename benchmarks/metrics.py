@@ -22,6 +22,8 @@ from typing import Iterable, Sequence
 
 __all__ = [
     "answer_matches",
+    "cut_to_tokens",
+    "first_sentence",
     "mean",
     "mquake_case_scores",
     "split_sentences",
@@ -160,3 +162,26 @@ def diversity(texts: Sequence[str]) -> float | None:
     """``Div`` of one case: 1 - SelfBLEU-4 of its sub-question answers (None for fewer than two)."""
     sb = self_bleu(texts)
     return None if sb is None else 1.0 - sb
+
+
+# ----------------------------------------------------------------------- recitation diagnostics
+# Not paper metrics: an answer cut short, so that a passage recited after (or instead of) the answer
+# no longer collects substring hits. ``benchmarks.paired --recitation`` rescores stored answers with them.
+
+
+def first_sentence(text: str) -> str:
+    """The first sentence of an answer as ``split_sentences`` splits it (a line break also ends one); "" if none."""
+    sentences = split_sentences(text)
+    return sentences[0] if sentences else ""
+
+
+def cut_to_tokens(text: str, n: int, token_spans=None) -> str:
+    """``text`` up to the end of its ``n``-th token, the rest dropped (the whole text if it has at most ``n``).
+
+    ``token_spans(text)`` gives each token's ``(start, end)`` character offsets, e.g. a fast
+    tokenizer's ``offset_mapping``; the default counts words and punctuation marks (``word_tokens``).
+    """
+    if n < 1:
+        raise ValueError(f"cut to {n} tokens: give a number >= 1")
+    spans = list(token_spans(text)) if token_spans is not None else [m.span() for m in _WORD_RE.finditer(text)]
+    return text if len(spans) <= n else text[: spans[n - 1][1]]

@@ -25,6 +25,15 @@ finished, each with its Avg difference from the baseline (interval, wins / ties 
 official one: aliases of at most N characters must occur as whole words, so Germany's alias "de" no
 longer counts inside "despite". A diagnostic for editors that recite long passages; the paper's
 numbers use the official check (the default).
+
+``--recitation`` (needs ``--data``) adds recitation diagnostics beside the official table, never in its
+place: every stored answer rescored (a) cut to its first sentence and (b) cut to its first 32 tokens
+(``--recitation-tokens``) of the runs' model tokenizer (``hparams.model_name`` of the runs' config,
+loaded offline through ``hpse_easyedit``'s model cache; when it cannot be loaded, words and punctuation
+marks are counted instead and the table says so), and the share of each official score that survives.
+MQuAKE-uns: Ind and Cmp by the check in use. UnKEBench: Div always; Jnt and Dmp only for runs judged by
+the offline lexical judge, which is rerun on the cut answers; Jnt/Dmp from an LLM judge cannot be
+recomputed offline, so those runs get Div alone. No model time: only stored answers are read.
 """
 
 from __future__ import annotations
@@ -34,11 +43,12 @@ import json
 import random
 import sys
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from .store import IncompleteRunError, merge_results, write_new_json
 
-__all__ = ["bootstrap_ci", "composition_given_hops", "load_run", "multi_report", "multi_table", "paired_report", "paired_table", "rescore_mquake"]
+__all__ = ["CUTS", "bootstrap_ci", "composition_given_hops", "load_run", "model_token_spans", "multi_report", "multi_table",
+           "paired_report", "paired_table", "recitation_report", "recitation_table", "rescore_mquake", "rescore_unkebench"]
 
 METRICS = {"mquake-uns": ("Ind", "Cmp"), "unkebench": ("Jnt", "Dmp", "Div")}
 
@@ -58,9 +68,11 @@ def load_run(run_dir: str | Path) -> tuple[str, dict[str, dict]]:
         raise ValueError(str(err)) from None
 
 
-def rescore_mquake(recs: Mapping[str, Mapping], cases: Mapping[str, Mapping], whole_word_max: int) -> dict[str, dict]:
+def rescore_mquake(recs: Mapping[str, Mapping], cases: Mapping[str, Mapping], whole_word_max: int,
+                   cut: Callable[[str], str] | None = None) -> dict[str, dict]:
     """Copies of MQuAKE-uns records whose Ind and Cmp are recomputed from their stored answers with
-    ``mquake_case_scores(..., whole_word_max=...)``; ``cases`` maps case id to the loaded case."""
+    ``mquake_case_scores(..., whole_word_max=...)``; ``cases`` maps case id to the loaded case.
+    ``cut``: applied to every answer first (a recitation diagnostic); the copies keep the cut answers."""
     from .metrics import mquake_case_scores
 
     out = {}
@@ -71,8 +83,46 @@ def rescore_mquake(recs: Mapping[str, Mapping], cases: Mapping[str, Mapping], wh
         answers = rec.get("answers") or {}
         if "single_hop" not in answers or "multi_hop" not in answers:
             raise ValueError(f"case {cid}: the record keeps no single_hop/multi_hop answers, so it cannot be rescored")
-        out[cid] = {**rec, **mquake_case_scores(answers["single_hop"], case["single_hop_answers"], answers["multi_hop"],
-                                                case["multi_hop_answers"], whole_word_max=whole_word_max)}
+        single, multi = list(answers["single_hop"]), list(answers["multi_hop"])
+        if cut is not None:
+            single, multi = [cut(a) for a in single], [cut(a) for a in multi]
+        out[cid] = {**rec, "answers": {**answers, "single_hop": single, "multi_hop": multi},
+                    **mquake_case_scores(single, case["single_hop_answers"], multi, case["multi_hop_answers"],
+                                         whole_word_max=whole_word_max)}
+    return out
+
+
+def rescore_unkebench(recs: Mapping[str, Mapping], cases: Mapping[str, Mapping],
+                      cut: Callable[[str], str] | None = None) -> dict[str, dict]:
+    """Copies of UnKEBench records rescored from their stored answers, each cut by ``cut`` first.
+
+    Div (1 - SelfBLEU-4 of the sub-question answers) is recomputed for every record. Jnt and Dmp are
+    recomputed only where the record was scored by the offline lexical judge, by running that judge
+    again on the cut answers (the passage and gold sub-answers come from ``cases``, case id -> loaded
+    case); a record scored by an LLM judge gets Jnt and Dmp None, since that judge cannot be rerun offline.
+    """
+    from .judge import LEXICAL_JUDGE_NAME, LexicalJudge
+    from .metrics import diversity
+    from .tasks import TASKS
+
+    task, lexical = TASKS["unkebench"], LexicalJudge()
+    out = {}
+    for cid, rec in recs.items():
+        answers = rec.get("answers") or {}
+        if not all(k in answers for k in ("question", "para_question", "sub_questions")):
+            raise ValueError(f"case {cid}: the record keeps no question/para_question/sub_questions answers, "
+                             "so it cannot be rescored")
+        texts = [answers["question"], answers["para_question"], *answers["sub_questions"]]
+        if cut is not None:
+            texts = [cut(a) for a in texts]
+        if rec.get("judge") == LEXICAL_JUDGE_NAME:
+            case = cases.get(cid)
+            if case is None:
+                raise ValueError(f"case {cid} is not in the UnKEBench data given; pass the --data directory the runs used")
+            out[cid] = {**rec, **task.score(case, texts, lexical)}
+        else:
+            out[cid] = {**rec, "answers": {"question": texts[0], "para_question": texts[1], "sub_questions": texts[2:]},
+                        "Jnt": None, "Dmp": None, "Div": diversity(texts[2:])}
     return out
 
 
@@ -252,6 +302,127 @@ def multi_table(report: Mapping[str, Any], labels: Sequence[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+# ------------------------------------------------------------------ recitation diagnostics
+CUTS = ("official", "first sentence", "first {n} tokens")
+
+
+def model_token_spans(model_name: str) -> tuple[Callable[[str], list[tuple[int, int]]] | None, str]:
+    """``(token_spans, description)``: character spans of ``model_name``'s tokens (its tokenizer loaded
+    offline through ``hpse_easyedit``'s model cache, special tokens left out), or ``(None, ...)`` naming
+    the fallback (words and punctuation marks) when that tokenizer cannot be loaded."""
+    try:
+        from transformers import AutoTokenizer
+
+        from hpse_easyedit.loading import _resolve  # the same lookup load_model uses, without loading weights
+
+        tok = AutoTokenizer.from_pretrained(_resolve(model_name)[0])
+        if not tok.is_fast:
+            raise ValueError("not a fast tokenizer, so no character offsets")
+    except Exception as err:  # any failure leaves the documented fallback, named in the table
+        print(f"warning: the tokenizer of {model_name} could not be loaded ({str(err).splitlines()[0][:160]}); "
+              "counting words and punctuation marks instead", file=sys.stderr)
+        return None, "words and punctuation marks (fallback: the runs' tokenizer could not be loaded)"
+
+    def spans(text: str) -> list[tuple[int, int]]:
+        return [tuple(o) for o in tok(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]]
+
+    return spans, f"tokens of {model_name}'s tokenizer"
+
+
+def _recitation_values(benchmark: str, rec: Mapping[str, Any]) -> dict[str, float | None]:
+    metrics = METRICS[benchmark]
+    vals = {m: None if rec.get(m) is None else float(rec[m]) for m in metrics}
+    vals["Avg"] = None if any(vals[m] is None for m in metrics) else _mean([vals[m] for m in metrics])
+    return vals
+
+
+def recitation_report(dirs: Sequence[str | Path], loaded: Sequence[tuple[str, dict]], cases: Mapping[str, Mapping], *,
+                      tokens: int = 32, token_spans: Callable[[str], Sequence[tuple[int, int]]] | None = None,
+                      token_kind: str = "words and punctuation marks", whole_word_max: int = 0,
+                      resamples: int = 10000, seed: int = 0) -> dict:
+    """Every run's scores on the cases ALL runs finished, official and with every answer cut to its first
+    sentence and to its first ``tokens`` tokens (``metrics.cut_to_tokens`` with ``token_spans``), in
+    percent, with the share of the official mean kept and, per cut, each run's Avg difference from the
+    first run (bootstrap interval, wins / ties / losses). ``cases``: case id -> loaded case of the data."""
+    from .metrics import cut_to_tokens, first_sentence
+
+    benches = {b for b, _ in loaded}
+    if len(benches) != 1:
+        raise ValueError(f"the runs mix benchmarks ({', '.join(sorted(benches))}); compare runs of one benchmark")
+    benchmark = benches.pop()
+    common = sorted(set.intersection(*(set(recs) for _, recs in loaded)), key=lambda c: (len(c), c))
+    if not common:
+        raise ValueError(f"the runs {', '.join(map(str, dirs))} have no finished case in common")
+    cuts: dict[str, Callable[[str], str] | None] = {
+        CUTS[0]: None, CUTS[1]: first_sentence, CUTS[2].format(n=tokens): lambda t: cut_to_tokens(t, tokens, token_spans)}
+    metrics = (*METRICS[benchmark], "Avg")
+    per_cut: dict[str, list[list[dict]]] = {}
+    for name, cut in cuts.items():
+        runs = []
+        for _, recs in loaded:
+            kept = {c: recs[c] for c in common}
+            if benchmark == "mquake-uns":
+                kept = rescore_mquake(kept, cases, whole_word_max, cut) if (cut or whole_word_max) else kept
+            else:
+                kept = rescore_unkebench(kept, cases, cut) if cut else kept
+            runs.append([_recitation_values(benchmark, kept[c]) for c in common])
+        per_cut[name] = runs
+    out: dict[str, Any] = {"benchmark": benchmark, "runs": [str(d) for d in dirs], "n_cases": len(common),
+                           "cases": common, "tokens": tokens, "token_kind": token_kind,
+                           "whole_word_aliases": whole_word_max, "cuts": {}}
+    official = per_cut[CUTS[0]]
+    for name, runs in per_cut.items():
+        rows = []
+        for i, vals in enumerate(runs):
+            row: dict[str, Any] = {}
+            for m in metrics:
+                xs = [v[m] for v in vals]
+                if any(x is None for x in xs):
+                    continue
+                mean_ = 100 * _mean(xs)
+                base = 100 * _mean([v[m] for v in official[i]]) if all(v[m] is not None for v in official[i]) else None
+                row[m] = {"mean": mean_, "kept": None if not base else mean_ / base}
+            if i and "Avg" in row and all(v["Avg"] is not None for v in runs[0]):
+                diff = [100 * (b["Avg"] - a["Avg"]) for a, b in zip(runs[0], vals)]
+                lo, hi = bootstrap_ci(diff, resamples=resamples, seed=seed)
+                row["Avg_diff"] = {"diff": _mean(diff), "ci95": [lo, hi], "wins": sum(d > 1e-9 for d in diff),
+                                   "ties": sum(abs(d) <= 1e-9 for d in diff), "losses": sum(d < -1e-9 for d in diff)}
+            rows.append(row)
+        out["cuts"][name] = rows
+    return out
+
+
+def recitation_table(report: Mapping[str, Any], labels: Sequence[str]) -> str:
+    """Markdown: per run and cut, each metric's mean and (cut rows) the share of the official mean kept,
+    with the Avg difference from the first run."""
+    metrics = [*METRICS[report["benchmark"]], "Avg"]
+    base = labels[0]
+    lines = [f"Recitation diagnostics (not the paper's metrics), {report['benchmark']}, {report['n_cases']} cases of all "
+             f"{len(labels)} runs: every answer rescored as it is (official), cut to its first sentence, and cut to its "
+             f"first {report['tokens']} {report['token_kind']}; in brackets the share of the official score kept"
+             + _scoring_note(report), "",
+             "| run | answers | " + " | ".join(metrics) + f" | Avg - {base} (95% CI) | wins / ties / losses vs {base} |",
+             "|---|---|" + "---:|" * (len(metrics) + 2)]
+    for i, label in enumerate(labels):
+        for name, rows in report["cuts"].items():
+            row = rows[i]
+            cells = []
+            for m in metrics:
+                if m not in row:
+                    cells.append("n/a")
+                    continue
+                kept = row[m]["kept"]
+                share = "" if name == CUTS[0] or kept is None else f" ({100 * kept:.0f}%)"
+                cells.append(f"{row[m]['mean']:.1f}{share}")
+            d = row.get("Avg_diff")
+            diff = "" if d is None else f" {d['diff']:+.1f} [{d['ci95'][0]:+.1f}, {d['ci95'][1]:+.1f}] | {d['wins']} / {d['ties']} / {d['losses']} "
+            lines.append(f"| {label} | {name} | " + " | ".join(cells) + f" |{diff or ' | '}|")
+    if report["benchmark"] == "unkebench":
+        lines.append("\nUnKEBench: Div is recomputed on the cut answers; Jnt and Dmp by rerunning the offline lexical "
+                     "judge on them (n/a for runs scored by an LLM judge, which cannot be rerun offline).")
+    return "\n".join(lines) + "\n"
+
+
 def _qa_rows(benchmark: str, case: Mapping[str, Any], recs: Sequence[Mapping]) -> list[tuple[str, str, list[str]]]:
     """(question, expected, [answer of each record]) for every question of one case."""
     answers = [r.get("answers") or {} for r in recs]
@@ -331,6 +502,37 @@ def _rescored(loaded: list[tuple[str, dict]], data_dir: str | None, whole_word_m
     return [(bench, rescore_mquake(recs, cases, whole_word_max)) for bench, recs in loaded]
 
 
+def load_cases(benchmark: str, data_dir: str | Path | None, why: str) -> dict[str, dict]:
+    """{case id: case} of the benchmark's data under ``data_dir`` (default: the default data directory)."""
+    from .datasets import DataError, default_data_dir, load_mquake_uns, load_unkebench
+
+    try:
+        data = data_dir or default_data_dir()
+        cases = load_mquake_uns(data) if benchmark == "mquake-uns" else load_unkebench(data, subjects="heuristic")
+    except DataError as err:
+        raise ValueError(f"{why} needs the {benchmark} data the runs used (--data): {err}") from None
+    return {str(c["case_id"]): c for c in cases}
+
+
+def run_model_name(run_dirs: Sequence[str | Path]) -> str:
+    """The ``hparams.model_name`` all the runs' ``config.json`` name (an error if they differ)."""
+    names = {json.loads((Path(d) / "config.json").read_text(encoding="utf-8")).get("hparams", {}).get("model_name")
+             for d in run_dirs}
+    names.discard(None)
+    if len(names) != 1:
+        raise ValueError(f"the runs name {len(names)} models ({', '.join(sorted(names)) or 'none'}) in config.json "
+                         "hparams.model_name; --recitation cuts tokens with one model's tokenizer")
+    return names.pop()
+
+
+def _recitation(args: argparse.Namespace, loaded: Sequence[tuple[str, dict]]) -> dict:
+    benchmark = loaded[0][0]
+    cases = load_cases(benchmark, args.data, "--recitation")
+    spans, kind = model_token_spans(run_model_name(args.runs))
+    return recitation_report(args.runs, loaded, cases, tokens=args.recitation_tokens, token_spans=spans,
+                             token_kind=kind, whole_word_max=args.whole_word_aliases, resamples=args.resamples)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.paired", description=__doc__.split("\n")[0])
     parser.add_argument("runs", nargs="+", metavar="RUN",
@@ -356,7 +558,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="MQuAKE-uns: rescore the stored answers so that aliases of at most N characters must match "
                              "as whole words (3 stops 'de' matching inside 'despite'); a diagnostic, default 0 = the "
                              "official substring check")
+    parser.add_argument("--recitation", action="store_true",
+                        help="also print the recitation diagnostics: every stored answer rescored cut to its first sentence "
+                             "and to its first --recitation-tokens tokens, with the share of each official score kept "
+                             "(needs --data; no model time)")
+    parser.add_argument("--recitation-tokens", type=int, default=32, metavar="N",
+                        help="with --recitation: the token cut (default 32 tokens of the runs' model tokenizer)")
     args = parser.parse_args(argv)
+    if args.recitation_tokens < 1:
+        parser.error(f"--recitation-tokens {args.recitation_tokens}: give a number of tokens >= 1")
     if len(args.runs) < 2:
         parser.error("give at least two run directories (the baseline first)")
     labels = list(args.label) or [Path(r).name for r in args.runs]
@@ -395,6 +605,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             series = {labels[0]: report["pairs"][0]["stepin_rate_by_round"]["a"]}
             series.update({lab: p["stepin_rate_by_round"]["b"] for lab, p in zip(labels[1:], report["pairs"])})
             print(multi_table(report, labels), end="")
+        if args.recitation:
+            report["recitation"] = _recitation(args, loaded)
+            print("\n" + recitation_table(report["recitation"], labels), end="")
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -180,3 +180,95 @@ def test_whole_word_aliases_rescores_stored_answers(tmp_path, capsys):
     bare = _run(tmp_path / "bare", "mquake-uns", [{"case_id": "1", "Ind": 1.0, "Cmp": 1.0}])
     assert main([str(bare), str(b), "--whole-word-aliases", "3", "--data", str(data)]) == 2
     assert "keeps no single_hop/multi_hop answers" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------ recitation diagnostics
+def test_cuts_by_hand():
+    from benchmarks.metrics import cut_to_tokens, first_sentence
+
+    assert first_sentence("The answer is Paris. It is in France.") == "The answer is Paris."
+    assert first_sentence("Paris\nFrance is big.") == "Paris" and first_sentence("  ") == ""
+    words = " ".join(f"w{i}" for i in range(1, 41))
+    assert cut_to_tokens(words, 32) == " ".join(f"w{i}" for i in range(1, 33))  # w32 kept, w33 dropped
+    assert cut_to_tokens("Yes, it is.", 2) == "Yes," and cut_to_tokens("Yes, it is.", 5) == "Yes, it is."
+    chars = lambda t: [(i, i + 1) for i in range(len(t))]  # a tokenizer whose tokens are characters
+    assert cut_to_tokens("abcdef", 3, chars) == "abc" and cut_to_tokens("abc", 3, chars) == "abc"
+    with pytest.raises(ValueError, match=">= 1"):
+        cut_to_tokens("abc", 0)
+
+
+def _mq_reciters(tmp_path):
+    filler = " ".join(f"w{i}" for i in range(1, 32))  # 31 tokens: "Croatia" after it is token 32
+    a = _run(tmp_path / "a", "mquake-uns", [{"case_id": "1", "Ind": 1.0, "Cmp": 1.0, "answers": {
+        "single_hop": [filler + " Croatia and more words"], "multi_hop": ["I do not know. Zagreb is its capital."]}}])
+    b = _run(tmp_path / "b", "mquake-uns", [{"case_id": "1", "Ind": 1.0, "Cmp": 1.0, "answers": {
+        "single_hop": [filler + " w32 Croatia"], "multi_hop": ["Zagreb."]}}])
+    return a, b, {"1": {"case_id": "1", "single_hop_answers": [["Croatia"]], "multi_hop_answers": ["Zagreb"]}}
+
+
+def test_recitation_report_mquake_by_hand(tmp_path):
+    from benchmarks.paired import load_run, recitation_report, recitation_table
+
+    a, b, cases = _mq_reciters(tmp_path)
+    r = recitation_report([a, b], [load_run(a), load_run(b)], cases, tokens=32, resamples=200)
+    got = {cut: [(row["Ind"]["mean"], row["Cmp"]["mean"], row["Avg"]["mean"]) for row in rows] for cut, rows in r["cuts"].items()}
+    assert got == {"official": [(100.0, 100.0, 100.0)] * 2,
+                   # A's multi-hop answer puts Zagreb in its second sentence
+                   "first sentence": [(100.0, 0.0, 50.0), (100.0, 100.0, 100.0)],
+                   # Croatia is A's 32nd token (kept) and B's 33rd (dropped): an off-by-one flips both
+                   "first 32 tokens": [(100.0, 100.0, 100.0), (0.0, 100.0, 50.0)]}
+    assert r["cuts"]["first sentence"][0]["Avg"]["kept"] == pytest.approx(0.5)
+    assert r["cuts"]["first 32 tokens"][1]["Ind"]["kept"] == pytest.approx(0.0)
+    d = r["cuts"]["first 32 tokens"][1]["Avg_diff"]
+    assert d["diff"] == pytest.approx(-50.0) and (d["wins"], d["ties"], d["losses"]) == (0, 0, 1)
+    assert r["cuts"]["first sentence"][1]["Avg_diff"]["diff"] == pytest.approx(50.0)
+    r31 = recitation_report([a, b], [load_run(a), load_run(b)], cases, tokens=31, resamples=200)
+    assert [row["Ind"]["mean"] for row in r31["cuts"]["first 31 tokens"]] == [0.0, 0.0]
+    text = recitation_table(r, ["LoRA", "HPSE"])
+    assert "| LoRA | first sentence | 100.0 (100%) | 0.0 (0%) | 50.0 (50%) | | |" in text
+    assert "| HPSE | first 32 tokens | 0.0 (0%) | 100.0 (100%) | 50.0 (50%) | -50.0 [-50.0, -50.0] | 0 / 0 / 1 |" in text
+
+
+def test_recitation_report_unkebench_reruns_the_lexical_judge_only(tmp_path):
+    from benchmarks.metrics import diversity
+    from benchmarks.paired import load_run, recitation_report, recitation_table
+
+    case = {"case_id": "5", "subject": "Wise", "passage": "Wise is a music producer. He worked with Adele.",
+            "question": "Who is Wise?", "para_question": "Tell me about Wise.",
+            "sub_questions": ["Who has Wise worked with?", "What is Wise's job?"],
+            "sub_answers": ["Adele.", "A music producer."]}
+    subs = ["Wise is a music producer. He worked with Adele.", "Wise is a music producer."]
+    answers = {"question": subs[0], "para_question": subs[1], "sub_questions": subs}
+    lexical = _run(tmp_path / "lex", "unkebench", [{"case_id": "5", "Jnt": 1.0, "Dmp": 1.0, "Div": 0.25,
+                                                    "judge": "lexical-fallback", "answers": answers}])
+    llm = _run(tmp_path / "llm", "unkebench", [{"case_id": "5", "Jnt": 0.5, "Dmp": 1.0, "Div": 0.25,
+                                                "judge": "gpt-4o-mini", "answers": answers}])
+    r = recitation_report([lexical, llm], [load_run(lexical), load_run(llm)], {"5": case}, tokens=3, resamples=100)
+    official, first = r["cuts"]["official"], r["cuts"]["first sentence"]
+    assert official[0]["Div"]["mean"] == pytest.approx(25.0)  # the stored scores, untouched
+    # cut to "Wise is a music producer.", the Adele sub-question is no longer answered: Dmp 1 -> 1/2
+    assert first[0]["Dmp"]["mean"] == pytest.approx(50.0) and first[0]["Jnt"]["mean"] == pytest.approx(100.0)
+    assert first[0]["Div"]["mean"] == pytest.approx(100 * diversity(["Wise is a music producer."] * 2))
+    # "Wise is a" (3 tokens) answers neither sub-question; a fourth token ("music") would answer the job one
+    assert r["cuts"]["first 3 tokens"][0]["Dmp"]["mean"] == pytest.approx(0.0)
+    # an LLM judge cannot be rerun offline: Div alone is rescored, no Avg
+    assert set(first[1]) == {"Div"} and "Avg_diff" not in first[1]
+    assert "| llm | first sentence | n/a | n/a |" in recitation_table(r, ["lex", "llm"])
+
+
+def test_recitation_cli_names_the_tokens_and_needs_the_data(tmp_path, capsys, monkeypatch):
+    import benchmarks.paired as paired
+
+    a, b, cases = _mq_reciters(tmp_path)
+    for run in (a, b):
+        (run / "config.json").write_text(json.dumps({"benchmark": "mquake-uns", "hparams": {"model_name": "tiny"}}))
+    monkeypatch.setattr(paired, "load_cases", lambda bench, data, why: cases)
+    monkeypatch.setattr(paired, "model_token_spans", lambda name: (None, f"words of {name}"))
+    assert main([str(a), str(b), "--recitation", "--resamples", "100"]) == 0
+    text = capsys.readouterr().out
+    assert "| Avg | 100.0" in text and "first 32 words of tiny" in text and "| b | first 32 tokens | 0.0 (0%)" in text
+    monkeypatch.undo()
+    assert main([str(a), str(b), "--recitation", "--data", str(tmp_path / "nowhere")]) == 2
+    assert "--recitation needs the mquake-uns data" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([str(a), str(b), "--recitation", "--recitation-tokens", "0"])
