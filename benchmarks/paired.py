@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import random
 import sys
 from pathlib import Path
@@ -319,8 +320,9 @@ def model_token_spans(model_name: str) -> tuple[Callable[[str], list[tuple[int, 
         if not tok.is_fast:
             raise ValueError("not a fast tokenizer, so no character offsets")
     except Exception as err:  # any failure leaves the documented fallback, named in the table
-        print(f"warning: the tokenizer of {model_name} could not be loaded ({str(err).splitlines()[0][:160]}); "
-              "counting words and punctuation marks instead", file=sys.stderr)
+        logging.getLogger(__name__).warning(
+            "the tokenizer of %s could not be loaded (%s); counting words and punctuation marks instead",
+            model_name, (str(err).splitlines() or [""])[0][:160])
         return None, "words and punctuation marks (fallback: the runs' tokenizer could not be loaded)"
 
     def spans(text: str) -> list[tuple[int, int]]:

@@ -1,0 +1,223 @@
+"""Every table of docs/RESULTS.md regenerated from the run directories committed under docs/study/.
+
+A table in RESULTS.md that rests on runs sits between two HTML comments, which markdown does not show:
+
+    <!-- study: paired unkebench-78-100/uk-lora unkebench-78-100/uk-hpse --label LoRA --label "LoRA + HPSE" -->
+    ... the command's output, verbatim ...
+    <!-- /study -->
+
+The marker names the tool and its arguments: ``paired`` (``python -m benchmarks.paired``) or ``runs``
+(per run: cases, MMLU before and after the measured edits, median edit seconds; ``runs DIR ...
+[--label NAME ...]``). A run directory is written relative to the study root (``docs/study``). This module runs every marker's
+command on the committed files (no model time) and prints the results; ``--check`` compares them with
+what RESULTS.md holds and exits 1 on the first disagreement, naming the marker's line and the line that
+differs. It also checks the prose: every decimal number written outside the blocks, code and HTML
+comments must be a number of some block, so a figure whose runs are not committed cannot stay in the
+text. Settings written as code (``lr 5e-4`` in backticks) are not results and are not checked; nor are
+integers (counts of records or wins), which the prose should copy from the tables. ``--write``
+replaces every block with the regenerated text, so adding a rerun to RESULTS.md is one marker and an
+empty block plus ``--write``.
+
+    python -m benchmarks.study docs/study            # print every table
+    python -m benchmarks.study docs/study --check    # exit 1 when RESULTS.md disagrees with the runs
+    python -m benchmarks.study docs/study --write    # rewrite the blocks of RESULTS.md from the runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import difflib
+import io
+import re
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+__all__ = ["Block", "StudyError", "check", "find_blocks", "generate", "prose_numbers", "runs_table", "write"]
+
+_BLOCK_RE = re.compile(r"^<!-- study: (?P<command>.+?) -->\n(?P<body>.*?)^<!-- /study -->$", re.S | re.M)
+_MARKER_RE = re.compile(r"^<!-- study:", re.M)
+_NUMBER_RE = re.compile(r"(?<![\w.])[+-]?\d+\.\d+(?![\w.]*\d)")
+TOOLS = ("paired", "runs")
+
+
+class StudyError(ValueError):
+    """A marker or the study root is unusable; the message names the file, the line and the fix."""
+
+
+@dataclass
+class Block:
+    """One marked table of RESULTS.md: its marker's 1-based line, the command and the text it holds."""
+
+    line: int
+    command: str
+    body: str
+    start: int
+    end: int
+
+
+def find_blocks(text: str, source: str = "RESULTS.md") -> list[Block]:
+    """Every ``<!-- study: ... -->`` block of ``text``; a marker without its closing ``<!-- /study -->`` is an error."""
+    blocks = [Block(text.count("\n", 0, m.start()) + 1, m.group("command").strip(), m.group("body"),
+                    m.start("body"), m.end("body")) for m in _BLOCK_RE.finditer(text)]
+    opened = [text.count("\n", 0, m.start()) + 1 for m in _MARKER_RE.finditer(text)]
+    unclosed = sorted(set(opened) - {b.line for b in blocks})
+    if unclosed:
+        raise StudyError(f"{source}:{unclosed[0]}: a '<!-- study: ... -->' marker without its '<!-- /study -->' line; "
+                         "close the block")
+    return blocks
+
+
+def runs_table(argv: Sequence[str]) -> int:
+    """The ``runs`` tool: one row per run directory with what its files record besides the scores."""
+    import json
+    import statistics
+
+    from .paired import load_run
+
+    parser = argparse.ArgumentParser(prog="runs")
+    parser.add_argument("runs", nargs="+")
+    parser.add_argument("--label", action="append", default=[])
+    args = parser.parse_args(argv)
+    labels = args.label or [Path(r).name for r in args.runs]
+    if len(labels) != len(args.runs):
+        print(f"error: {len(labels)} --label for {len(args.runs)} runs; give one per run or none", file=sys.stderr)
+        return 2
+    lines = ["| run | cases | MMLU before any edit | MMLU after the measured edits (edit number: score) | "
+             "median edit seconds |", "|---|---:|---:|---|---:|"]
+    for label, run in zip(labels, args.runs):
+        try:
+            _, recs = load_run(run)
+        except (FileNotFoundError, ValueError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        before = Path(run) / "mmlu_before.json"
+        mmlu = f"{json.loads(before.read_text(encoding='utf-8'))['MMLU_before']:.1f}" if before.is_file() else "-"
+        ordered = sorted(recs.values(), key=lambda r: r.get("index", 0))  # index: the case's place in the run
+        after = ", ".join(f"{r.get('index', i) + 1}: {r['MMLU_after']:.0f}" for i, r in enumerate(ordered)
+                          if r.get("MMLU_after") is not None)
+        seconds = statistics.median(float(r["edit_seconds"]) for r in ordered) if ordered else 0.0
+        lines.append(f"| {label} | {len(recs)} | {mmlu} | {after or '-'} | {seconds:.0f} |")
+    print("\n".join(lines))
+    return 0
+
+
+def _argv(command: str, root: Path, line: str) -> list[str]:
+    try:
+        tool, *args = shlex.split(command)
+    except ValueError as err:
+        raise StudyError(f"{line}: the marker's command does not parse ({err}); fix its quoting") from None
+    if tool not in TOOLS:
+        raise StudyError(f"{line}: unknown tool {tool!r} in the marker; use one of {list(TOOLS)}")
+    # a run directory is named relative to the study root
+    return [tool] + [str(root / a) if not a.startswith("-") and (root / a).is_dir() else a for a in args]
+
+
+def generate(blocks: Sequence[Block], root: str | Path, *, data: str | None = None, source: str = "RESULTS.md") -> list[str]:
+    """Each block's text regenerated by its command on the runs under ``root`` (paths shown relative to it)."""
+    from .paired import main as paired_main
+
+    root = Path(root)
+    if not root.is_dir():
+        raise StudyError(f"{root}: no such study directory; pass the directory that holds the committed runs (docs/study)")
+    out = []
+    for b in blocks:
+        where = f"{source}:{b.line}"
+        tool, *argv = _argv(b.command, root, where)
+        if tool == "paired" and data and "--data" not in argv:
+            argv += ["--data", data]
+        stdout, stderr = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            try:
+                rc = (paired_main if tool == "paired" else runs_table)(argv)
+            except SystemExit as exc:  # argparse rejected the marker's arguments
+                rc = exc.code if isinstance(exc.code, int) else 2
+        if rc != 0:
+            said = (stderr.getvalue().strip().splitlines() or ["(no message)"])[-1]
+            raise StudyError(f"{where}: the marker's command failed ({said}); run directories are named relative to {root}")
+        out.append(stdout.getvalue().replace(f"{root}/", ""))
+    return out
+
+
+def prose_numbers(text: str) -> list[tuple[int, str]]:
+    """(line, number) of every decimal number outside study blocks, fenced code, code spans and HTML comments."""
+    masked = _BLOCK_RE.sub(lambda m: "\n" * m.group().count("\n"), text)
+    masked = re.sub(r"^```.*?^```", lambda m: "\n" * m.group().count("\n"), masked, flags=re.S | re.M)
+    masked = re.sub(r"<!--.*?-->", lambda m: "\n" * m.group().count("\n"), masked, flags=re.S)
+    masked = re.sub(r"`[^`\n]*`", "", masked)
+    masked = re.sub(r"\]\([^)]*\)", "]", masked)  # link targets (file names) are not results
+    return [(masked.count("\n", 0, m.start()) + 1, m.group()) for m in _NUMBER_RE.finditer(masked)]
+
+
+def check(text: str, blocks: Sequence[Block], generated: Sequence[str], source: str = "RESULTS.md") -> list[str]:
+    """Disagreements between RESULTS.md and the regenerated blocks, one line each (empty: they agree)."""
+    problems = []
+    for b, new in zip(blocks, generated):
+        if b.body == new:
+            continue
+        old_lines, new_lines = b.body.splitlines(), new.splitlines()
+        i = next((k for k, (x, y) in enumerate(zip(old_lines, new_lines)) if x != y), min(len(old_lines), len(new_lines)))
+        have = old_lines[i] if i < len(old_lines) else "(end of block)"
+        want = new_lines[i] if i < len(new_lines) else "(end of block)"
+        problems.append(f"{source}:{b.line + 1 + i}: the block of the marker on line {b.line} says {have!r}; "
+                        f"the committed runs give {want!r}")
+    known = {float(n) for g in generated for n in _NUMBER_RE.findall(g)}
+    for line, number in prose_numbers(text):
+        if float(number) not in known:
+            problems.append(f"{source}:{line}: {number} is in no table regenerated from the committed runs; "
+                            "take it from a study block or remove it")
+    return problems
+
+
+def write(text: str, blocks: Sequence[Block], generated: Sequence[str]) -> str:
+    """``text`` with every block's body replaced by its regenerated text."""
+    for b, new in sorted(zip(blocks, generated), key=lambda x: -x[0].start):
+        text = text[:b.start] + new + text[b.end:]
+    return text
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.study", description=__doc__.split("\n")[0])
+    parser.add_argument("root", metavar="STUDY_DIR", help="the directory of committed run directories (docs/study)")
+    parser.add_argument("--results", metavar="MD", help="the results document (default: RESULTS.md next to STUDY_DIR)")
+    parser.add_argument("--data", help="data directory the runs used, for the rescored tables "
+                                       "(default: $HPSE_DATA_DIR or ../shared/data)")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--check", action="store_true", help="exit 1 when a number of the document disagrees with the runs")
+    mode.add_argument("--write", action="store_true", help="rewrite the document's blocks from the runs")
+    args = parser.parse_args(argv)
+    results = Path(args.results) if args.results else Path(args.root).parent / "RESULTS.md"
+    if not results.is_file():
+        print(f"error: {results}: no such file; pass the results document with --results", file=sys.stderr)
+        return 2
+    text = results.read_text(encoding="utf-8")
+    try:
+        blocks = find_blocks(text, str(results))
+        if not blocks:
+            raise StudyError(f"{results}: no '<!-- study: ... -->' block; mark each table that rests on runs")
+        generated = generate(blocks, args.root, data=args.data, source=str(results))
+    except StudyError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.write:
+        results.write_text(write(text, blocks, generated), encoding="utf-8")
+        print(f"wrote {len(blocks)} block(s) of {results}")
+        return 0
+    if args.check:
+        problems = check(text, blocks, generated, str(results))
+        for p in problems:
+            print(p, file=sys.stderr)
+        if problems:
+            return 1
+        print(f"{results}: {len(blocks)} table block(s) and every decimal number of the prose agree with {args.root}")
+        return 0
+    for b, new in zip(blocks, generated):
+        print(f"<!-- study: {b.command} -->  ({results}:{b.line})\n{new}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""benchmarks/study.py: RESULTS.md's marked tables regenerated from run directories, and --check."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.study import StudyError, check, find_blocks, generate, main, prose_numbers, write
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(path, records, benchmark="mquake-uns"):
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps({"benchmark": benchmark}))
+    (path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def _study(tmp_path):
+    """A study root with two hand-made runs and a results document with one empty marked block."""
+    root = tmp_path / "study"
+    _run(root / "b1" / "lora", [{"case_id": "1", "index": 0, "Ind": 0.5, "Cmp": 0.0, "edit_seconds": 10.0},
+                                {"case_id": "2", "index": 1, "Ind": 1.0, "Cmp": 1.0, "edit_seconds": 30.0}])
+    _run(root / "b1" / "hpse", [{"case_id": "1", "index": 0, "Ind": 1.0, "Cmp": 1.0, "edit_seconds": 40.0, "MMLU_after": 23.0},
+                                {"case_id": "2", "index": 1, "Ind": 1.0, "Cmp": 1.0, "edit_seconds": 50.0}])
+    results = tmp_path / "RESULTS.md"
+    results.write_text("# Results\n\nHPSE is +37.5 Avg above LoRA (`lr 5e-4`, kappa `0.3`).\n\n"
+                       "<!-- study: paired b1/lora b1/hpse --label LoRA --label HPSE --resamples 200 -->\n<!-- /study -->\n\n"
+                       "<!-- study: runs b1/lora b1/hpse -->\n<!-- /study -->\n")
+    return root, results
+
+
+def test_write_then_check_passes_and_one_altered_number_fails(tmp_path, capsys):
+    root, results = _study(tmp_path)
+    assert main([str(root), "--results", str(results), "--write"]) == 0
+    text = results.read_text()
+    assert "| Avg | 62.5 [25.0, 100.0] | 100.0 [100.0, 100.0] | +37.5" in text  # Avg per case: (25, 100) vs (100, 100)
+    assert "A = b1/lora, B = b1/hpse" in text  # paths relative to the study root
+    assert "| hpse | 2 | - | 1: 23 | 45 |" in text  # runs: cases, MMLU after edit 1, median edit seconds
+    assert main([str(root), "--results", str(results), "--check"]) == 0
+    capsys.readouterr()
+    results.write_text(text.replace("| Avg | 62.5", "| Avg | 62.4"))
+    assert main([str(root), "--results", str(results), "--check"]) == 1
+    err = capsys.readouterr().err
+    assert "the committed runs give '| Avg | 62.5" in err and "'| Avg | 62.4" in err
+    line = next(i for i, x in enumerate(text.splitlines(), 1) if x.startswith("| Avg | 62.5"))
+    assert f"RESULTS.md:{line}:" in err
+    # a number in the prose that no regenerated table holds fails too; settings in code spans do not
+    results.write_text(text.replace("+37.5 Avg", "+37.4 Avg"))
+    assert main([str(root), "--results", str(results), "--check"]) == 1
+    assert "RESULTS.md:3: +37.4 is in no table regenerated from the committed runs" in capsys.readouterr().err
+    # --write restores the blocks (the prose is the author's)
+    results.write_text(text.replace("| Avg | 62.5", "| Avg | 62.4"))
+    assert main([str(root), "--results", str(results), "--write"]) == 0
+    assert results.read_text() == text
+
+
+def test_prose_numbers_skip_blocks_code_comments_and_links():
+    text = ("a 1.5 b `2.5`\n```\n3.5\n```\n<!-- 4.5 -->\n[x](img/v1.5.png) Qwen2.5-7B v2.13.0 -0.8%\n"
+            "<!-- study: paired x -->\n6.5\n<!-- /study -->\n+7.5\n")
+    assert prose_numbers(text) == [(1, "1.5"), (6, "-0.8"), (10, "+7.5")]
+
+
+def test_bad_markers_and_roots_are_one_line_errors(tmp_path, capsys):
+    with pytest.raises(StudyError, match="RESULTS.md:2: a '<!-- study: ... -->' marker without"):
+        find_blocks("x\n<!-- study: paired a b -->\n| table |\n")
+    root, results = _study(tmp_path)
+    results.write_text("<!-- study: rerun b1/lora -->\n<!-- /study -->\n")
+    assert main([str(root), "--results", str(results), "--check"]) == 2
+    assert "unknown tool 'rerun'" in capsys.readouterr().err
+    results.write_text("<!-- study: paired b1/lora b1/gone -->\n<!-- /study -->\n")
+    assert main([str(root), "--results", str(results), "--check"]) == 2
+    err = capsys.readouterr().err
+    assert f"{results}:1: the marker's command failed (error: b1/gone: no config.json" in err
+    assert f"run directories are named relative to {root}" in err and len(err.splitlines()) == 1
+    assert main([str(tmp_path / "nowhere"), "--results", str(results)]) == 2
+    assert "no such study directory" in capsys.readouterr().err
+    results.write_text("# nothing marked\n")
+    assert main([str(root), "--results", str(results), "--check"]) == 2
+    assert "no '<!-- study: ... -->' block" in capsys.readouterr().err
+    assert main([str(root), "--results", str(tmp_path / "missing.md")]) == 2
+
+
+def test_results_md_agrees_with_the_committed_runs(tmp_path):
+    """The real check: every marked table of docs/RESULTS.md, regenerated from docs/study (about a minute)."""
+    from benchmarks.datasets import default_data_dir
+
+    data = Path(default_data_dir())
+    if not (data / "unkebench" / "final_data_v2.json").is_file():
+        pytest.skip(f"UnKEBench data not found under {data} (set HPSE_DATA_DIR); the rescored tables need it")
+    text = (ROOT / "docs" / "RESULTS.md").read_text(encoding="utf-8")
+    blocks = find_blocks(text)
+    assert len(blocks) >= 5 and all("unkebench-78-100/" in b.command for b in blocks)
+    generated = generate(blocks, ROOT / "docs" / "study")
+    assert check(text, blocks, generated) == []
+    assert write(text, blocks, generated) == text
+    # every UnKEBench table carries the recitation diagnostics
+    assert all("Recitation diagnostics" in g for b, g in zip(blocks, generated) if b.command.startswith("paired"))
+    # one number altered in a copy, in a table and in the prose: both are caught
+    altered = text.replace("| Avg | 67.7 [65.3, 70.1] | 69.7 [66.2, 73.0] | +2.0 [-1.1, +5.1]",
+                           "| Avg | 67.7 [65.3, 70.1] | 69.7 [66.2, 73.0] | +2.1 [-1.1, +5.1]", 1)
+    assert altered != text
+    problems = check(altered, find_blocks(altered), generated)
+    assert len(problems) == 1 and "+2.1 [-1.1, +5.1]" in problems[0]
+    altered = text.replace("LoRA + HPSE is +2.0 [-1.1, +5.1] Avg", "LoRA + HPSE is +3.0 [+1.1, +4.9] Avg", 1)
+    assert altered != text
+    problems = check(altered, find_blocks(altered), generated)
+    assert any("3.0 is in no table" in p for p in problems) and any("4.9 is in no table" in p for p in problems)
