@@ -99,8 +99,9 @@ def runs_table(argv: Sequence[str]) -> int:
         ordered = sorted(recs.values(), key=lambda r: r.get("index", 0))  # index: the case's place in the run
         after = ", ".join(f"{r.get('index', i) + 1}: {r['MMLU_after']:.0f}" for i, r in enumerate(ordered)
                           if r.get("MMLU_after") is not None)
-        seconds = statistics.median(float(r["edit_seconds"]) for r in ordered) if ordered else 0.0
-        lines.append(f"| {label} | {len(recs)} | {mmlu} | {after or '-'} | {seconds:.0f} |")
+        seconds = [float(r.get("edit_seconds") or 0.0) for r in ordered]
+        median = f"{statistics.median(seconds):.0f}" if any(seconds) else "-"  # a reference row edits nothing
+        lines.append(f"| {label} | {len(recs)} | {mmlu} | {after or '-'} | {median} |")
     print("\n".join(lines))
     return 0
 
