@@ -12,11 +12,11 @@ The marker names the tool and its arguments: ``paired`` (``python -m benchmarks.
 command on the committed files (no model time) and prints the results; ``--check`` compares them with
 what RESULTS.md holds and exits 1 on the first disagreement, naming the marker's line and the line that
 differs. It also checks the prose: every decimal number written outside the blocks, code and HTML
-comments must be a number of some block, so a figure whose runs are not committed cannot stay in the
-text. Settings written as code (``lr 5e-4`` in backticks) are not results and are not checked; nor are
-integers (counts of records or wins), which the prose should copy from the tables. ``--write``
-replaces every block with the regenerated text, so adding a rerun to RESULTS.md is one marker and an
-empty block plus ``--write``.
+comments must be a number of some block, and so must every whole percentage and every "N wins, M
+losses", so a figure whose runs are not committed cannot stay in the text. Settings written as code
+(``lr 5e-4`` in backticks) are not results and are not checked; nor are other integers (counts of
+records), which the prose should copy from the tables. ``--write`` replaces every block with the
+regenerated text, so adding a rerun to RESULTS.md is one marker and an empty block plus ``--write``.
 
     python -m benchmarks.study docs/study            # print every table
     python -m benchmarks.study docs/study --check    # exit 1 when RESULTS.md disagrees with the runs
@@ -41,6 +41,8 @@ __all__ = ["Block", "StudyError", "check", "find_blocks", "generate", "prose_num
 _BLOCK_RE = re.compile(r"^<!-- study: (?P<command>.+?) -->\n(?P<body>.*?)^<!-- /study -->$", re.S | re.M)
 _MARKER_RE = re.compile(r"^<!-- study:", re.M)
 _NUMBER_RE = re.compile(r"(?<![\w.])[+-]?\d+\.\d+(?![\w.]*\d)")
+# Results in the prose: decimal numbers, whole percentages ("51%") and win/loss counts ("13 wins, 10 losses").
+_RESULT_RE = re.compile(r"(?<![\w.])(?:[+-]?\d+\.\d+(?![\w.]*\d)|\d+(?=%)|(?P<wins>\d+) wins?(?:,| /) (?P<losses>\d+) loss(?:es)?\b)")
 TOOLS = ("paired", "runs")
 
 
@@ -144,13 +146,14 @@ def generate(blocks: Sequence[Block], root: str | Path, *, data: str | None = No
 
 
 def prose_numbers(text: str) -> list[tuple[int, str]]:
-    """(line, number) of every decimal number outside study blocks, fenced code, code spans and HTML comments."""
+    """(line, result) of every decimal number, whole percentage and "N wins, M losses" outside study
+    blocks, fenced code, code spans, link targets and HTML comments."""
     masked = _BLOCK_RE.sub(lambda m: "\n" * m.group().count("\n"), text)
     masked = re.sub(r"^```.*?^```", lambda m: "\n" * m.group().count("\n"), masked, flags=re.S | re.M)
     masked = re.sub(r"<!--.*?-->", lambda m: "\n" * m.group().count("\n"), masked, flags=re.S)
     masked = re.sub(r"`[^`\n]*`", "", masked)
     masked = re.sub(r"\]\([^)]*\)", "]", masked)  # link targets (file names) are not results
-    return [(masked.count("\n", 0, m.start()) + 1, m.group()) for m in _NUMBER_RE.finditer(masked)]
+    return [(masked.count("\n", 0, m.start()) + 1, m.group()) for m in _RESULT_RE.finditer(masked)]
 
 
 def check(text: str, blocks: Sequence[Block], generated: Sequence[str], source: str = "RESULTS.md") -> list[str]:
@@ -165,9 +168,15 @@ def check(text: str, blocks: Sequence[Block], generated: Sequence[str], source: 
         want = new_lines[i] if i < len(new_lines) else "(end of block)"
         problems.append(f"{source}:{b.line + 1 + i}: the block of the marker on line {b.line} says {have!r}; "
                         f"the committed runs give {want!r}")
-    known = {float(n) for g in generated for n in _NUMBER_RE.findall(g)}
+    tables = "\n".join(generated)
+    known = {float(n) for n in _NUMBER_RE.findall(tables)} | {float(n) for n in re.findall(r"(?<![\w.])(\d+)%", tables)}
     for line, number in prose_numbers(text):
-        if float(number) not in known:
+        counts = _RESULT_RE.fullmatch(number)
+        if counts and counts.group("wins"):  # a "wins / ties / losses" cell with these wins and losses
+            found = re.search(rf"(?<!\d){counts.group('wins')} / \d+ / {counts.group('losses')}(?!\d)", tables)
+        else:
+            found = float(number.rstrip("%")) in known
+        if not found:
             problems.append(f"{source}:{line}: {number} is in no table regenerated from the committed runs; "
                             "take it from a study block or remove it")
     return problems
@@ -213,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(p, file=sys.stderr)
         if problems:
             return 1
-        print(f"{results}: {len(blocks)} table block(s) and every decimal number of the prose agree with {args.root}")
+        print(f"{results}: {len(blocks)} table block(s) and every result in the prose agree with {args.root}")
         return 0
     for b, new in zip(blocks, generated):
         print(f"<!-- study: {b.command} -->  ({results}:{b.line})\n{new}")

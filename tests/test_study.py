@@ -49,6 +49,11 @@ def test_write_then_check_passes_and_one_altered_number_fails(tmp_path, capsys):
     results.write_text(text.replace("+37.5 Avg", "+37.4 Avg"))
     assert main([str(root), "--results", str(results), "--check"]) == 1
     assert "RESULTS.md:3: +37.4 is in no table regenerated from the committed runs" in capsys.readouterr().err
+    # so does a win/loss count that no table holds (the table says 1 / 1 / 0)
+    for prose, rc in (("(1 wins, 0 losses)", 0), ("(2 wins, 0 losses)", 1)):
+        results.write_text(text.replace("Avg above LoRA", "Avg above LoRA " + prose))
+        assert main([str(root), "--results", str(results), "--check"]) == rc
+    assert "2 wins, 0 losses is in no table" in capsys.readouterr().err
     # --write restores the blocks (the prose is the author's)
     results.write_text(text.replace("| Avg | 62.5", "| Avg | 62.4"))
     assert main([str(root), "--results", str(results), "--write"]) == 0
@@ -57,8 +62,9 @@ def test_write_then_check_passes_and_one_altered_number_fails(tmp_path, capsys):
 
 def test_prose_numbers_skip_blocks_code_comments_and_links():
     text = ("a 1.5 b `2.5`\n```\n3.5\n```\n<!-- 4.5 -->\n[x](img/v1.5.png) Qwen2.5-7B v2.13.0 -0.8%\n"
-            "<!-- study: paired x -->\n6.5\n<!-- /study -->\n+7.5\n")
-    assert prose_numbers(text) == [(1, "1.5"), (6, "-0.8"), (10, "+7.5")]
+            "<!-- study: paired x -->\n6.5\n<!-- /study -->\n+7.5, 51% of it; 13 wins, 10 losses; 2 wins / 1 loss in 23 records\n")
+    assert prose_numbers(text) == [(1, "1.5"), (6, "-0.8"), (10, "+7.5"), (10, "51"), (10, "13 wins, 10 losses"),
+                                   (10, "2 wins / 1 loss")]
 
 
 def test_bad_markers_and_roots_are_one_line_errors(tmp_path, capsys):
