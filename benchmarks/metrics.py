@@ -15,9 +15,7 @@ checkable by hand.
 
 from __future__ import annotations
 
-import math
 import re
-from collections import Counter
 from typing import Iterable, Sequence
 
 __all__ = [
@@ -116,42 +114,24 @@ def word_tokens(text: str) -> list[str]:
     return _WORD_RE.findall(text)
 
 
-def _ngrams(tokens: Sequence[str], n: int) -> Counter:
-    return Counter(tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1))
-
-
 def bleu(hypothesis: Sequence[str], references: Sequence[Sequence[str]], max_n: int = 4) -> float:
-    """Sentence BLEU of token lists, equal to NLTK ``sentence_bleu(references, hypothesis)`` with
-    uniform weights up to ``max_n`` and ``SmoothingFunction().method1`` (epsilon 0.1 for empty orders).
+    """Sentence BLEU of token lists: NLTK's ``sentence_bleu(references, hypothesis)`` with uniform weights
+    up to ``max_n`` and ``SmoothingFunction().method1`` (epsilon 0.1 for empty orders), as Texygen calls it.
 
     Modified n-gram precision clips each hypothesis n-gram count by its maximum count in any one
     reference; the brevity penalty uses the reference length closest to the hypothesis length
     (the shorter one on ties). No unigram match at all gives 0.
     """
+    from nltk.translate.bleu_score import SmoothingFunction, sentence_bleu  # nltk's import costs ~1 s: only here
+
     if not references:
         raise ValueError("BLEU needs at least one reference")
-    hyp_len = len(hypothesis)
-    if hyp_len == 0:
-        return 0.0
-    log_sum = 0.0
-    for n in range(1, max_n + 1):
-        counts = _ngrams(hypothesis, n)
-        max_ref: Counter = Counter()
-        for ref in references:
-            for gram, c in _ngrams(ref, n).items():
-                max_ref[gram] = max(max_ref[gram], c)
-        matched = sum(min(c, max_ref[g]) for g, c in counts.items())
-        total = max(1, sum(counts.values()))
-        if n == 1 and matched == 0:
-            return 0.0
-        log_sum += math.log((matched if matched else 0.1) / total) / max_n
-    ref_len = min((len(r) for r in references), key=lambda r: (abs(r - hyp_len), r))
-    brevity = 1.0 if hyp_len > ref_len else math.exp(1 - ref_len / hyp_len)
-    return brevity * math.exp(log_sum)
+    return float(sentence_bleu([list(r) for r in references], list(hypothesis), (1.0 / max_n,) * max_n,
+                               smoothing_function=SmoothingFunction().method1))
 
 
 def self_bleu(texts: Sequence[str], max_n: int = 4) -> float | None:
-    """Mean BLEU-``max_n`` of each text against all the others; None for fewer than two texts."""
+    """Mean BLEU-``max_n`` of each text (``word_tokens``) against all the others; None for fewer than two texts."""
     if len(texts) < 2:
         return None
     toks = [word_tokens(t) for t in texts]

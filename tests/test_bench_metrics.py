@@ -1,6 +1,10 @@
 """The paper's metrics against hand-computed cases."""
 
+import glob
+import json
 import math
+from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -100,3 +104,102 @@ def test_split_sentences_keeps_initials_and_acronyms():
         "J. Smith was born in 1990.", "He moved to the U.S. in 2001!", "Did he?", '"Yes."', "Then", "he left",
     ]
     assert split_sentences("  \n ") == []
+
+
+# ----------------------------------------------------------------------- SelfBLEU-4 against nltk
+# ``bleu``/``self_bleu`` call nltk's ``sentence_bleu`` (issue 23, item 5). Two checks that can each fail:
+# self_bleu equals Texygen's loop written here with nltk (each answer the hypothesis, all the OTHER
+# answers its references, equal 4-gram weights, smoothing method1), and equals, to 1e-12, the plain-Python
+# BLEU the repo used before the switch (kept below as an oracle), on real answer sets (every stored
+# UnKEBench case of docs/study) and on hand-written ones with the edge cases (an empty answer, answers
+# shorter than 4 tokens, repeated n-grams that clipping must cut, duplicated answers).
+
+STUDY = Path(__file__).resolve().parents[1] / "docs" / "study"
+
+ANSWER_SETS = [
+    [
+        "Leonida Tonelli was born in Gallipoli, Italy, in 1885.",
+        "He studied mathematics at the University of Bologna.",
+        "Tonelli is known for his work on the calculus of variations.",
+        "He died in Pisa in 1946.",
+    ],
+    [
+        "The Firm was written by John Grisham.",
+        "The Firm was written by John Grisham and published in 1991.",
+        "It is a legal thriller.",
+        "The Firm was written by John Grisham.",
+    ],
+    ["Moscow.", "", "Russian, Russian, Russian.", "the the the the the"],
+    ["Yes.", "No."],
+    ["Croatia's head of state is Kolinda Grabar-Kitarovic.", "Croatia's head of state is Kolinda Grabar-Kitarovic."],
+]
+
+
+def _texygen_self_bleu(texts):
+    from nltk.translate.bleu_score import SmoothingFunction, sentence_bleu
+
+    toks = [word_tokens(t) for t in texts]
+    smooth = SmoothingFunction().method1
+    return sum(sentence_bleu(toks[:i] + toks[i + 1:], toks[i], (0.25,) * 4, smoothing_function=smooth)
+               for i in range(len(toks))) / len(toks)
+
+
+def _ngram_counts(tokens, n):
+    return Counter(tuple(tokens[i: i + n]) for i in range(len(tokens) - n + 1))
+
+
+def _plain_bleu4(hyp, refs):
+    """The repo's hand-written BLEU-4 before it called nltk (clipped precisions, epsilon 0.1, closest-length BP)."""
+    if not hyp:
+        return 0.0
+    log_sum = 0.0
+    for n in range(1, 5):
+        counts = _ngram_counts(hyp, n)
+        max_ref = Counter()
+        for ref in refs:
+            for gram, c in _ngram_counts(ref, n).items():
+                max_ref[gram] = max(max_ref[gram], c)
+        matched = sum(min(c, max_ref[g]) for g, c in counts.items())
+        if n == 1 and matched == 0:
+            return 0.0
+        log_sum += math.log((matched or 0.1) / max(1, sum(counts.values()))) / 4
+    ref_len = min((len(r) for r in refs), key=lambda r: (abs(r - len(hyp)), r))
+    return (1.0 if len(hyp) > ref_len else math.exp(1 - ref_len / len(hyp))) * math.exp(log_sum)
+
+
+def _plain_self_bleu(texts):
+    toks = [word_tokens(t) for t in texts]
+    return sum(_plain_bleu4(toks[i], toks[:i] + toks[i + 1:]) for i in range(len(toks))) / len(toks)
+
+
+def _study_answer_sets():
+    sets = []
+    for path in sorted(glob.glob(str(STUDY / "**" / "results*.jsonl"), recursive=True)):
+        with open(path, encoding="utf-8") as f:
+            sets += [json.loads(line)["answers"]["sub_questions"] for line in f if line.strip()]
+    return sets
+
+
+def test_self_bleu_is_texygens_nltk_loop_and_matches_the_former_plain_python_bleu():
+    study = _study_answer_sets()
+    assert len(study) >= 100  # the committed UnKEBench runs are there to check against
+    for texts in ANSWER_SETS + study:
+        ours = self_bleu(texts)
+        assert ours == pytest.approx(_texygen_self_bleu(texts), abs=1e-12)
+        assert ours == pytest.approx(_plain_self_bleu(texts), abs=1e-12)
+    # Div's mean over the committed runs is the same to far below the printed 0.1 point
+    assert 100 * abs(sum(diversity(t) for t in study) - sum(1 - _plain_self_bleu(t) for t in study)) / len(study) < 1e-9
+
+
+def test_self_bleu_excludes_the_hypothesis_from_its_references():
+    # were the hypothesis its own reference (Texygen's slow path), every answer would score BLEU 1
+    texts = ANSWER_SETS[0]
+    assert self_bleu(texts) < 0.2
+    from nltk.translate.bleu_score import SmoothingFunction, sentence_bleu
+
+    toks = [word_tokens(t) for t in texts]
+    with_self = sum(sentence_bleu(toks, h, (0.25,) * 4, smoothing_function=SmoothingFunction().method1)
+                    for h in toks) / len(toks)
+    assert with_self == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="at least one reference"):
+        bleu(toks[0], [])
