@@ -203,3 +203,14 @@ def test_self_bleu_excludes_the_hypothesis_from_its_references():
     assert with_self == pytest.approx(1.0)
     with pytest.raises(ValueError, match="at least one reference"):
         bleu(toks[0], [])
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "word_tokens is a regex, not Texygen's nltk.word_tokenize: it splits \"'s\", \"n't\" and hyphenated names "
+    "(Div of the committed docs/study runs moves by 0.6-2.6 points with NLTK's word tokenizer); switching "
+    "changes committed numbers and nltk.word_tokenize needs punkt data this machine cannot download"))
+def test_word_tokens_are_texygens_nltk_word_tokenize_on_one_sentence():
+    from nltk.tokenize import NLTKWordTokenizer  # word_tokenize's tokenizer; one sentence needs no punkt split
+
+    for text in ["Croatia's head of state is Kolinda Grabar-Kitarovic.", "He didn't move to the U.S. until 2001."]:
+        assert word_tokens(text) == NLTKWordTokenizer().tokenize(text)
