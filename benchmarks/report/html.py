@@ -343,10 +343,10 @@ details.case{border:1px solid #d5dae3;border-radius:6px;margin:8px 0;padding:6px
 details.case>summary{cursor:pointer} details.case[open]>summary{margin-bottom:8px}
 table.qa{width:100%;table-layout:fixed;font-size:13px} table.qa td{word-wrap:break-word}
 table.qa th:first-child{width:20%} table.qa th:nth-child(2){width:11%}
-mark{background:#c6f0c2;border-radius:2px;padding:0 1px} mark.si{background:#ffb347;cursor:help}
+mark{background:#c6f0c2;border-radius:2px;padding:0 1px} mark.si{background:#ffb347;cursor:help;box-shadow:inset -1px 0 0 rgba(0,0,0,.28)}
 .v{font-weight:bold;margin-right:3px} .v.ok{color:#18803c} .v.no{color:#c0392b} .v.na{color:#888;font-weight:normal}
 .missing{color:#999;font-style:italic} .req{margin-top:4px;font-size:12px;color:#445}
-.ro{border-left:3px solid #ffb347;padding:2px 8px;margin:2px 0 6px;background:#fffaf3}
+.ro{border-left:3px solid #e6dccb;padding:2px 8px;margin:2px 0 6px;background:#fffaf3}
 .ro-head{font-size:11px;color:#777} .ro-text{white-space:pre-wrap;font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px}
 .filters{position:sticky;top:0;background:#f8f9fb;border:1px solid #dde2ea;border-radius:6px;padding:6px 10px;z-index:2}
 .filters label{margin-right:12px} .hidden{display:none}
