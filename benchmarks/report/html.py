@@ -245,17 +245,14 @@ def _unke_rows(case: Mapping[str, Any], recs: Sequence[dict | None]) -> list[str
     return rows
 
 
-def _gate_title(p: float, hp: Mapping[str, Any]) -> str:
-    tau, kappa = hp.get("tau"), hp.get("kappa")
-    return (f"the teacher wrote this token: pi*(y*) = {p:.2f} (gate: > kappa {kappa}); "
-            f"log pi*(y*) - log pi_theta(y*) > tau {tau}")
+def rollout_html(stored: Mapping[str, Any], decode: Decoder | None, attrs: str) -> str:
+    """One stored rollout as a block of text, each stepped-in token in ``<mark data-t=INDEX data-p=P>``.
 
-
-def rollout_html(stored: Mapping[str, Any], decode: Decoder | None, hp: Mapping[str, Any], attrs: str) -> str:
-    """One stored rollout as a block of text, each stepped-in token in ``<mark class="si" data-t=INDEX>``.
-
-    Runs of student tokens are decoded together (so multi-byte characters split over tokens survive);
-    each stepped-in token is decoded alone. Without ``decode`` the ids are shown.
+    ``P`` is the teacher's probability of the token in percent (``pi*(y*)``, what the gate compares with
+    kappa); the page's script turns it, with the block's tau and kappa, into the hover text, so the
+    file carries a few bytes per step-in instead of a sentence. Runs of student tokens are decoded
+    together (multi-byte characters split over tokens survive); each stepped-in token is decoded
+    alone. Without ``decode`` the ids are shown.
     """
     ids, mask, probs = unpack_rollout(stored)
     show: Decoder = decode or (lambda seg: "".join(f"\u27e8{t}\u27e9" for t in seg))
@@ -266,8 +263,8 @@ def rollout_html(stored: Mapping[str, Any], decode: Decoder | None, hp: Mapping[
         if start < t:
             parts.append(_e(show(ids[start:t])))
         if t < len(ids):
-            p = probs[t] if probs else float("nan")
-            parts.append(f'<mark class="si" data-t="{t}" title="{_e(_gate_title(p, hp))}">{_e(show(ids[t:t + 1]))}</mark>')
+            p = f' data-p="{100 * probs[t]:.0f}"' if probs else ""
+            parts.append(f'<mark data-t="{t}"{p}>{_e(show(ids[t:t + 1]))}</mark>')
         start = t + 1
     n_in = sum(mask)
     return (f'<div class="ro" {attrs} data-n="{len(ids)}" data-stepins="{n_in}">'
@@ -280,19 +277,22 @@ def _rollouts_html(run_index: int, run: RunData, rec: Mapping[str, Any]) -> str:
     if not rounds:
         return ""
     subjects = rec.get("subjects") or []
-    out = []
+    out, previous = [], None
     for r, requests in enumerate(rounds, 1):
         if requests is None:
             out.append(f"<h5>round {r}: no rollout</h5>")
-            continue
-        out.append(f"<h5>round {r}</h5>")
-        for k, stored in enumerate(requests):
-            subject = subjects[k] if k < len(subjects) else f"request {k + 1}"
-            out.append(f'<div class="req">Introduce <b>{_e(subject)}</b>.</div>'
-                       + rollout_html(stored, run.decode, run.hparams,
-                                      f'data-run="{run_index}" data-round="{r}" data-req="{k}"'))
-    return (f'<details class="rollouts"><summary>{_e(run.label)}: rollouts, teacher\'s tokens highlighted '
-            f"(hover for the gate)</summary>{''.join(out)}</details>")
+        elif previous is not None and requests == rounds[previous - 1]:
+            out.append(f"<h5>round {r}: the same rollout{'s' if len(requests) > 1 else ''} as round {previous}</h5>")
+        else:
+            previous = r
+            out.append(f"<h5>round {r}</h5>")
+            for k, stored in enumerate(requests):
+                subject = subjects[k] if k < len(subjects) else f"request {k + 1}"
+                out.append(f'<div class="req">Introduce <b>{_e(subject)}</b>.</div>'
+                           + rollout_html(stored, run.decode, f'data-run="{run_index}" data-round="{r}" data-req="{k}"'))
+    hp = run.hparams
+    return (f'<details class="rollouts" data-tau="{_e(hp.get("tau"))}" data-kappa="{_e(hp.get("kappa"))}"><summary>'
+            f"{_e(run.label)}: rollouts, the teacher's tokens highlighted (hover for the gate)</summary>{''.join(out)}</details>")
 
 
 def _case_values(run: RunData, rec: Mapping[str, Any]) -> list[float]:
@@ -343,7 +343,7 @@ details.case{border:1px solid #d5dae3;border-radius:6px;margin:8px 0;padding:6px
 details.case>summary{cursor:pointer} details.case[open]>summary{margin-bottom:8px}
 table.qa{width:100%;table-layout:fixed;font-size:13px} table.qa td{word-wrap:break-word}
 table.qa th:first-child{width:20%} table.qa th:nth-child(2){width:11%}
-mark{background:#c6f0c2;border-radius:2px;padding:0 1px} mark.si{background:#ffb347;cursor:help;box-shadow:inset -1px 0 0 rgba(0,0,0,.28)}
+mark{background:#c6f0c2;border-radius:2px;padding:0 1px} .ro mark{background:#ffb347;cursor:help;box-shadow:inset -1px 0 0 rgba(0,0,0,.28)}
 .v{font-weight:bold;margin-right:3px} .v.ok{color:#18803c} .v.no{color:#c0392b} .v.na{color:#888;font-weight:normal}
 .missing{color:#999;font-style:italic} .req{margin-top:4px;font-size:12px;color:#445}
 .ro{border-left:3px solid #e6dccb;padding:2px 8px;margin:2px 0 6px;background:#fffaf3}
@@ -375,6 +375,12 @@ _JS = """
   document.getElementById('openall').addEventListener('click',function(){cases.forEach(function(el){if(!el.classList.contains('hidden')){el.open=true;}});});
   document.getElementById('closeall').addEventListener('click',function(){cases.forEach(function(el){el.open=false;});});
   apply();
+  document.addEventListener('mouseover',function(e){
+    var m=e.target; if(m.tagName!=='MARK'||!m.dataset.p||m.title){return;}
+    var g=m.closest('details.rollouts').dataset;
+    m.title='the teacher wrote this token: pi*(y*) = '+(m.dataset.p/100).toFixed(2)+' > kappa '+g.kappa+
+      ', and log pi*(y*) - log pi_theta(y*) > tau '+g.tau;
+  });
   var h=decodeURIComponent(location.hash.slice(1));
   if(h==='open-all'){[].slice.call(document.querySelectorAll('details')).forEach(function(el){el.open=true;});}
   else if(h){var el=document.getElementById(h); if(el&&el.tagName==='DETAILS'){el.open=true; el.scrollIntoView();}}
@@ -470,7 +476,7 @@ def write_html_report(run_dirs: Sequence[str | os.PathLike], out: str | os.PathL
         f"<h2>Cases ({len(order)})</h2>",
         '<p class="note">Green: the expected answer or alias found in the answer (the official MQuAKE check); '
         "&#10003;/&#10007;: the verdict (substring check, or the judge's per fact and per sub-question). "
-        "Orange in a rollout: a token the privileged teacher wrote (hover for pi*(y*) and the gates).</p>",
+        "Orange in a rollout: a token the privileged teacher wrote (hover for pi*(y*) and the gates); a round whose rollouts equal the previous round's is not repeated.</p>",
         _filters_html(runs),
         *(_case_html(c, (cases or {}).get(c), runs) for c in order),
         f"<script>{_JS}</script></body></html>",
