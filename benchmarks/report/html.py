@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from ..metrics import answer_matches, mean
-from ..paired import METRICS, load_run, multi_report, paired_report
+from ..paired import ANSWER_DIVERSITY, METRICS, load_run, multi_report, paired_report
 from . import judge_note, paper_cells, plot_stepin_rates
 from ..rollouts import unpack_rollout
 from ..tasks import TASKS
@@ -157,10 +157,14 @@ def _comparison_html(runs: Sequence[RunData], resamples: int) -> tuple[str, dict
         diffs.append(f"<details><summary>{_e(run.label)} &minus; {_e(runs[0].label)}, every metric</summary>"
                      f'<table class="num"><tr><th>metric</th><th>difference (95% CI)</th><th>wins / ties / losses</th></tr>'
                      f"{rows}</table></details>")
-    caption = (f"{n} case(s) finished by all {len(runs)} runs; means in percent with 95% bootstrap intervals "
+    finished_by = "the run" if len(runs) == 1 else ("both runs" if len(runs) == 2 else f"all {len(runs)} runs")
+    caption = (f"{n} case(s) finished by {finished_by}; means in percent with 95% bootstrap intervals "
                f"({resamples} resamples of the cases)" + ("; differences are paired, case by case, against "
                                                          f"{_e(runs[0].label)}" if len(runs) > 1 else ""))
     table = f'<p class="note">{caption}</p><table class="num">{"".join(lines)}</table>' + "".join(diffs)
+    if ANSWER_DIVERSITY in metrics:
+        table += (f'<p class="note">{ANSWER_DIVERSITY} is a diagnostic, not a paper metric: 1 - SelfBLEU-4 among all '
+                  "answers of a case (near 0 when every question is answered by reciting the same passage).</p>")
     return table, series, n
 
 
@@ -383,7 +387,8 @@ _JS = """
   });
   var h=decodeURIComponent(location.hash.slice(1));
   if(h==='open-all'){[].slice.call(document.querySelectorAll('details')).forEach(function(el){el.open=true;});}
-  else if(h){var el=document.getElementById(h); if(el&&el.tagName==='DETAILS'){el.open=true; el.scrollIntoView();}}
+  else if(h){var el=document.getElementById(h); if(el&&el.tagName==='DETAILS'){
+    el.open=true; [].slice.call(el.querySelectorAll('details')).forEach(function(d){d.open=true;}); el.scrollIntoView();}}
 })();
 """
 
