@@ -263,3 +263,23 @@ def test_headless_chromium_renders_the_report(tiny_runs, tmp_path):
     orange = ((img[..., 0] > 240) & (abs(img[..., 1].astype(int) - 0xB3) < 12) & (img[..., 2] < 0x60)).sum()
     assert orange > 20  # the step-in highlight (#ffb347) is on screen: the rollouts opened and rendered
     assert img.std() > 20  # not a blank page
+
+
+def test_questions_come_only_from_the_data_file_the_runs_recorded(tiny_runs, tmp_path, monkeypatch, capsys, caplog):
+    other = tmp_path / "data" / "akew"
+    other.mkdir(parents=True)
+    cases = json.loads((DATA_DIR / "akew" / "MQuAKE-CF.json").read_text())[:2]
+    cases[0]["new_single_hops"][0]["question"] = "A question the runs never saw?"
+    (other / "MQuAKE-CF.json").write_text(json.dumps(cases))
+    with pytest.raises(ValueError, match="sha256 differs"):  # named with --data: an error
+        write_html_report([tiny_runs / "hpse"], tmp_path / "r.html", resamples=100, data_dir=tmp_path / "data")
+    assert report_main([str(tiny_runs / "hpse"), "--html", str(tmp_path / "r.html"), "--data", str(tmp_path / "data")]) == 2
+    err = capsys.readouterr().err
+    assert "sha256 differs" in err and len(err.strip().splitlines()) == 1
+    monkeypatch.setenv("HPSE_DATA_DIR", str(tmp_path / "data"))  # the default data directory: a warning, no questions
+    with caplog.at_level("WARNING"):
+        out = write_html_report([tiny_runs / "hpse"], tmp_path / "r.html", resamples=100)
+    text = out.read_text(encoding="utf-8")
+    assert "sha256 differs" in caplog.text
+    assert "A question the runs never saw?" not in text and 'class="qa"' not in text
+    assert len(_parse(text).cases) == 2

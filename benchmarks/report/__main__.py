@@ -25,6 +25,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="label of each RUN, in order (repeat; default: the run's own --label, else its directory name)")
     parser.add_argument("--data", metavar="DIR", help="data directory the runs used, for the questions and expected answers "
                                                       "(default: $HPSE_DATA_DIR or ../shared/data)")
+    parser.add_argument("--data-file", metavar="FILE",
+                        help="the runs' data file, relative to --data (default: the benchmark's default file, "
+                             "akew/MQuAKE-CF.json or unkebench/final_data_v2.json)")
     parser.add_argument("--tokenizer", metavar="NAME_OR_DIR",
                         help="decode rollouts with this tokenizer (default: each run's hparams model_name; ids if none loads)")
     parser.add_argument("--no-rollouts", action="store_true", help="leave the stored rollouts out of the HTML report")
@@ -54,7 +57,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.html:
             from .html import write_html_report
 
-            out = write_html_report(args.runs, args.html, labels=args.label, data_dir=args.data, resamples=args.resamples,
+            out = write_html_report(args.runs, args.html, labels=args.label, data_dir=args.data, data_file=args.data_file,
+                                    resamples=args.resamples,
                                     tokenizer=args.tokenizer, rollouts=not args.no_rollouts)
             print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB); open it in a browser: file://{out.resolve()}")
             return 0

@@ -27,6 +27,7 @@ import io
 import json
 import logging
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -327,7 +328,8 @@ def _case_html(cid: str, case: Mapping[str, Any] | None, runs: Sequence[RunData]
         header = "<tr><th>question</th><th>expected</th>" + "".join(f"<th>{_e(r.label)}</th>" for r in runs) + "</tr>"
         body.append(f'<table class="qa">{header}{"".join(rows)}</table>')
     else:
-        body.append('<p class="note">the benchmark data was not found (--data), so questions are not shown; answers:</p>')
+        body.append('<p class="note">the runs&#x27; data file was not found (--data, --data-file), so questions are '
+                    "not shown; the answers:</p>")
         body += [f"<p><b>{_e(run.label)}</b>: {_e(json.dumps(rec.get('answers'), ensure_ascii=False))}</p>"
                  for run, rec in zip(runs, recs) if rec]
     body += [_rollouts_html(i, run, rec) for i, (run, rec) in enumerate(zip(runs, recs)) if rec]
@@ -420,27 +422,45 @@ def _runs_html(runs: Sequence[RunData]) -> str:
             f'<th>judge</th><th>cases with rollouts</th></tr>{"".join(rows)}</table>')
 
 
-def _load_cases(benchmark: str, data_dir: str | os.PathLike | None, strict: bool) -> dict[str, Mapping[str, Any]] | None:
-    """The benchmark's cases by id from ``data_dir`` (default data directory); None (warned) when absent and not ``strict``."""
-    from ..datasets import DataError, default_data_dir, load_mquake_uns, load_unkebench
+def _load_cases(runs: Sequence[RunData], data_dir: str | os.PathLike | None, data_file: str | None,
+                strict: bool) -> dict[str, Mapping[str, Any]] | None:
+    """The benchmark's cases by id, from the data file the runs recorded (checked by its sha256).
 
-    where = data_dir or default_data_dir()
+    None, with a warning, when the file is absent (unless ``strict``: the user named ``--data``) or is
+    not the file a run used: its questions would then not be the ones the run answered.
+    """
+    from ..datasets import MQUAKE_FILE, UNKE_FILE, DataError, default_data_dir, file_sha256, load_mquake_uns, load_unkebench
+
+    benchmark = runs[0].benchmark
+    where = Path(data_dir or default_data_dir())
+    file = data_file or (MQUAKE_FILE if benchmark == "mquake-uns" else UNKE_FILE)
+    path = Path(file) if Path(file).is_absolute() else where / file
     try:
-        cases = load_mquake_uns(where) if benchmark == "mquake-uns" else load_unkebench(where, subjects="heuristic")
-    except (DataError, FileNotFoundError) as err:
+        if not path.is_file():
+            raise DataError(f"{path}: no such data file")
+        digest = file_sha256(path)
+        strangers = [str(r.path) for r in runs if digest not in (r.config.get("data") or {}).values()]
+        if strangers:
+            raise DataError(f"{path} is not the data file that {', '.join(strangers)} recorded in config.json (its "
+                            "sha256 differs); pass --data DIR and --data-file FILE naming the file the runs used")
+        cases = load_mquake_uns(where, file=file) if benchmark == "mquake-uns" else load_unkebench(where, file=file,
+                                                                                                  subjects="heuristic")
+    except DataError:
         if strict:
             raise
-        log.warning("%s; the report shows answers without their questions (pass --data DIR)", err)
+        log.warning("%s; the report lists the answers without their questions", sys.exc_info()[1])
         return None
     return {str(c["case_id"]): c for c in cases}
 
 
 def write_html_report(run_dirs: Sequence[str | os.PathLike], out: str | os.PathLike, *, labels: Sequence[str] | None = None,
-                      data_dir: str | os.PathLike | None = None, resamples: int = 10000, tokenizer: str | None = None,
-                      rollouts: bool = True, title: str | None = None) -> Path:
+                      data_dir: str | os.PathLike | None = None, data_file: str | None = None, resamples: int = 10000,
+                      tokenizer: str | None = None, rollouts: bool = True, title: str | None = None) -> Path:
     """Write the report of ``run_dirs`` (the first is the baseline) to ``out``; returns its path.
 
-    ``tokenizer``: a model name or directory to decode rollouts with, instead of each run's
+    ``data_dir`` / ``data_file``: where the runs' data file is (default: the default data directory and
+    the benchmark's default file); questions are shown only when its sha256 is the one every run
+    recorded. ``tokenizer``: a model name or directory to decode rollouts with, instead of each run's
     ``hparams.model_name``. ``rollouts=False`` leaves the rollouts out (a smaller file).
     """
     labels = list(labels or [])
@@ -464,7 +484,7 @@ def write_html_report(run_dirs: Sequence[str | os.PathLike], out: str | os.PathL
             if name and name not in decoders:
                 decoders[name] = load_tokenizer(name)
             r.decode = decoders.get(name) if name else None
-    cases = _load_cases(benchmark, data_dir, strict=data_dir is not None)
+    cases = _load_cases(runs, data_dir, data_file, strict=data_dir is not None or data_file is not None)
     table, series, n_common = _comparison_html(runs, resamples)
     ids = set().union(*(r.records for r in runs))
     order = [c for c in cases if c in ids] if cases else []
