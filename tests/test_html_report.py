@@ -2,10 +2,8 @@
 read back with html.parser, the command line's errors, and a headless-Chromium screenshot when it is installed."""
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from html.parser import HTMLParser
@@ -20,7 +18,6 @@ from benchmarks.rollouts import pack_rollout, unpack_rollout
 from benchmarks.runner import RunOptions, run_benchmark
 from tiny_models import make_tiny_model_and_tokenizer
 
-REPO = Path(__file__).resolve().parents[1]
 needs_data = pytest.mark.skipif(not DATA_DIR.is_dir(), reason="needs ../shared/data next to the repository")
 
 # tau 0 / kappa 0: on a random tiny model the teacher (reading the passage) steps in on part of the tokens

@@ -17,7 +17,6 @@ import sys
 import threading
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 

@@ -96,10 +96,6 @@ def _e(text: Any) -> str:
     return html.escape(str(text), quote=True)
 
 
-def _pct(value: float | None, digits: int = 1) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
-
-
 def _ci(mean_value: float, ci: Sequence[float]) -> str:
     return f"{mean_value:.1f} <small>[{ci[0]:.1f}, {ci[1]:.1f}]</small>"
 
