@@ -125,6 +125,7 @@ def tiny_runs(tmp_path_factory):
         run_benchmark(RunOptions(**common, overrides=["kl_weight=0"], out_dir=str(root / "lora"), label="LoRA"))
         run_benchmark(RunOptions(**common, out_dir=str(root / "hpse"), label="LoRA + HPSE"))
         run_benchmark(RunOptions(**common, out_dir=str(root / "hpse-nostore"), store_rollouts=False))
+        run_benchmark(RunOptions(**{**common, "benchmark": "unkebench"}, mmlu_n=0, out_dir=str(root / "unke")))
     finally:
         mp.undo()
     return root
@@ -280,3 +281,22 @@ def test_questions_come_only_from_the_data_file_the_runs_recorded(tiny_runs, tmp
     assert "sha256 differs" in caplog.text
     assert "A question the runs never saw?" not in text and 'class="qa"' not in text
     assert len(_parse(text).cases) == 2
+
+
+def test_unkebench_cases_show_the_judges_facts_and_sub_question_verdicts(tiny_runs, tmp_path):
+    import re
+
+    out = write_html_report([tiny_runs / "unke"], tmp_path / "uk.html", data_dir=DATA_DIR, resamples=100)
+    text = out.read_text(encoding="utf-8")
+    recs = _records(tiny_runs / "unke")
+    chunks = text.split('<details class="case"')[1:]
+    assert len(chunks) == len(recs) == 2
+    for chunk, rec in zip(chunks, recs):
+        assert f'data-case="{rec["case_id"]}"' in chunk
+        dmp_rows = re.findall(r"sub-question \(Dmp\).*?</tr>", chunk, flags=re.S)
+        assert len(dmp_rows) == len(rec["dmp_scores"])
+        assert [('class="v ok"' in row) for row in dmp_rows] == [bool(v) for v in rec["dmp_scores"]]
+        facts = sum(len(f["facts"]) for f in rec["factscore"])
+        assert chunk.count("<li>") == facts
+        assert sum(f["supported"].count(True) for f in rec["factscore"]) == len(re.findall(r'<li><span class="v ok">', chunk))
+    assert "lexical-fallback is an offline word-overlap stand-in" in text  # the judge note under the table

@@ -218,7 +218,10 @@ def _facts_html(fs: Mapping[str, Any] | None) -> str:
     items = "".join(f"<li>{_verdict(bool(ok))} {_e(f)}</li>" for f, ok in zip(fs.get("facts") or [], fs.get("supported") or []))
     score = fs.get("score")
     head = f"Jnt (FActScore) {100 * score:.0f}" if isinstance(score, (int, float)) else "Jnt"
-    return f'<details class="facts"><summary>{head}: {len(fs.get("facts") or [])} fact(s)</summary><ul>{items}</ul></details>'
+    partial = (' <span class="v na">judge answer incomplete: facts without a verdict count as unsupported</span>'
+               if fs.get("complete") is False else "")
+    return (f'<details class="facts"><summary>{head}: {len(fs.get("facts") or [])} fact(s){partial}</summary>'
+            f"<ul>{items}</ul></details>")
 
 
 def _unke_rows(case: Mapping[str, Any], recs: Sequence[dict | None]) -> list[str]:
@@ -310,8 +313,10 @@ def _case_html(cid: str, case: Mapping[str, Any] | None, runs: Sequence[RunData]
     chips = "".join(
         f'<span class="chip">{_e(run.label)}: ' + ("not run" if v is None else
                                                    " ".join(f"{m} {100 * x:.0f}" for m, x in zip(metrics, v))
-                                                   + f" &middot; Avg {100 * sum(v) / len(v):.0f}") + "</span>"
-        for run, v in zip(runs, values))
+                                                   + f" &middot; Avg {100 * sum(v) / len(v):.0f}"
+                                                   + (" &middot; judge incomplete" if rec.get("judge_complete") is False else ""))
+        + "</span>"
+        for run, v, rec in zip(runs, values, recs))
     subjects = next((rec.get("subjects") for rec in recs if rec and rec.get("subjects")), None) or (
         [r["subject"] for r in case["requests"]] if case else [])
     head = (f'<summary><b>case {_e(cid)}</b> &middot; {_e(", ".join(subjects))}'
