@@ -300,3 +300,21 @@ def test_unkebench_cases_show_the_judges_facts_and_sub_question_verdicts(tiny_ru
         assert chunk.count("<li>") == facts
         assert sum(f["supported"].count(True) for f in rec["factscore"]) == len(re.findall(r'<li><span class="v ok">', chunk))
     assert "lexical-fallback is an offline word-overlap stand-in" in text  # the judge note under the table
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium needed: apt-get install -y chromium")
+def test_filters_run_in_chromium(tiny_runs, tmp_path):
+    out = write_html_report([tiny_runs / "lora", tiny_runs / "hpse"], tmp_path / "r.html", data_dir=DATA_DIR, resamples=100)
+    lora, hpse = _records(tiny_runs / "lora"), _records(tiny_runs / "hpse")
+    avg = [[(r["Ind"] + r["Cmp"]) / 2 for r in recs] for recs in (lora, hpse)]
+    expected = {"all": 2, "disagree": sum(a != b for a, b in zip(*avg)),
+                "wins&a=0&b=1": sum(b > a for a, b in zip(*avg)), "losses&a=0&b=1": sum(b < a for a, b in zip(*avg)),
+                "wins&a=1&b=0": sum(a > b for a, b in zip(*avg))}
+    for mode, n in expected.items():
+        with tempfile.TemporaryDirectory() as profile:
+            dom = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                                  f"--user-data-dir={profile}", "--dump-dom", f"{out.resolve().as_uri()}#filter={mode}"],
+                                 check=True, capture_output=True, text=True, timeout=120).stdout
+        assert f">{n} of 2 cases shown<" in dom, mode
+        assert dom.count('class="case hidden"') == 2 - n

@@ -389,7 +389,13 @@ _JS = """
       ', and log pi*(y*) - log pi_theta(y*) > tau '+g.tau;
   });
   var h=decodeURIComponent(location.hash.slice(1));
-  if(h==='open-all'){[].slice.call(document.querySelectorAll('details')).forEach(function(el){el.open=true;});}
+  if(h.indexOf('filter=')===0){
+    var q={}; h.split('&').forEach(function(kv){var p=kv.split('='); q[p[0]]=p[1];});
+    var r=document.querySelector('input[name=f][value="'+q.filter+'"]'); if(r){r.checked=true;}
+    if(q.a){document.getElementById('runA').value=q.a;} if(q.b){document.getElementById('runB').value=q.b;}
+    apply();
+  }
+  else if(h==='open-all'){[].slice.call(document.querySelectorAll('details')).forEach(function(el){el.open=true;});}
   else if(h){var el=document.getElementById(h); if(el&&el.tagName==='DETAILS'){
     el.open=true; [].slice.call(el.querySelectorAll('details')).forEach(function(d){d.open=true;}); el.scrollIntoView();}}
 })();
