@@ -496,13 +496,15 @@ def write_html_report(run_dirs: Sequence[str | os.PathLike], out: str | os.PathL
     ids = set().union(*(r.records for r in runs))
     order = [c for c in cases if c in ids] if cases else []
     order += sorted(ids - set(order), key=lambda c: (len(c), c))
-    title = title or f"{'MQuAKE-uns' if benchmark == 'mquake-uns' else 'UnKEBench'}: " + " vs ".join(r.label for r in runs)
+    names = " vs ".join(r.label for r in runs) if len(runs) <= 3 else f"{len(runs)} runs against {runs[0].label}"
+    title = title or f"{'MQuAKE-uns' if benchmark == 'mquake-uns' else 'UnKEBench'}: {names}"
     parts = [
         f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{_e(title)}</title>"
         f"<style>{_CSS}</style></head><body>",
         f"<h1>{_e(title)}</h1>",
         _runs_html(runs),
-        "<h2>Paper layout</h2>", _paper_table_html(runs),
+        "<h2>Paper layout</h2>", '<p class="note">each run on all the cases it finished (its summary.json)</p>',
+        _paper_table_html(runs),
         "<h2>Case by case</h2>", table,
         "<h2>Step-in rate per round</h2>", _plot_html(series, benchmark, n_common),
         f"<h2>Cases ({len(order)})</h2>",
