@@ -404,7 +404,8 @@ _JS = """
 
 def _filters_html(runs: Sequence[RunData]) -> str:
     def select(ident: str, chosen: int) -> str:
-        opts = "".join(f'<option value="{i}"{" selected" if i == chosen else ""}>{_e(r.label)}</option>' for i, r in enumerate(runs))
+        opts = "".join(f'<option value="{i}"{" selected" if i == chosen else ""}>{_e(r.label)}</option>'
+                       for i, r in enumerate(runs))
         return f'<select id="{ident}">{opts}</select>'
 
     return ('<div class="filters"><label><input type="radio" name="f" value="all" checked> all</label>'
@@ -503,14 +504,16 @@ def write_html_report(run_dirs: Sequence[str | os.PathLike], out: str | os.PathL
         f"<style>{_CSS}</style></head><body>",
         f"<h1>{_e(title)}</h1>",
         _runs_html(runs),
-        "<h2>Paper layout</h2>", '<p class="note">each run on all the cases it finished (its summary.json)</p>',
+        "<h2>Paper layout</h2>",
+        '<p class="note">each run on all the cases it finished (its summary.json; its records while it runs)</p>',
         _paper_table_html(runs),
         "<h2>Case by case</h2>", table,
         "<h2>Step-in rate per round</h2>", _plot_html(series, benchmark, n_common),
         f"<h2>Cases ({len(order)})</h2>",
         '<p class="note">Green: the expected answer or alias found in the answer (the official MQuAKE check); '
         "&#10003;/&#10007;: the verdict (substring check, or the judge's per fact and per sub-question). "
-        "Orange in a rollout: a token the privileged teacher wrote (hover for pi*(y*) and the gates); a round whose rollouts equal the previous round's is not repeated.</p>",
+        "Orange in a rollout: a token the privileged teacher wrote (hover for pi*(y*) and the gates); "
+        "a round whose rollouts equal the previous round's is not repeated.</p>",
         _filters_html(runs),
         *(_case_html(c, (cases or {}).get(c), runs) for c in order),
         f"<script>{_JS}</script></body></html>",
