@@ -26,6 +26,8 @@ setup(
         "test": ["pytest>=7", "pytest-timeout>=2"],
         # pure-Python packages EasyEdit's import chain needs for text editing (see docs/EASYEDIT.md)
         "easyedit": ["higher==0.2.1", "einops", "hydra-core", "nltk", "rouge"],
+        # llama.cpp's OpenAI-compatible server, to run the judge locally (compiles llama.cpp: long on a small CPU)
+        "judge-server": ["llama-cpp-python[server]>=0.3"],
     },
     entry_points={"console_scripts": ["hpse-edit=hpse_easyedit.cli:main"]},
 )

@@ -46,6 +46,7 @@ from .editors import Editor, editor_for_hparams_file
 from .judge import ChatClient, Judge, JudgeSettings, LLMJudge, make_judge
 from .metrics import mean
 from .report import judge_note, paper_table
+from .rollouts import pack_rounds
 from .store import (
     ConfigPolicy,
     IncompleteRunError,
@@ -94,6 +95,7 @@ class RunOptions:
     mmlu_batch_size: int = 4
     mmlu_every: int = 1
     dist_timeout_hours: float = DEFAULT_TIMEOUT.total_seconds() / 3600
+    store_rollouts: bool = True
 
     def __post_init__(self) -> None:
         if self.benchmark not in TASKS:
@@ -402,6 +404,9 @@ class _Run:
             "edit_seconds": round(seconds, 3),
             "rounds": _plain(list(getattr(res, "rounds", None) or [])),
         }
+        rollouts = pack_rounds(getattr(res, "rollouts", None)) if self.opts.store_rollouts else None
+        if rollouts is not None:
+            rec["rollouts"] = rollouts
         rec.update(self.task.score(case, answers, self.judge))
         if mmlu_after is not None:
             rec["MMLU_after"] = mmlu_after
@@ -557,6 +562,8 @@ def add_run_arguments(parser: argparse.ArgumentParser, benchmark: str | None) ->
     g.add_argument("--dist-timeout-hours", type=float, default=DEFAULT_TIMEOUT.total_seconds() / 3600, metavar="H",
                    help="under accelerate launch: how long a process that finished its cases waits for the others "
                         f"(default {DEFAULT_TIMEOUT.total_seconds() / 3600:.0f})")
+    g.add_argument("--no-rollouts", action="store_true",
+                   help="do not keep each round's rollout (token ids, step-in mask) in results.jsonl")
     if benchmark in (None, "unkebench"):
         u = parser.add_argument_group("UnKEBench")
         u.add_argument("--unke-file", metavar="FILE", help=f"UnKEBench file, relative to --data (default {UNKE_FILE}; v3 works too)")
@@ -614,6 +621,7 @@ def options_from_args(args: argparse.Namespace, benchmark: str, hparams: str, ov
         mmlu_seed=getattr(args, "mmlu_seed", 0),
         mmlu_every=getattr(args, "mmlu_every", 1),
         dist_timeout_hours=args.dist_timeout_hours,
+        store_rollouts=not args.no_rollouts,
     )
 
 

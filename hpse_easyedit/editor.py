@@ -39,6 +39,7 @@ class EditResult:
     seconds: float = 0.0
     teacher_forward_tokens: int = 0
     inner_step_teacher_passes: int = 0
+    rollouts: list = field(default_factory=list)  # per round: that round's Rollout per request, or None (no KL term)
 
 
 def normalize_requests(requests: Any, hparams: HPSEHyperParams) -> list[dict]:
@@ -251,6 +252,7 @@ def hpse_edit(
             "seconds": time.perf_counter() - t0,
         }
         result.rounds.append(stats)
+        result.rollouts.append(rollouts)
         logger.info(
             "HPSE round %d/%d: step-in %s, rollout %.1f tok, loss %.4f -> %.4f (kl %s, nll %s), %.1fs",
             r, hparams.rounds,

@@ -1,18 +1,24 @@
-"""Tables in the paper's layout and the step-in-rate plot.
+"""Tables in the paper's layout, the step-in-rate plot, and the command that reports runs.
 
 The paper's main table puts UnKEBench (Jnt, Dmp, Div, Avg, MMLU) and MQuAKE-uns (Ind, Cmp, Avg) side
 by side, one row per method, numbers in percent with one decimal. ``paper_table`` renders that as
 markdown for any subset of the two benchmarks; a benchmark a row has no summary for shows dashes.
+
+    python -m benchmarks.report runs/mq-lora runs/mq-hpse                      # the paper-layout table
+    python -m benchmarks.report runs/mq-lora runs/mq-hpse --html runs/mq.html  # one self-contained HTML file
+
+``__main__`` is that command; ``html`` writes the HTML report, which adds the case-by-case comparison
+with intervals, the step-in plot, and every case with its questions, answers, verdicts and rollouts.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Mapping, Sequence
+from typing import IO, Mapping, Sequence
 
-from .judge import LEXICAL_JUDGE_NAME
+from ..judge import LEXICAL_JUDGE_NAME
 
-__all__ = ["COLUMNS", "judge_note", "paper_table", "plot_stepin_rates"]
+__all__ = ["COLUMNS", "judge_note", "paper_cells", "paper_table", "plot_stepin_rates"]
 
 # benchmark -> (header label, summary key) in the paper's order
 COLUMNS: dict[str, list[tuple[str, str]]] = {
@@ -26,28 +32,42 @@ def _fmt(value: object) -> str:
     return f"{value:.1f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
 
 
+def paper_cells(rows: Sequence[tuple[str, Mapping[str, Mapping | None]]]) -> tuple[list[tuple[str, int]], list[str], list[list[str]]]:
+    """The paper-layout table as cells: benchmark groups (title, number of columns), metric names, body rows.
+
+    One body row per (label, {benchmark: summary}), columns for every benchmark present, numbers with
+    one decimal and dashes where a row has no summary for a benchmark. ``paper_table`` renders these
+    as markdown, ``benchmarks.report.html`` as HTML.
+    """
+    present = [b for b in COLUMNS if any(s.get(b) for _, s in rows)]
+    if not present:
+        raise ValueError("no summaries to tabulate")
+    groups = [(TITLES[b], len(COLUMNS[b])) for b in present]
+    metric_names = ["method"] + [label for b in present for label, _ in COLUMNS[b]]
+    body = []
+    for label, summaries in rows:
+        cells = [label]
+        for b in present:
+            summary = summaries.get(b) or {}
+            cells += [_fmt(summary.get(key)) for _, key in COLUMNS[b]]
+        body.append(cells)
+    return groups, metric_names, body
+
+
 def paper_table(rows: Sequence[tuple[str, Mapping[str, Mapping | None]]]) -> str:
     """Markdown table: one row per (label, {benchmark: summary}); columns for every benchmark present.
 
     With both benchmarks the header row names the benchmark groups and the first body row, in bold,
     names the metrics (markdown has a single header row).
     """
-    present = [b for b in COLUMNS if any(s.get(b) for _, s in rows)]
-    if not present:
-        raise ValueError("no summaries to tabulate")
-    metric_names = ["method"] + [label for b in present for label, _ in COLUMNS[b]]
+    groups, metric_names, body = paper_cells(rows)
     rule = "|---|" + "---:|" * (len(metric_names) - 1)
-    if len(present) == 1:
+    if len(groups) == 1:
         lines = ["| " + " | ".join(metric_names) + " |", rule]
     else:
-        groups = [""] + [c for b in present for c in [f"**{TITLES[b]}**"] + [""] * (len(COLUMNS[b]) - 1)]
-        lines = ["| " + " | ".join(groups) + " |", rule, "| " + " | ".join(f"**{m}**" for m in metric_names) + " |"]
-    for label, summaries in rows:
-        cells = [label]
-        for b in present:
-            summary = summaries.get(b) or {}
-            cells += [_fmt(summary.get(key)) for _, key in COLUMNS[b]]
-        lines.append("| " + " | ".join(cells) + " |")
+        heads = [""] + [c for title, n in groups for c in [f"**{title}**"] + [""] * (n - 1)]
+        lines = ["| " + " | ".join(heads) + " |", rule, "| " + " | ".join(f"**{m}**" for m in metric_names) + " |"]
+    lines += ["| " + " | ".join(cells) + " |" for cells in body]
     return "\n".join(lines) + "\n"
 
 
@@ -62,8 +82,9 @@ def judge_note(summaries: Sequence[Mapping]) -> str:
     return note + "\n"
 
 
-def plot_stepin_rates(series: Mapping[str, Sequence[float | None]], path: str | os.PathLike, title: str = "") -> None:
-    """PNG line plot of the mean step-in rate (percent) per round, one line per method."""
+def plot_stepin_rates(series: Mapping[str, Sequence[float | None]], path: str | os.PathLike | IO[bytes],
+                      title: str = "") -> None:
+    """PNG line plot of the mean step-in rate (percent) per round, one line per method (to a path or a binary file)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -85,9 +106,11 @@ def plot_stepin_rates(series: Mapping[str, Sequence[float | None]], path: str | 
     if plotted:
         ax.legend(fontsize=8)
         ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.set_ylim(bottom=0)
     if without:
         ax.text(0.5, 0.5 if not plotted else 0.02, "no rollouts (no step-in rate): " + ", ".join(without),
                 ha="center", va="center" if not plotted else "bottom", fontsize=7, transform=ax.transAxes)
     fig.tight_layout()
-    fig.savefig(path)
+    fig.savefig(path, format="png")
     plt.close(fig)
+

@@ -1,0 +1,62 @@
+"""The edit's rollouts as the runner stores them: token ids, the step-in mask and the teacher's probabilities.
+
+A record's ``rollouts`` holds one entry per round (``None`` for a round without a rollout, e.g.
+``kl_weight: 0``), each a list with one dict per request, in the order of the record's ``subjects``:
+
+- ``ids``: the response token ids the rollout emitted (student's or teacher's), as a list of ints;
+- ``stepin``: the step-in mask, bit ``t`` set when the teacher wrote token ``t``, packed
+  least-significant bit first (``numpy.packbits(..., bitorder="little")``) and written as hex;
+- ``teacher_p``: per token, the teacher's probability of the emitted token, quantised to 0..255
+  (``round(255 * p)``) and written as hex, two characters per token; 0 when the token is outside the
+  teacher's top-K. For a stepped-in token this is ``pi*(y*)``, the number the gate compares with ``kappa``.
+
+Ids rather than decoded text: a round of a 96-token rollout costs about 800 bytes, and the text
+is decoded by ``benchmarks.report.html`` with the run's tokenizer when a report is written.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+__all__ = ["pack_rollout", "pack_rounds", "unpack_rollout"]
+
+
+def pack_rollout(tokens: Sequence[int], stepped_in: Sequence[bool], teacher_p: Sequence[float]) -> dict:
+    """The stored form of one rollout (see the module docstring)."""
+    mask = np.asarray(stepped_in, dtype=bool)
+    probs = np.clip(np.rint(np.asarray(teacher_p, dtype=np.float64) * 255), 0, 255).astype(np.uint8)
+    if not len(tokens) == len(mask) == len(probs):
+        raise ValueError(f"rollout parts differ in length: {len(tokens)} ids, {len(mask)} mask bits, {len(probs)} probabilities")
+    return {"ids": [int(t) for t in tokens], "stepin": np.packbits(mask, bitorder="little").tobytes().hex(),
+            "teacher_p": probs.tobytes().hex()}
+
+
+def unpack_rollout(stored: Mapping[str, Any]) -> tuple[list[int], list[bool], list[float]]:
+    """(token ids, step-in mask, teacher probability per token) of a stored rollout."""
+    ids = [int(t) for t in stored["ids"]]
+    bits = np.unpackbits(np.frombuffer(bytes.fromhex(stored["stepin"]), dtype=np.uint8), bitorder="little")
+    if len(bits) < len(ids) or len(bits) >= len(ids) + 8 or bits[len(ids):].any():
+        raise ValueError(f"stored step-in mask of {len(bits)} bits does not fit {len(ids)} token ids")
+    probs = np.frombuffer(bytes.fromhex(stored.get("teacher_p", "")), dtype=np.uint8)
+    if len(probs) not in (0, len(ids)):
+        raise ValueError(f"stored teacher probabilities: {len(probs)} for {len(ids)} token ids")
+    return ids, [bool(b) for b in bits[: len(ids)]], [float(p) / 255 for p in probs]
+
+
+def _teacher_p(rollout: Any) -> list[float]:
+    """The teacher's probability of each emitted token (0 where it is outside the teacher's top-K)."""
+    hit = rollout.teacher_topk_ids == rollout.tokens.unsqueeze(-1)
+    return (rollout.teacher_topk_logprobs.float().exp() * hit).sum(-1).tolist()
+
+
+def pack_rounds(rollouts: Sequence[Sequence[Any] | None] | None) -> list[list[dict] | None] | None:
+    """An edit's ``rollouts`` (per round: ``hpse_easyedit.rollout.Rollout`` per request, or None) in the stored form.
+
+    None when the editor kept none (methods without rounds, or every round without a rollout).
+    """
+    if not rollouts or all(r is None for r in rollouts):
+        return None
+    return [None if rnd is None else [pack_rollout(ro.tokens.tolist(), ro.stepped_in.tolist(), _teacher_p(ro)) for ro in rnd]
+            for rnd in rollouts]
