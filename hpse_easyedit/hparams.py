@@ -17,6 +17,7 @@ Every ablation of the paper is one field away: ``rollout: on_policy`` (w/o HP), 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Iterable, Mapping
@@ -174,8 +175,10 @@ class HPSEHyperParams(ExecutorHParams):
 
     alg_name: str = _f("HPSE", "Method name; must be HPSE (EasyEdit dispatches on it).", choices=("HPSE",))
 
-    tau: float = _f(2.0, "Step-in gap gate: log pi*(y*) - log pi_theta(y*) > tau.")
-    kappa: float = _f(0.3, "Step-in confidence gate: pi*(y*) > kappa.", min=0.0, max=1.0)
+    tau: float = _f(2.0, "Step-in gap gate: log pi*(y*) - log pi_theta(y*) > tau (a log-probability margin, >= 0).",
+                    min=0.0)
+    kappa: float = _f(0.3, "Step-in confidence gate: pi*(y*) > kappa (a probability in [0, 1)).", min=0.0, max=1.0,
+                      exclusive_max=True)
     top_k: int = _f(16, "Teacher top-K kept (renormalised) for the KL target.", min=1)
     kl_weight: float = _f(1.0, "Weight of the hybrid KL term; 0 = plain executor baseline (NLL only).", min=0.0)
     nll_weight: float = _f(1.0, "lambda: weight of the passage NLL anchor; 0 = 'w/o NLL'.", min=0.0)
@@ -230,6 +233,8 @@ def _check(f: dataclasses.Field, value: Any, source: str) -> Any:
             value = float(value)
         except ValueError:
             pass
+    if isinstance(value, float) and not math.isfinite(value):
+        raise HParamsError(f"{where} must be a finite number, got {value!r} ({meta['help']})")
     if bool not in types and isinstance(value, bool):
         raise HParamsError(f"{where} must be {'/'.join(map(_type_name, types))}, got a boolean {value!r}")
     if not isinstance(value, types):
@@ -242,8 +247,10 @@ def _check(f: dataclasses.Field, value: Any, source: str) -> Any:
         if value < meta["min"] or (meta.get("exclusive_min") and value == meta["min"]):
             op = ">" if meta.get("exclusive_min") else ">="
             raise HParamsError(f"{where} must be {op} {meta['min']}, got {value!r}")
-    if "max" in meta and isinstance(value, (int, float)) and value > meta["max"]:
-        raise HParamsError(f"{where} must be <= {meta['max']}, got {value!r}")
+    if "max" in meta and isinstance(value, (int, float)):
+        if value > meta["max"] or (meta.get("exclusive_max") and value == meta["max"]):
+            op = "<" if meta.get("exclusive_max") else "<="
+            raise HParamsError(f"{where} must be {op} {meta['max']}, got {value!r}")
     if meta.get("nonempty") and not value:
         raise HParamsError(f"{where} must not be empty ({meta['help']})")
     if "length" in meta and len(value) != meta["length"]:

@@ -52,7 +52,7 @@ def _write(tmp_path, text):
         ("model_name: m\nlearning_rate: 0.1\n", "unknown key(s) ['learning_rate']"),
         ("model_name: m\nrounds: five\n", "key 'rounds' must be int"),
         ("model_name: m\nrounds: 0\n", "key 'rounds' must be >= 1"),
-        ("model_name: m\nkappa: 1.5\n", "key 'kappa' must be <= 1.0"),
+        ("model_name: m\nkappa: 1.5\n", "key 'kappa' must be < 1.0"),
         ("model_name: m\nlr: 0\n", "key 'lr' must be > 0"),
         ("model_name: m\nexecutor: adapter\n", "key 'executor' must be one of ['lora', 'ft_m']"),
         ("model_name: m\nrollout: sampled\n", "key 'rollout' must be one of"),
