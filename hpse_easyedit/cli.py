@@ -48,11 +48,12 @@ def user_error_types(extra: Sequence[type[BaseException]] = ()) -> tuple[type[Ba
 
 
 def run_cli(main: Callable[[list[str]], int], argv: Sequence[str] | None = None,
-            extra: Sequence[type[BaseException]] = ()) -> int:
+            extra: Sequence[type[BaseException]] = (), logger: logging.Logger | None = None) -> int:
     """Run ``main(argv)``; a user error becomes one ``error: ...`` line on stderr and exit code 2.
 
     ``--debug`` (anywhere in ``argv``, removed before ``main`` sees it) or ``HPSE_DEBUG=1`` re-raises
-    the error with its traceback instead.
+    the error with its traceback instead. With ``logger`` (and logging configured) the line is logged
+    at ERROR level instead of printed, so it carries the same prefix as the run's other log lines.
     """
     args = list(sys.argv[1:] if argv is None else argv)
     debug = DEBUG_FLAG in args or os.environ.get("HPSE_DEBUG", "").lower() in ("1", "true", "yes")
@@ -65,7 +66,10 @@ def run_cli(main: Callable[[list[str]], int], argv: Sequence[str] | None = None,
         text = " ".join(str(err).split()) or type(err).__name__
         if isinstance(err, OSError) and err.filename and str(err.filename) not in text:
             text = f"{err.filename}: {text}"
-        print(f"error: {text}", file=sys.stderr)
+        if logger is not None and logging.getLogger().handlers:
+            logger.error("%s", text)
+        else:
+            print(f"error: {text}", file=sys.stderr)
         return 2
 
 
