@@ -76,16 +76,16 @@ class YamlHParams:
 
     @classmethod
     def from_dict(cls, config: Mapping[str, Any], source: str = "<dict>") -> "YamlHParams":
+        if "alg_name" in config and config["alg_name"] != cls.ALG_NAME:
+            raise HParamsError(
+                f"{source}: alg_name must be {cls.ALG_NAME!r} for {cls.__name__}, got {config['alg_name']!r}; "
+                "this file belongs to another method"
+            )
         known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
         unknown = sorted(set(config) - known)
         if unknown:
             raise HParamsError(
                 f"{source}: unknown key(s) {unknown}; remove them or fix the spelling (known keys: {sorted(known)})"
-            )
-        if "alg_name" in config and config["alg_name"] != cls.ALG_NAME:
-            raise HParamsError(
-                f"{source}: alg_name must be {cls.ALG_NAME!r} for {cls.__name__}, got {config['alg_name']!r}; "
-                "this file belongs to another method"
             )
         obj = cls.__new__(cls)
         for f in dataclasses.fields(cls):  # type: ignore[arg-type]
