@@ -38,6 +38,7 @@ __all__ = [
     "FactScoreResult",
     "Judge",
     "JudgeError",
+    "JudgeRefusedError",
     "JudgeSettings",
     "LEXICAL_JUDGE_NAME",
     "LLMJudge",
@@ -215,6 +216,10 @@ _CONTENT_RE = re.compile(r"\w+", re.UNICODE)
 
 class JudgeError(RuntimeError):
     """The judge endpoint failed for good (bad key, unknown model, retries exhausted)."""
+
+
+class JudgeRefusedError(JudgeError):
+    """The endpoint refused the request itself (HTTP 4xx: key, model name): asking again cannot help."""
 
 
 def _content_words(text: str) -> list[str]:
@@ -476,7 +481,7 @@ class ChatClient:
                 continue
             except self._openai.APIStatusError as err:
                 if not self._retryable(err):
-                    raise JudgeError(
+                    raise JudgeRefusedError(
                         f"judge endpoint {self.settings.base_url or '(OpenAI default)'} refused the request with "
                         f"HTTP {err.status_code} for model {self.model!r}; check the model name and the API key "
                         "variable (HPSE_JUDGE_API_KEY / OPENAI_API_KEY)"

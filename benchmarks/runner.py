@@ -45,7 +45,7 @@ from hpse_easyedit.cli import DEBUG_FLAG, DEBUG_HELP, UsageError, check_new_dir,
 
 from .distributed import DEFAULT_TIMEOUT, LaunchError, ProcessContext, current_context, process_context
 from .editors import Editor, editor_for_hparams_file
-from .judge import LEXICAL_JUDGE_NAME, ChatClient, Judge, JudgeSettings, LLMJudge, make_judge
+from .judge import LEXICAL_JUDGE_NAME, ChatClient, Judge, JudgeError, JudgeRefusedError, JudgeSettings, LLMJudge, make_judge
 from .metrics import mean
 from .report import judge_note, paper_table
 from .store import (
@@ -456,10 +456,27 @@ class _Run:
             "rounds": _plain(list(getattr(res, "rounds", None) or [])),
             "placement": self._placement(),
         }
-        rec.update(self.task.score(case, answers, self.judge))
+        rec.update(self._score(case, answers))
         if mmlu_after is not None:
             rec["MMLU_after"] = mmlu_after
         return rec
+
+    def _score(self, case: Mapping[str, Any], answers: list[str]) -> dict:
+        """The case's scores; when the judge fails for good the answers are kept and Jnt/Dmp stored unjudged
+        (a refused request, e.g. an unknown judge model, stops the run once this case is written)."""
+        try:
+            return self.task.score(case, answers, self.judge)
+        except JudgeError as err:
+            log.warning("case %s: the judge failed (%s); its answers are kept and judged by the next run",
+                        case["case_id"], " ".join(str(err).split())[:200])
+            if isinstance(err, JudgeRefusedError):
+                self._judge_refused = err
+            return self.task.unjudged_record(case, answers, self.judge, err)
+
+    def _stop_if_judge_refused(self) -> None:
+        err = getattr(self, "_judge_refused", None)
+        if err is not None:
+            raise err
 
     def _placement(self) -> dict:
         """Where this process edits: the placement keys of the hparams it runs (device given by a launcher included)."""
@@ -477,11 +494,13 @@ class _Run:
         log.info("judging %d recorded case(s) again that the judge could not judge before (no new edit)", len(pending))
         redone = []
         for rec in pending:
-            scores = self.task.rejudge(self.cases[index[str(rec["case_id"])]], rec, self.judge)
+            case = self.cases[index[str(rec["case_id"])]]
+            scores = self._score(case, self.task.answers_of(rec))
             new = {k: v for k, v in rec.items() if k not in ("unjudged", "judge_error")}
             new.update(scores)
             redone.append(new)
         self.store.replace(redone)
+        self._stop_if_judge_refused()
         left = sum(bool(unjudged_metrics(r)) for r in redone)
         log.info("%d of %d judged now%s", len(redone) - left, len(redone), f"; {left} still unjudged" if left else "")
 
@@ -499,6 +518,7 @@ class _Run:
             self.model = self.editor.restore(res.model, res.weights_copy)
             rec = self._record(i, case, answers, res, seconds, None, mmlu_after)
             self.store.append([rec])
+            self._stop_if_judge_refused()
             progress(1, {m: f"{100 * rec[m]:.0f}" for m in self.task.metrics if rec.get(m) is not None})
 
     def _run_sequential(self, blocks: list[tuple[int, list[int]]], progress: Any) -> None:
@@ -516,6 +536,7 @@ class _Run:
                 self._record(i, self.cases[i], a, res, seconds, b, mmlu_after)
                 for i, a, (res, seconds) in zip(block, answers, results)
             ])
+            self._stop_if_judge_refused()
             progress(len(block), None)
 
     # ---------------------------------------------------------------------------------------- driver

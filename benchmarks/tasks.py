@@ -78,13 +78,9 @@ class UnKEBench(Task):
             "Div": diversity(subs),
             "judge": judge.name,
         }
-        try:
-            facts = [judge.factscore(a, case["passage"], case["subject"]) for a in joint]
-            items = [CoverageItem(q, e, a) for q, e, a in zip(case["sub_questions"], case["sub_answers"], subs)]
-            dmp, dmp_complete = judge.coverage(items)
-        except JudgeError as err:  # the endpoint failed for good: keep the answers, judge them on the next run
-            return {**rec, "factscore": None, "dmp_scores": None, "Jnt": None, "Dmp": None, "judge_complete": False,
-                    "unjudged": ["Jnt", "Dmp"], "judge_error": " ".join(str(err).split())[:300]}
+        facts = [judge.factscore(a, case["passage"], case["subject"]) for a in joint]
+        items = [CoverageItem(q, e, a) for q, e, a in zip(case["sub_questions"], case["sub_answers"], subs)]
+        dmp, dmp_complete = judge.coverage(items)
         jnt_complete = all(f.complete for f in facts)
         # An answer the judge could not judge is unjudged (None), never a 0; the next run judges it again.
         unjudged = [m for m, ok in (("Jnt", jnt_complete), ("Dmp", dmp_complete)) if not ok]
@@ -99,10 +95,20 @@ class UnKEBench(Task):
             rec["unjudged"] = unjudged
         return rec
 
-    def rejudge(self, case: Mapping[str, Any], record: Mapping[str, Any], judge: Judge) -> dict:
-        """``record`` judged again from its stored answers (no new generation); what ``score`` gives for them."""
+    def unjudged_record(self, case: Mapping[str, Any], answers: Sequence[str], judge: Judge, error: JudgeError) -> dict:
+        """The record of a case whose judge failed for good: the answers and Div kept, Jnt/Dmp unjudged (not 0)."""
+        subs = list(answers[2:])
+        return {
+            "answers": {"question": answers[0], "para_question": answers[1], "sub_questions": subs},
+            "Div": diversity(subs), "judge": judge.name, "factscore": None, "dmp_scores": None, "Jnt": None, "Dmp": None,
+            "judge_complete": False, "unjudged": ["Jnt", "Dmp"], "judge_error": " ".join(str(error).split())[:300],
+        }
+
+    @staticmethod
+    def answers_of(record: Mapping[str, Any]) -> list[str]:
+        """A record's stored answers in ``questions`` order, to judge them again without generating anything."""
         a = record["answers"]
-        return self.score(case, [a["question"], a["para_question"], *a["sub_questions"]], judge)
+        return [a["question"], a["para_question"], *a["sub_questions"]]
 
     def summarize(self, records: Sequence[Mapping[str, Any]]) -> dict:
         out = super().summarize(records)
