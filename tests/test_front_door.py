@@ -458,3 +458,32 @@ def test_the_projects_usage_line_edits_the_embedded_model_offline_and_restores_i
     assert metrics[0]["post"]["rewrite_acc"] is not None
     after = editor.model.state_dict()
     assert set(after) == set(snapshot) and all(torch.equal(after[k], snapshot[k]) for k in snapshot)
+
+
+@needs_data
+def test_a_judge_that_dies_mid_run_loses_no_edit_and_a_refusing_one_stops_after_the_case(tiny, tmp_path, caplog,
+                                                                                         capsys):
+    from bench_helpers import ChatServer
+
+    out = tmp_path / "dies"
+    with ChatServer() as server:
+        server.script = [("status", 503)] * 200  # the probe (GET) passes; every judge request fails
+        argv = ["--hparams", str(tiny / "hpse.yaml"), "--data", str(DATA_DIR), "--limit", "2", "--out", str(out),
+                "--max-new-tokens", "4", "--mmlu-n", "0", "--judge", "llm", "--judge-base-url", server.url,
+                "--judge-max-attempts", "1", "--log-level", "ERROR"]
+        assert cli_main("unkebench", argv) == 1
+    records = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+    assert len(records) == 2 and all(r["unjudged"] == ["Jnt", "Dmp"] and r["Jnt"] is None for r in records)
+    assert all("failed 1 times" in r["judge_error"] and r["answers"]["question"] is not None for r in records)
+
+    refused = tmp_path / "refused"
+    with ChatServer() as server:
+        server.script = [("status", 404)] * 200  # e.g. an unknown judge model
+        argv = [a if a != str(out) else str(refused) for a in argv]
+        argv[argv.index("--judge-base-url") + 1] = server.url
+        capsys.readouterr()
+        assert cli_main("unkebench", argv) == 2
+    records = [json.loads(x) for x in (refused / "results.jsonl").read_text().splitlines()]
+    assert len(records) == 1 and records[0]["unjudged"] == ["Jnt", "Dmp"]  # the case in flight is kept
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "HTTP 404" in errors[0]
