@@ -14,11 +14,10 @@ import re
 from pathlib import Path
 from typing import Sequence
 
-from hpse_easyedit.cli import run_cli
+from hpse_easyedit.cli import OneLineParser, run_cli
 
 from .report import judge_note, paper_table, plot_stepin_rates
 from .runner import (
-    OneLineParser,
     RunOptions,
     add_run_arguments,
     benchmark_errors,

@@ -41,7 +41,7 @@ from .datasets import (
     load_mquake_uns,
     load_unkebench,
 )
-from hpse_easyedit.cli import DEBUG_FLAG, DEBUG_HELP, UsageError, check_new_dir, run_cli, user_error_types
+from hpse_easyedit.cli import DEBUG_FLAG, DEBUG_HELP, OneLineParser, UsageError, check_new_dir, run_cli, user_error_types
 
 from .distributed import DEFAULT_TIMEOUT, LaunchError, ProcessContext, current_context, process_context
 from .editors import Editor, editor_for_hparams_file
@@ -63,7 +63,7 @@ from .store import (
 from .tasks import TASKS, Task, unjudged_metrics
 
 __all__ = [
-    "OneLineParser", "PLACEMENT_KEYS", "RunOptions", "add_run_arguments", "cli_main", "config_policy",
+    "PLACEMENT_KEYS", "RunOptions", "add_run_arguments", "cli_main", "config_policy",
     "configure_logging", "default_out_dir", "is_main_process", "options_from_args", "run_benchmark",
     "stepin_rate_by_round", "unjudged_note", "user_errors",
 ]
@@ -763,13 +763,6 @@ def benchmark_errors() -> tuple[type[BaseException], ...]:
 def user_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that mean bad input (shown as one line by the scripts), not a bug (shown with a traceback)."""
     return user_error_types(benchmark_errors())
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose errors are one line on stderr (``error: ...; see --help``) and exit code 2."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"error: {' '.join(message.split())}; see {self.prog} --help\n")
 
 
 def unjudged_note(summaries: Sequence[Mapping]) -> str:

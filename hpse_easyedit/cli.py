@@ -6,8 +6,8 @@ Example::
         --subject "Selma Varrick" --passage-file passage.txt \\
         --ask "Where was Selma Varrick born?" --save runs/selma --set rounds=3
 
-Every entry point of the project (this one, the demo, ``run_examples/*``, ``python -m benchmarks.*``)
-runs its ``main`` through ``run_cli``: a user's mistake (a bad hparams file or option, a missing
+Every entry point of the project (this one, the demo, ``run_examples/*``, ``python -m benchmarks.perf``
+and ``.inspect_rollout``) runs its ``main`` through ``run_cli``: a user's mistake (a bad hparams file or option, a missing
 file or model) is ONE line on stderr naming the field or file and the fix, and exit code 2; the
 traceback only with ``--debug`` (or ``HPSE_DEBUG=1``).
 """
@@ -28,8 +28,8 @@ from .generation import generate_answers
 from .hparams import HParamsError, HPSEHyperParams
 from .loading import ModelNotFoundError
 
-__all__ = ["UsageError", "build_parser", "check_new_dir", "check_positive", "check_text_file", "main", "run_cli",
-           "save_edit", "user_error_types"]
+__all__ = ["OneLineParser", "UsageError", "build_parser", "check_new_dir", "check_positive", "check_text_file", "main",
+           "run_cli", "save_edit", "user_error_types"]
 
 DEBUG_FLAG = "--debug"
 DEBUG_HELP = "show the full traceback of an error instead of one line (or set HPSE_DEBUG=1)"
@@ -37,6 +37,13 @@ DEBUG_HELP = "show the full traceback of an error instead of one line (or set HP
 
 class UsageError(ValueError):
     """A command-line option is out of range or names a file that cannot be used; the message says which and the fix."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line on stderr (``error: ...; see PROG --help``) and exit code 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"error: {' '.join(message.split())}; see {self.prog} --help\n")
 
 
 def user_error_types(extra: Sequence[type[BaseException]] = ()) -> tuple[type[BaseException], ...]:
@@ -170,7 +177,7 @@ def _cmd_edit(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m hpse_easyedit", description=__doc__.split("\n")[0])
+    parser = OneLineParser(prog="python -m hpse_easyedit", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     edit = sub.add_parser("edit", help="edit a model with one or more passages and compare answers")
     edit.add_argument("--hparams", required=True, help="HPSE YAML file, e.g. hparams/HPSE/smollm2-135m.yaml")

@@ -36,6 +36,7 @@ def gate_always_open(monkeypatch):
     strict = hparams._check
 
     def lenient(f, value, source):
-        return value if f.name == "tau" and isinstance(value, float) and value < 0 else strict(f, value, source)
+        negative = f.name == "tau" and isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0
+        return float(value) if negative else strict(f, value, source)
 
     monkeypatch.setattr(hparams, "_check", lenient)

@@ -183,6 +183,6 @@ def register() -> None:
     if not hasattr(current, "_hpse_original"):
         batch_editor.is_batchable_method = staticmethod(_batchable_wrapper(current))
     base_editor = importlib.import_module("easyeditor.editors.editor").BaseEditor
-    factory = base_editor.__dict__["from_hparams"].__func__
-    if not hasattr(factory, "_hpse_original"):
-        base_editor.from_hparams = classmethod(_from_hparams_wrapper(factory))
+    factory = base_editor.__dict__.get("from_hparams")
+    if isinstance(factory, classmethod) and not hasattr(factory.__func__, "_hpse_original"):
+        base_editor.from_hparams = classmethod(_from_hparams_wrapper(factory.__func__))
