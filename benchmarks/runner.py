@@ -454,7 +454,6 @@ class _Run:
             "subjects": [r["subject"] for r in case["requests"]],
             "edit_seconds": round(seconds, 3),
             "rounds": _plain(list(getattr(res, "rounds", None) or [])),
-            "placement": self._placement(),
         }
         rec.update(self._score(case, answers))
         if mmlu_after is not None:
@@ -477,11 +476,6 @@ class _Run:
         err = getattr(self, "_judge_refused", None)
         if err is not None:
             raise err
-
-    def _placement(self) -> dict:
-        """Where this process edits: the placement keys of the hparams it runs (device given by a launcher included)."""
-        hp = _plain(self.editor.hparams_dict(self.hp))
-        return {k: hp.get(k) for k in PLACEMENT_KEYS if k in hp}
 
     def _rejudge(self, ids: list[str]) -> None:
         """Judge again, from their stored answers, this process's recorded cases the judge could not judge before."""
@@ -624,7 +618,6 @@ class _Run:
             sequential=self.opts.sequential,
             out_dir=str(self.out_dir),
             hparams=self._recorded_hparams(),
-            placements=self._placements(records),
         )
         return out
 
@@ -636,15 +629,6 @@ class _Run:
             return json.loads(path.read_text(encoding="utf-8")).get("hparams", self.hp_dict)
         return self.hp_dict
 
-    def _placements(self, records: Sequence[Mapping[str, Any]]) -> list[dict]:
-        """Each placement the cases were edited with, and how many cases (records from before this field: the recorded one)."""
-        recorded = self._recorded_hparams()
-        fallback = {k: recorded.get(k) for k in PLACEMENT_KEYS if k in recorded}
-        counts: dict[str, int] = {}
-        for r in records:
-            key = json.dumps(r.get("placement") or fallback, sort_keys=True)
-            counts[key] = counts.get(key, 0) + 1
-        return [{**json.loads(k), "cases": n} for k, n in counts.items()]
 
 
 def run_benchmark(opts: RunOptions, context: ProcessContext | None = None) -> dict:
