@@ -97,6 +97,7 @@ class YamlHParams:
                 value = f.default_factory()  # type: ignore[misc]
             setattr(obj, f.name, value)
         obj.validate(source)
+        obj._source = source  # named in errors found later (e.g. layers checked against the loaded model)
         return obj
 
     def to_dict(self) -> dict:
@@ -110,7 +111,9 @@ class YamlHParams:
         """A copy with ``key=value`` strings (values parsed as YAML) or a dict applied, then validated."""
         updates = {} if not overrides else (
             dict(overrides) if isinstance(overrides, Mapping) else parse_overrides(overrides))
-        return type(self).from_dict({**self.to_dict(), **updates}, source="--set overrides")
+        base = getattr(self, "_source", None)
+        source = "--set overrides" if base is None or base.startswith("<") else f"{base} with --set overrides"
+        return type(self).from_dict({**self.to_dict(), **updates}, source=source)
 
     def __getitem__(self, key: str) -> Any:
         return getattr(self, key)

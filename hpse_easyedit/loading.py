@@ -224,7 +224,7 @@ def _num_layers(model: Any) -> int | None:
     return getattr(config, "num_hidden_layers", None)
 
 
-def check_against_model(model: Any, hparams: Any, source: str = "the hparams") -> None:
+def check_against_model(model: Any, hparams: Any, source: str | None = None) -> None:
     """Refuse executor settings that do not fit ``model`` (``HParamsError``), before any edit starts.
 
     LoRA: every ``target_modules`` name must be the last part of some module name, and every ``layers``
@@ -236,6 +236,7 @@ def check_against_model(model: Any, hparams: Any, source: str = "the hparams") -
     executor = getattr(hparams, "executor", None)
     if executor is None:
         return
+    source = source or getattr(hparams, "_source", None) or "the hparams"
     n_layers = _num_layers(model)
     if executor == "lora":
         leaves = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
