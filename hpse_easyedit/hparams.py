@@ -112,7 +112,10 @@ class YamlHParams:
         updates = {} if not overrides else (
             dict(overrides) if isinstance(overrides, Mapping) else parse_overrides(overrides))
         base = getattr(self, "_source", None)
-        source = "--set overrides" if base is None or base.startswith("<") else f"{base} with --set overrides"
+        if base is None or base.startswith("<"):
+            source = "--set overrides"
+        else:
+            source = f"{base} with --set overrides" if updates else base
         return type(self).from_dict({**self.to_dict(), **updates}, source=source)
 
     def __getitem__(self, key: str) -> Any:
