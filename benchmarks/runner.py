@@ -371,6 +371,8 @@ class _Run:
         blocks, so no file changes under the others' feet but their own.
         """
         main, config = self.ctx.is_main, self._config(self._data_paths)
+        if main:
+            self._forget_config_of_a_run_that_never_started()
         check_run_config(self.out_dir, config, write=main, policy=self.policy)
         own = self.out_dir / results_name(self.ctx.rank, self.ctx.world)
         if main:
@@ -392,6 +394,19 @@ class _Run:
             if path.name not in peers and path != own:
                 done |= set(read_results(path))
         return done
+
+    def _forget_config_of_a_run_that_never_started(self) -> None:
+        """A config.json with no result and no MMLU baseline beside it was written by a run that stopped before its
+        first edit (a model that could not be loaded, a layer the model lacks): fixing the hparams and rerunning
+        into the same --out must not be refused as another configuration, so that config.json is dropped."""
+        path = self.out_dir / CONFIG
+        if not path.is_file() or (self.out_dir / "mmlu_before.json").exists():
+            return
+        if any(read_results(p) or p.stat().st_size for p in result_files(self.out_dir)):
+            return
+        log.info("%s: no case was recorded under it (the last run stopped before its first edit); recording the "
+                 "current configuration instead", path)
+        path.unlink()
 
     # ---------------------------------------------------------------------------------------- model work
     def _ensure_model(self) -> None:

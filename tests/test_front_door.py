@@ -152,6 +152,24 @@ def test_runner_bad_input_is_one_line_and_exit_2_before_any_edit(tiny, tmp_path,
 
 
 @needs_data
+def test_fixing_the_hparams_after_a_failed_start_reruns_into_the_same_out(tiny, tmp_path, caplog, capsys):
+    """A run that stopped before its first edit (here: a layer the model lacks) recorded nothing; the fixed command
+    into the same --out runs instead of being refused as another configuration."""
+    out = tmp_path / "run"
+    argv = ["--hparams", str(tiny / "hpse.yaml"), "--data", str(DATA_DIR), "--limit", "1", "--out", str(out),
+            "--max-new-tokens", "4", "--log-level", "WARNING"]
+    assert cli_main("mquake-uns", argv + ["--set", "layers=[99]"]) == 2
+    assert (out / "config.json").is_file() and not (out / "results.jsonl").exists()
+    assert cli_main("mquake-uns", argv + ["--set", "layers=[1]"]) == 0
+    assert json.loads((out / "config.json").read_text())["hparams"]["layers"] == [1]
+    assert len((out / "results.jsonl").read_text().splitlines()) == 1
+    caplog.clear()
+    assert cli_main("mquake-uns", argv + ["--set", "layers=[0]"]) == 2  # now there is a result: another config is refused
+    logged = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(logged) == 1 and "already holds results of a different configuration" in logged[0]
+
+
+@needs_data
 @pytest.mark.parametrize("argv, fragment", [
     (["--log-level", "LOUD"], "argument --log-level: invalid choice"),
     (["--limit", "abc"], "argument --limit: invalid int value"),
