@@ -14,11 +14,22 @@ import re
 from pathlib import Path
 from typing import Sequence
 
+from hpse_easyedit.cli import OneLineParser, run_cli
+
 from .report import judge_note, paper_table, plot_stepin_rates
-from .runner import add_run_arguments, configure_logging, is_main_process, options_from_args, run_benchmark, user_errors
+from .runner import (
+    RunOptions,
+    add_run_arguments,
+    benchmark_errors,
+    configure_logging,
+    is_main_process,
+    options_from_args,
+    run_benchmark,
+    unjudged_note,
+)
 from .store import write_json_atomic
 
-__all__ = ["compare_main", "overrides_for", "parse_method"]
+__all__ = ["compare_main", "overrides_for", "parse_method", "preflight"]
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +75,28 @@ def _slug(label: str) -> str:
     return re.sub(r"[^\w.+-]+", "_", label).strip("_") or "method"
 
 
-def compare_main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+def preflight(runs: Sequence[RunOptions]) -> None:
+    """Check every method of a comparison before its first row runs: each hparams file (with its overrides) is
+    valid, and EasyEdit is importable for the methods that run EasyEdit's code. Raises the user error of the
+    first that is not."""
+    from .editors import editor_for_hparams_file
+
+    checked: set[tuple[str, tuple[str, ...]]] = set()
+    for opts in runs:
+        key = (opts.hparams, tuple(opts.overrides))
+        if key in checked:
+            continue
+        checked.add(key)
+        editor = editor_for_hparams_file(opts.hparams)
+        if editor.needs_easyedit:
+            from hpse_easyedit.integrations.easyedit_import import import_easyedit
+
+            import_easyedit()
+        editor.load_hparams(opts.hparams, opts.overrides)
+
+
+def _compare(argv: Sequence[str]) -> int:
+    parser = OneLineParser(
         description="Run several hparams files (with overrides) over the same cases; print one table in the "
                     "paper's layout and plot the step-in rate per round.",
     )
@@ -89,27 +120,34 @@ def compare_main(argv: Sequence[str] | None = None) -> int:
     if len(set(map(_slug, labels))) != len(labels):
         parser.error(f"method labels must be distinct, got {labels}")
     out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        parser.error(f"--out {out}: is a file, not a directory; give a directory path")
+    runs = [(label, bench, options_from_args(args, bench, path, overrides_for(overrides, bench),
+                                             str(out / bench / _slug(label)), label))
+            for label, path, overrides in methods for bench in args.benchmark]
+    preflight([opts for _, _, opts in runs])
     rows, series, everything = [], {}, {}
-    try:
-        for label, path, overrides in methods:
-            summaries = {}
-            for bench in args.benchmark:
-                opts = options_from_args(args, bench, path, overrides_for(overrides, bench),
-                                         str(out / bench / _slug(label)), label)
-                summaries[bench] = run_benchmark(opts)
-                series[f"{label} ({bench})" if len(args.benchmark) > 1 else label] = summaries[bench]["stepin_rate_by_round"]
-            rows.append((label, summaries))
-            everything[label] = summaries
-    except user_errors() as err:
-        log.error("%s", err)
-        return 2
+    for label, _, _ in methods:
+        summaries = {}
+        for bench, opts in [(b, o) for lab, b, o in runs if lab == label]:
+            summaries[bench] = run_benchmark(opts)
+            series[f"{label} ({bench})" if len(args.benchmark) > 1 else label] = summaries[bench]["stepin_rate_by_round"]
+        rows.append((label, summaries))
+        everything[label] = summaries
     if not is_main_process():
         return 0
-    table = paper_table(rows) + judge_note([s for _, ss in rows for s in ss.values()])
+    every = [s for _, ss in rows for s in ss.values()]
+    table = paper_table(rows) + judge_note(every) + unjudged_note(every)
     out.mkdir(parents=True, exist_ok=True)
     (out / "compare.md").write_text(table, encoding="utf-8")
     write_json_atomic(out / "compare.json", everything)
     plot_stepin_rates(series, out / "stepin_by_round.png")
     print(table, end="")
     print(f"\ntable: {out / 'compare.md'}; step-in plot: {out / 'stepin_by_round.png'}")
-    return 0
+    return 1 if any(s.get("unjudged_cases") for s in every) else 0
+
+
+def compare_main(argv: Sequence[str] | None = None) -> int:
+    """``run_compare.py``: every method is checked first (``preflight``), then each row runs; a bad input is one
+    logged line and exit code 2 before any edit; exit code 1 when some UnKEBench cases are still unjudged."""
+    return run_cli(_compare, argv, extra=benchmark_errors(), logger=log)

@@ -43,6 +43,7 @@ class Editor:
     load_model: Callable[[Any], tuple[Any, Any]]  # hparams -> (model, tokenizer)
     edit: Callable[[Any, Any, list[dict], Any], Any]  # (model, tok, requests, hparams) -> result
     restore: Callable[[Any, dict], Any]  # (edited model, weights_copy) -> unedited model
+    needs_easyedit: bool = False  # runs EasyEdit's own code (checked by run_compare before its first row)
 
 
 _FACTORIES: dict[str, Callable[[], Editor]] = {}
@@ -67,14 +68,26 @@ def get_editor(alg_name: str) -> Editor:
 
 
 def editor_for_hparams_file(path: str | os.PathLike) -> Editor:
-    """The Editor named by the ``alg_name`` key of a YAML hparams file."""
+    """The Editor named by the ``alg_name`` key of a YAML hparams file (``HParamsError`` naming the file otherwise)."""
+    from hpse_easyedit.hparams import HParamsError
+
+    if os.path.isdir(path):
+        raise HParamsError(f"{path}: is a directory; pass an hparams YAML file such as hparams/HPSE/smollm2-135m.yaml")
     try:
         with open(path, encoding="utf-8") as fh:
             config = yaml.safe_load(fh)
     except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: no such hparams file; pass --hparams hparams/HPSE/<model>.yaml") from None
+        raise HParamsError(f"{path}: no such hparams file; pass --hparams hparams/HPSE/<model>.yaml") from None
+    except yaml.YAMLError as err:
+        raise HParamsError(f"{path}: not valid YAML ({' '.join(str(err).split())}); fix the syntax") from None
+    except UnicodeDecodeError:
+        raise HParamsError(f"{path}: not a text file; pass an hparams YAML file") from None
     if not isinstance(config, dict) or not isinstance(config.get("alg_name"), str):
-        raise ValueError(f"{path}: the hparams file needs a top-level 'alg_name' (e.g. alg_name: HPSE)")
+        raise HParamsError(f"{path}: the hparams file needs a top-level 'alg_name' (e.g. alg_name: HPSE)")
+    if config["alg_name"] not in _FACTORIES:
+        raise HParamsError(
+            f"{path}: alg_name {config['alg_name']!r} is not a method the runner knows; use one of {registered_editors()}"
+        )
     return get_editor(config["alg_name"])
 
 
@@ -100,7 +113,7 @@ def _hpse_easyedit_method(alg_name: str) -> Callable[[], Editor]:
     def factory() -> Editor:
         from hpse_easyedit.integrations.methods import runner_spec
 
-        return Editor(name=alg_name, **runner_spec(alg_name))
+        return Editor(name=alg_name, **runner_spec(alg_name), needs_easyedit=alg_name != "COIN")
 
     return factory
 

@@ -38,6 +38,7 @@ __all__ = [
     "FactScoreResult",
     "Judge",
     "JudgeError",
+    "JudgeRefusedError",
     "JudgeSettings",
     "LEXICAL_JUDGE_NAME",
     "LLMJudge",
@@ -215,6 +216,10 @@ _CONTENT_RE = re.compile(r"\w+", re.UNICODE)
 
 class JudgeError(RuntimeError):
     """The judge endpoint failed for good (bad key, unknown model, retries exhausted)."""
+
+
+class JudgeRefusedError(JudgeError):
+    """The endpoint refused the request itself (HTTP 4xx: key, model name): asking again cannot help."""
 
 
 def _content_words(text: str) -> list[str]:
@@ -467,10 +472,16 @@ class ChatClient:
             self.stats["requests"] += 1
             try:
                 resp = self._client.chat.completions.create(model=self.model, **request)
-                text = (resp.choices[0].message.content or "") if resp.choices else ""
+                text = _completion_text(resp)
+            except (ValueError, self._openai.APIResponseValidationError) as err:  # HTTP 200, body not a chat completion
+                last_error = err
+                self.stats["malformed"] += 1
+                log.warning("judge answer is not a chat completion (attempt %d/%d): %s", attempt + 1,
+                            self.settings.max_attempts, err)
+                continue
             except self._openai.APIStatusError as err:
                 if not self._retryable(err):
-                    raise JudgeError(
+                    raise JudgeRefusedError(
                         f"judge endpoint {self.settings.base_url or '(OpenAI default)'} refused the request with "
                         f"HTTP {err.status_code} for model {self.model!r}; check the model name and the API key "
                         "variable (HPSE_JUDGE_API_KEY / OPENAI_API_KEY)"
@@ -499,6 +510,27 @@ class ChatClient:
         log.warning("judge answer still malformed after %d attempts; keeping what parsed", self.settings.max_attempts)
         return last
 
+    def probe(self) -> None:
+        """One cheap request (``GET {base_url}/models``, no tokens spent) that fails fast when the endpoint is unreachable
+        or refuses the API key, so a run stops before its first edit rather than after it. Any other answer,
+        even an error status of a server without that route, shows the endpoint is there."""
+        o = self._openai
+        where = self.settings.base_url or "(OpenAI default)"
+        try:
+            self._client.with_options(timeout=min(self.settings.timeout, 15.0), max_retries=0).models.list()
+        except (o.AuthenticationError, o.PermissionDeniedError) as err:
+            raise JudgeError(
+                f"judge endpoint {where} refused the API key (HTTP {err.status_code}); set the right key in "
+                "HPSE_JUDGE_API_KEY or OPENAI_API_KEY, or use --judge lexical"
+            ) from None
+        except (o.APIConnectionError, o.APITimeoutError) as err:
+            raise JudgeError(
+                f"judge endpoint {where} is unreachable ({type(err).__name__}: {err}); start it or fix --judge-base-url "
+                "(HPSE_JUDGE_BASE_URL / OPENAI_BASE_URL), or use --judge lexical"
+            ) from None
+        except Exception:  # noqa: BLE001 - the server answered (404/501/unparsable body): it is there
+            pass
+
     def ask_text(self, prompt: str) -> str:
         """A free-text answer (first non-empty line, stripped of quotes); for subject/passage generation."""
 
@@ -515,6 +547,24 @@ class ChatClient:
         if self.cache is not None:
             self.cache.close()
         self._client.close()
+
+
+class _NotACompletion(ValueError):
+    """The endpoint answered HTTP 200 with something that is not a chat completion."""
+
+
+def _completion_text(resp: Any) -> str:
+    """The message text of a chat-completion response; ``_NotACompletion`` for anything else (a string body, HTML)."""
+    choices = getattr(resp, "choices", None)
+    if choices is None:
+        raise _NotACompletion(f"the response body is not a chat completion: {str(resp)[:120]!r}")
+    if not choices:
+        return ""
+    message = getattr(choices[0], "message", None)
+    content = getattr(message, "content", None)
+    if content is not None and not isinstance(content, str):
+        raise _NotACompletion(f"the message content is {type(content).__name__}, not text")
+    return content or ""
 
 
 # ------------------------------------------------------------------------------------------ judges
@@ -621,17 +671,22 @@ class LexicalJudge(Judge):
         return scores, True
 
 
-def make_judge(kind: str, settings: JudgeSettings) -> Judge:
-    """``kind``: 'llm' (needs an endpoint), 'lexical', or 'auto' (llm when an endpoint is configured)."""
+def make_judge(kind: str, settings: JudgeSettings, warn: bool = True) -> Judge:
+    """``kind``: 'llm' (needs an endpoint), 'lexical', or 'auto' (llm when an endpoint is configured).
+
+    ``warn=False`` leaves the warning about the lexical fallback to the caller (the runner logs it after
+    its pre-flight checks, so a bad option is the only line a user sees).
+    """
     if kind not in {"auto", "llm", "lexical"}:
         raise ValueError(f"--judge must be auto, llm or lexical, got {kind!r}")
     if kind == "lexical" or (kind == "auto" and not settings.resolve().configured):
-        if kind == "auto":
+        if kind == "auto" and warn:
             log.warning(
                 "no judge endpoint configured (--judge-base-url / HPSE_JUDGE_BASE_URL / OPENAI_BASE_URL or an API "
                 "key): scoring UnKEBench with the offline LEXICAL FALLBACK judge; its Jnt/Dmp are not the paper's"
             )
         return LexicalJudge()
     client = ChatClient(settings)
-    log.info("judge: %s at %s", client.name, client.settings.base_url or "the OpenAI default URL")
+    if warn:
+        log.info("judge: %s at %s", client.name, client.settings.base_url or "the OpenAI default URL")
     return LLMJudge(client)

@@ -292,4 +292,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from hpse_easyedit.cli import run_cli  # bad input: one line on stderr, exit 2 (--debug: traceback)
+
+    from .runner import benchmark_errors
+
+    sys.exit(run_cli(main, extra=benchmark_errors()))

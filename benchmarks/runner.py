@@ -41,13 +41,16 @@ from .datasets import (
     load_mquake_uns,
     load_unkebench,
 )
+from hpse_easyedit.cli import DEBUG_FLAG, DEBUG_HELP, OneLineParser, UsageError, check_new_dir, run_cli, user_error_types
+
 from .distributed import DEFAULT_TIMEOUT, LaunchError, ProcessContext, current_context, process_context
 from .editors import Editor, editor_for_hparams_file
-from .judge import ChatClient, Judge, JudgeSettings, LLMJudge, make_judge
+from .judge import LEXICAL_JUDGE_NAME, ChatClient, Judge, JudgeError, JudgeRefusedError, JudgeSettings, LLMJudge, make_judge
 from .metrics import mean
 from .report import judge_note, paper_table
 from .rollouts import pack_rounds
 from .store import (
+    CONFIG,
     ConfigPolicy,
     IncompleteRunError,
     ResultFile,
@@ -58,11 +61,12 @@ from .store import (
     results_name,
     write_json_atomic,
 )
-from .tasks import TASKS, Task
+from .tasks import TASKS, Task, unjudged_metrics
 
 __all__ = [
-    "PLACEMENT_KEYS", "RunOptions", "add_run_arguments", "cli_main", "config_policy", "configure_logging",
-    "default_out_dir", "is_main_process", "options_from_args", "run_benchmark", "stepin_rate_by_round", "user_errors",
+    "PLACEMENT_KEYS", "RunOptions", "add_run_arguments", "cli_main", "config_policy",
+    "configure_logging", "default_out_dir", "is_main_process", "options_from_args", "run_benchmark",
+    "stepin_rate_by_round", "unjudged_note", "user_errors",
 ]
 
 log = logging.getLogger(__name__)
@@ -98,25 +102,39 @@ class RunOptions:
     store_rollouts: bool = True
 
     def __post_init__(self) -> None:
+        """Every option range is checked here, before any file is read or model loaded (``UsageError``)."""
         if self.benchmark not in TASKS:
-            raise ValueError(f"benchmark must be one of {sorted(TASKS)}, got {self.benchmark!r}")
-        if self.sequential is not None and self.sequential < 1:
-            raise ValueError(f"--sequential must be >= 1 (cases edited one after another), got {self.sequential}")
-        if self.limit is not None and self.limit < 1:
-            raise ValueError(f"--limit must be >= 1, got {self.limit}")
+            raise UsageError(f"benchmark must be one of {sorted(TASKS)}, got {self.benchmark!r}")
+        at_least = [
+            ("--sequential", self.sequential, 1, "cases edited one after another"),
+            ("--limit", self.limit, 1, "the first N cases"),
+            ("--batch-size", self.batch_size, 1, "answers generated at once"),
+            ("--max-new-tokens", self.max_new_tokens, 1, "answer length cap"),
+            ("--mmlu-n", self.mmlu_n, 0, "0 skips MMLU"),
+            ("--mmlu-shots", self.mmlu_shots, 0, "dev examples per MMLU prompt"),
+            ("--mmlu-batch-size", self.mmlu_batch_size, 1, "MMLU prompts at once"),
+            ("--mmlu-every", self.mmlu_every, 1, "1 = MMLU after every edit"),
+            ("--judge-max-attempts", self.judge_settings.max_attempts, 1, "tries per judge request"),
+        ]
+        for option, value, minimum, what in at_least:
+            if value is not None and value < minimum:
+                raise UsageError(f"{option} must be >= {minimum} ({what}), got {value}")
+        for option, value in (("--dist-timeout-hours", self.dist_timeout_hours), ("--judge-timeout", self.judge_settings.timeout)):
+            if not value > 0:
+                raise UsageError(f"{option} must be > 0, got {value}")
         if self.cases is not None:
             self.cases = [str(c).strip() for c in self.cases if str(c).strip()]
             if not self.cases:
-                raise ValueError("--cases names no case id; give comma-separated ids, e.g. --cases 6,24,68")
+                raise UsageError("--cases names no case id; give comma-separated ids, e.g. --cases 6,24,68")
             if self.sequential:
-                raise ValueError("--cases picks single cases; continual editing (--sequential) edits consecutive "
+                raise UsageError("--cases picks single cases; continual editing (--sequential) edits consecutive "
                                  "cases, so use --limit there")
-        if self.mmlu_n < 0:
-            raise ValueError(f"--mmlu-n must be >= 0 (0 skips MMLU), got {self.mmlu_n}")
-        if self.mmlu_every < 1:
-            raise ValueError(f"--mmlu-every must be >= 1 (1 = MMLU after every edit), got {self.mmlu_every}")
-        if self.dist_timeout_hours <= 0:
-            raise ValueError(f"--dist-timeout-hours must be > 0, got {self.dist_timeout_hours}")
+        if self.subjects not in ("auto", "file", "llm", "heuristic"):
+            raise UsageError(f"--subjects must be auto, file, llm or heuristic, got {self.subjects!r}")
+        if self.judge not in ("auto", "llm", "lexical"):
+            raise UsageError(f"--judge must be auto, llm or lexical, got {self.judge!r}")
+        check_new_dir("--out", self.out_dir, may_hold_files=True)
+        check_new_dir("--cache-dir", self.cache_dir, may_hold_files=True)
 
 
 def stepin_rate_by_round(records: Sequence[Mapping[str, Any]]) -> list[float | None]:
@@ -141,9 +159,15 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _computing(overrides: Sequence[str]) -> list[str]:
+    """The overrides that change what a run computes: placement overrides (``device=...``) say only where it runs."""
+    return [o for o in overrides if o.split("=", 1)[0].strip() not in PLACEMENT_KEYS]
+
+
 def default_out_dir(benchmark: str, hparams: str, overrides: Sequence[str]) -> Path:
-    """``runs/<benchmark>/<hparams name>[+key=value...]``: distinct overrides get distinct directories."""
-    name = Path(hparams).stem + "".join(f"+{o}" for o in overrides)
+    """``runs/<benchmark>/<hparams name>[+key=value...]``: distinct overrides get distinct directories
+    (placement overrides such as ``device=cuda`` do not: moving a run to another device resumes it)."""
+    name = Path(hparams).stem + "".join(f"+{o}" for o in _computing(overrides))
     return Path("runs") / benchmark / re.sub(r"[^\w.+=-]+", "_", name)
 
 
@@ -228,6 +252,7 @@ class _Run:
         self.task: Task = TASKS[opts.benchmark]
         self.data_dir = Path(opts.data_dir) if opts.data_dir else default_data_dir()
         self.cache_dir = Path(opts.cache_dir) if opts.cache_dir else default_cache_dir()
+        self._check_data_paths()
         self.editor: Editor = editor_for_hparams_file(opts.hparams)
         requested = self.editor.load_hparams(opts.hparams, opts.overrides)
         self.hp_dict = _plain(self.editor.hparams_dict(requested))
@@ -239,10 +264,10 @@ class _Run:
         self.hp = requested if self.ctx.device is None else self.editor.load_hparams(
             opts.hparams, [*opts.overrides, f"device={self.ctx.device}"])
         self.policy = config_policy(requested)
-        self.label = opts.label or Path(opts.hparams).stem + "".join(f" {o}" for o in opts.overrides)
+        self.label = opts.label or Path(opts.hparams).stem + "".join(f" {o}" for o in _computing(opts.overrides))
         self.max_new_tokens = opts.max_new_tokens or self.task.default_max_new_tokens
         settings = JudgeSettings(**{**opts.judge_settings.__dict__, "cache_path": str(self.cache_dir / "judge_cache.sqlite")})
-        self.judge: Judge | None = make_judge(opts.judge, settings) if self.task.needs_judge else None
+        self.judge: Judge | None = make_judge(opts.judge, settings, warn=False) if self.task.needs_judge else None
         self.client: ChatClient | None = self.judge.client if isinstance(self.judge, LLMJudge) else None
         if self.client is None and not self.task.needs_judge and opts.judge != "lexical" and settings.resolve().configured:
             self.client = ChatClient(settings)  # generates passages for MQuAKE files that have none
@@ -251,6 +276,34 @@ class _Run:
         self.store: ResultFile | None = None
         self.model: Any = None
         self.tok: Any = None
+
+    def _check_data_paths(self) -> None:
+        """The data directory and the files the options name exist (before anything is loaded)."""
+        o = self.opts
+        if not self.data_dir.is_dir():
+            raise UsageError(
+                f"--data {self.data_dir}: no such directory; point --data (or $HPSE_DATA_DIR) at the benchmark data "
+                "(README, section Data)"
+            )
+        default = UNKE_FILE if self.task.name == "unkebench" else MQUAKE_FILE
+        option = "--unke-file" if self.task.name == "unkebench" else "--mquake-file"
+        path = Path(o.data_file or default)
+        path = path if path.is_absolute() else self.data_dir / path
+        if not path.is_file():
+            raise UsageError(f"{option} {path}: no such file; check --data and {option} (README, section Data)")
+        if o.subjects_file and not Path(o.subjects_file).is_file():
+            raise UsageError(f"--subjects-file {o.subjects_file}: no such file; give an id -> subject JSON file")
+
+    def _probe_judge(self) -> None:
+        """One cheap request to the judge endpoint before the first edit (``JudgeError`` when it is not there)."""
+        if self.client is not None:
+            self.client.probe()
+            log.info("judge: %s at %s", self.client.name, self.client.settings.base_url or "the OpenAI default URL")
+        if self.judge is not None and self.judge.name == LEXICAL_JUDGE_NAME and self.opts.judge == "auto":
+            log.warning(
+                "no judge endpoint configured (--judge-base-url / HPSE_JUDGE_BASE_URL / OPENAI_BASE_URL or an API "
+                "key): scoring UnKEBench with the offline LEXICAL FALLBACK judge; its Jnt/Dmp are not the paper's"
+            )
 
     def _load_data(self) -> list[Path]:
         o = self.opts
@@ -276,12 +329,12 @@ class _Run:
             missing = [c for c in o.cases if c not in set(ids)]
             if missing:
                 within = f" among the first {o.limit} cases (--limit)" if o.limit else ""
-                raise ValueError(f"--cases: no case_id {', '.join(missing)}{within} in {paths[0]}; "
+                raise UsageError(f"--cases: no case_id {', '.join(missing)}{within} in {paths[0]}; "
                                  "check the ids (the case_id field of the data file)" + (" or raise --limit" if within else ""))
             wanted = set(o.cases)
             self.cases = self.cases.select([i for i, c in enumerate(ids) if c in wanted])
         if len(self.cases) == 0:
-            raise ValueError(f"no cases selected from {paths[0]} (limit {o.limit})")
+            raise UsageError(f"no cases selected from {paths[0]} (limit {o.limit}); check the data file")
         return paths
 
     def _config(self, data_paths: list[Path]) -> dict:
@@ -320,6 +373,8 @@ class _Run:
         blocks, so no file changes under the others' feet but their own.
         """
         main, config = self.ctx.is_main, self._config(self._data_paths)
+        if main:
+            self._forget_config_of_a_run_that_never_started()
         check_run_config(self.out_dir, config, write=main, policy=self.policy)
         own = self.out_dir / results_name(self.ctx.rank, self.ctx.world)
         if main:
@@ -341,6 +396,19 @@ class _Run:
             if path.name not in peers and path != own:
                 done |= set(read_results(path))
         return done
+
+    def _forget_config_of_a_run_that_never_started(self) -> None:
+        """A config.json with no result and no MMLU baseline beside it was written by a run that stopped before its
+        first edit (a model that could not be loaded, a layer the model lacks): fixing the hparams and rerunning
+        into the same --out must not be refused as another configuration, so that config.json is dropped."""
+        path = self.out_dir / CONFIG
+        if not path.is_file() or (self.out_dir / "mmlu_before.json").exists():
+            return
+        if any(read_results(p) or p.stat().st_size for p in result_files(self.out_dir)):
+            return
+        log.info("%s: no case was recorded under it (the last run stopped before its first edit); recording the "
+                 "current configuration instead", path)
+        path.unlink()
 
     # ---------------------------------------------------------------------------------------- model work
     def _ensure_model(self) -> None:
@@ -407,10 +475,48 @@ class _Run:
         rollouts = pack_rounds(getattr(res, "rollouts", None)) if self.opts.store_rollouts else None
         if rollouts is not None:
             rec["rollouts"] = rollouts
-        rec.update(self.task.score(case, answers, self.judge))
+        rec.update(self._score(case, answers))
         if mmlu_after is not None:
             rec["MMLU_after"] = mmlu_after
         return rec
+
+    def _score(self, case: Mapping[str, Any], answers: list[str]) -> dict:
+        """The case's scores; when the judge fails for good the answers are kept and Jnt/Dmp stored unjudged
+        (a refused request, e.g. an unknown judge model, stops the run once this case is written)."""
+        try:
+            return self.task.score(case, answers, self.judge)
+        except JudgeError as err:
+            log.warning("case %s: the judge failed (%s); its answers are kept and judged by the next run",
+                        case["case_id"], " ".join(str(err).split())[:200])
+            if isinstance(err, JudgeRefusedError):
+                self._judge_refused = err
+            return self.task.unjudged_record(case, answers, self.judge, err)
+
+    def _stop_if_judge_refused(self) -> None:
+        err = getattr(self, "_judge_refused", None)
+        if err is not None:
+            raise err
+
+    def _rejudge(self, ids: list[str]) -> None:
+        """Judge again, from their stored answers, this process's recorded cases the judge could not judge before."""
+        if self.judge is None or self.store is None:
+            return
+        index = {cid: i for i, cid in enumerate(ids)}
+        pending = [r for cid, r in self.store.records.items() if cid in index and unjudged_metrics(r)]
+        if not pending:
+            return
+        log.info("judging %d recorded case(s) again that the judge could not judge before (no new edit)", len(pending))
+        redone = []
+        for rec in pending:
+            case = self.cases[index[str(rec["case_id"])]]
+            scores = self._score(case, self.task.answers_of(rec))
+            new = {k: v for k, v in rec.items() if k not in ("unjudged", "judge_error")}
+            new.update(scores)
+            redone.append(new)
+        self.store.replace(redone)
+        self._stop_if_judge_refused()
+        left = sum(bool(unjudged_metrics(r)) for r in redone)
+        log.info("%d of %d judged now%s", len(redone) - left, len(redone), f"; {left} still unjudged" if left else "")
 
     def _edit(self, model: Any, case: Mapping[str, Any]) -> tuple[Any, float]:
         t0 = time.time()
@@ -426,6 +532,7 @@ class _Run:
             self.model = self.editor.restore(res.model, res.weights_copy)
             rec = self._record(i, case, answers, res, seconds, None, mmlu_after)
             self.store.append([rec])
+            self._stop_if_judge_refused()
             progress(1, {m: f"{100 * rec[m]:.0f}" for m in self.task.metrics if rec.get(m) is not None})
 
     def _run_sequential(self, blocks: list[tuple[int, list[int]]], progress: Any) -> None:
@@ -443,6 +550,7 @@ class _Run:
                 self._record(i, self.cases[i], a, res, seconds, b, mmlu_after)
                 for i, a, (res, seconds) in zip(block, answers, results)
             ])
+            self._stop_if_judge_refused()
             progress(len(block), None)
 
     # ---------------------------------------------------------------------------------------- driver
@@ -451,10 +559,12 @@ class _Run:
         from tqdm.contrib.logging import logging_redirect_tqdm
 
         ctx = self.ctx
+        self._probe_judge()
         with ctx.main_first():  # the main process fills shared caches and repairs files; the others then read them
             self._data_paths = self._load_data()
             ids = [str(c) for c in self.cases["case_id"]]
             done = self._open_results(ids)
+            self._rejudge(ids)
             mine = ctx.shard(list(enumerate(self._units())))
             todo = [(b, unit) for b, unit in mine if not all(ids[i] in done for i in unit)]
             if self.mmlu_enabled:
@@ -497,7 +607,8 @@ class _Run:
         if ctx.is_main:
             write_json_atomic(self.out_dir / "summary.json", summary)
             (self.out_dir / "table.md").write_text(
-                paper_table([(self.label, {self.task.name: summary})]) + judge_note([summary]), encoding="utf-8"
+                paper_table([(self.label, {self.task.name: summary})]) + judge_note([summary]) + unjudged_note([summary]),
+                encoding="utf-8",
             )
         return summary
 
@@ -515,6 +626,7 @@ class _Run:
             out["MMLU_after"] = mean(r.get("MMLU_after") for r in records)
             out["MMLU_edits"] = sum(r.get("MMLU_after") is not None for r in records)  # < n_cases under --mmlu-every
             out["judge"] = self.judge.name if self.judge else None
+            out["unjudged_cases"] = sum(bool(unjudged_metrics(r)) for r in records)
         out.update(
             n_cases=len(records),
             stepin_rate_by_round=stepin_rate_by_round(records),
@@ -525,9 +637,18 @@ class _Run:
             mode="sequential" if self.opts.sequential else "single",
             sequential=self.opts.sequential,
             out_dir=str(self.out_dir),
-            hparams=self.hp_dict,
+            hparams=self._recorded_hparams(),
         )
         return out
+
+    def _recorded_hparams(self) -> dict:
+        """The hparams as config.json recorded them when the run started: a resume or a re-summary on another
+        device (``--set device=...``, which config.json ignores) never rewrites where the run was recorded to run."""
+        path = self.out_dir / CONFIG
+        if path.is_file():
+            return json.loads(path.read_text(encoding="utf-8")).get("hparams", self.hp_dict)
+        return self.hp_dict
+
 
 
 def run_benchmark(opts: RunOptions, context: ProcessContext | None = None) -> dict:
@@ -558,7 +679,9 @@ def add_run_arguments(parser: argparse.ArgumentParser, benchmark: str | None) ->
     g.add_argument("--batch-size", type=int, default=8, help="generation batch size (default 8)")
     g.add_argument("--max-new-tokens", type=int, help="answer length cap (default 200 UnKEBench, 128 MQuAKE-uns)")
     g.add_argument("--cache-dir", metavar="DIR", help="judge answers and generated data (default: $HPSE_CACHE_DIR or ~/.cache/hpse_easyedit)")
-    g.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    g.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper,
+                   help="logging level (default INFO)")
+    g.add_argument(DEBUG_FLAG, action="store_true", help=DEBUG_HELP)
     g.add_argument("--dist-timeout-hours", type=float, default=DEFAULT_TIMEOUT.total_seconds() / 3600, metavar="H",
                    help="under accelerate launch: how long a process that finished its cases waits for the others "
                         f"(default {DEFAULT_TIMEOUT.total_seconds() / 3600:.0f})")
@@ -635,29 +758,36 @@ def configure_logging(level: str) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def user_errors() -> tuple[type[BaseException], ...]:
-    """Exceptions that mean bad input (shown as one line by the scripts), not a bug (shown with a traceback)."""
+def benchmark_errors() -> tuple[type[BaseException], ...]:
+    """The benchmarks' own exceptions that mean bad input or a bad environment, not a bug."""
     from .datasets import DataError
     from .judge import JudgeError
     from .store import ConfigMismatchError
 
-    errors: list[type[BaseException]] = [DataError, JudgeError, ConfigMismatchError, IncompleteRunError, LaunchError,
-                                         FileNotFoundError]
-    try:
-        from hpse_easyedit import HParamsError, ModelNotFoundError
-
-        errors += [HParamsError, ModelNotFoundError]
-    except ImportError:
-        pass
-    return tuple(errors)
+    return (DataError, JudgeError, ConfigMismatchError, IncompleteRunError, LaunchError)
 
 
-def cli_main(benchmark: str, argv: Sequence[str] | None = None) -> int:
-    """Command line of run_hpse_mquake.py / run_hpse_unkebench.py: run, then print the paper-layout table."""
+def user_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions that mean bad input (shown as one line by the scripts), not a bug (shown with a traceback)."""
+    return user_error_types(benchmark_errors())
+
+
+def unjudged_note(summaries: Sequence[Mapping]) -> str:
+    """A line under a table saying how many cases the judge could not judge (stored unjudged, not as 0)."""
+    n = sum(int(s.get("unjudged_cases") or 0) for s in summaries if s)
+    if not n:
+        return ""
+    total = sum(int(s.get("n_cases") or 0) for s in summaries if s and "unjudged_cases" in s)
+    return (f"\nUNJUDGED: {n} of {total} UnKEBench case(s) have no Jnt/Dmp yet (the judge could not judge them; they "
+            "are left out of Jnt/Dmp, not counted as 0). Rerun the same command to judge them; nothing is edited again.\n")
+
+
+def _cli(benchmark: str, argv: Sequence[str]) -> int:
     title = {"unkebench": "UnKEBench", "mquake-uns": "MQuAKE-uns"}[benchmark]
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         description=f"Edit with the method of an hparams file over {title} and score it as the HPSE paper does. "
-                    "Rerunning with the same --out resumes.",
+                    "Rerunning with the same --out resumes. Exit code 0: done; 1: done, but some cases are still "
+                    "unjudged (rerun to judge them); 2: a bad input, reported in one line before any edit.",
     )
     parser.add_argument("--hparams", required=True, metavar="FILE", help="YAML hparams file; its alg_name picks the editor")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -667,15 +797,20 @@ def cli_main(benchmark: str, argv: Sequence[str] | None = None) -> int:
     add_run_arguments(parser, benchmark)
     args = parser.parse_args(argv)
     configure_logging(args.log_level)
-    try:
-        summary = run_benchmark(options_from_args(args, benchmark, args.hparams, args.set, args.out, args.label))
-    except user_errors() as err:
-        log.error("%s", err)
-        return 2
+    summary = run_benchmark(options_from_args(args, benchmark, args.hparams, args.set, args.out, args.label))
     if is_main_process():
-        print(paper_table([(summary["label"], {benchmark: summary})]) + judge_note([summary]), end="")
+        print(paper_table([(summary["label"], {benchmark: summary})]) + judge_note([summary]) + unjudged_note([summary]),
+              end="")
         print(f"\n{summary['n_cases']} case(s); summary: {Path(summary['out_dir']) / 'summary.json'}")
-    return 0
+    return 1 if summary.get("unjudged_cases") else 0
+
+
+def cli_main(benchmark: str, argv: Sequence[str] | None = None) -> int:
+    """Command line of run_hpse_mquake.py / run_hpse_unkebench.py: run, then print the paper-layout table.
+
+    A bad input is one logged line and exit code 2 (``--debug``: the traceback); see ``hpse_easyedit.cli.run_cli``.
+    """
+    return run_cli(lambda args: _cli(benchmark, args), argv, extra=benchmark_errors(), logger=log)
 
 
 def is_main_process() -> bool:

@@ -247,13 +247,28 @@ class ResultFile:
         if not dropped:
             return []
         self.records = {cid: r for cid, r in self.records.items() if keep(r)}
+        self._rewrite()
+        return dropped
+
+    def replace(self, records: Iterable[Mapping[str, Any]]) -> None:
+        """Put new versions of already recorded cases in place (same order), rewriting the file atomically."""
+        records = [dict(r) for r in records]
+        for r in records:
+            if str(r["case_id"]) not in self.records:
+                raise ValueError(f"case {r['case_id']} is not recorded in {self.path}; append it instead")
+        if not records:
+            return
+        for r in records:
+            self.records[str(r["case_id"])] = r
+        self._rewrite()
+
+    def _rewrite(self) -> None:
         tmp = self.path.with_name(self.path.name + ".tmp")
         with open(tmp, "w", encoding="utf-8") as fh:
             fh.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in self.records.values()))
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, self.path)
-        return dropped
 
 
 class ResultStore(ResultFile):

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from .judge import CoverageItem, Judge
+from .judge import CoverageItem, Judge, JudgeError
 from .metrics import diversity, mean, mquake_case_scores
 
-__all__ = ["MQuAKEUns", "TASKS", "Task", "UnKEBench"]
+__all__ = ["MQuAKEUns", "TASKS", "Task", "UnKEBench", "unjudged_metrics"]
 
 
 def _pct(value: float | None) -> float | None:
@@ -73,24 +73,56 @@ class UnKEBench(Task):
         if judge is None:
             raise ValueError("UnKEBench needs a judge (an LLM endpoint or the lexical fallback)")
         joint, subs = list(answers[:2]), list(answers[2:])
+        rec: dict[str, Any] = {
+            "answers": {"question": joint[0], "para_question": joint[1], "sub_questions": subs},
+            "Div": diversity(subs),
+            "judge": judge.name,
+        }
         facts = [judge.factscore(a, case["passage"], case["subject"]) for a in joint]
         items = [CoverageItem(q, e, a) for q, e, a in zip(case["sub_questions"], case["sub_answers"], subs)]
         dmp, dmp_complete = judge.coverage(items)
+        jnt_complete = all(f.complete for f in facts)
+        # An answer the judge could not judge is unjudged (None), never a 0; the next run judges it again.
+        unjudged = [m for m, ok in (("Jnt", jnt_complete), ("Dmp", dmp_complete)) if not ok]
+        rec.update(
+            factscore=[f.to_dict() for f in facts],
+            dmp_scores=dmp,
+            Jnt=mean(f.score for f in facts) if jnt_complete else None,
+            Dmp=mean(dmp) if dmp_complete else None,
+            judge_complete=not unjudged,
+        )
+        if unjudged:
+            rec["unjudged"] = unjudged
+        return rec
+
+    def unjudged_record(self, case: Mapping[str, Any], answers: Sequence[str], judge: Judge, error: JudgeError) -> dict:
+        """The record of a case whose judge failed for good: the answers and Div kept, Jnt/Dmp unjudged (not 0)."""
+        subs = list(answers[2:])
         return {
-            "answers": {"question": joint[0], "para_question": joint[1], "sub_questions": subs},
-            "factscore": [f.to_dict() for f in facts],
-            "dmp_scores": dmp,
-            "Jnt": mean(f.score for f in facts),
-            "Dmp": mean(dmp),
-            "Div": diversity(subs),
-            "judge": judge.name,
-            "judge_complete": dmp_complete and all(f.complete for f in facts),
+            "answers": {"question": answers[0], "para_question": answers[1], "sub_questions": subs},
+            "Div": diversity(subs), "judge": judge.name, "factscore": None, "dmp_scores": None, "Jnt": None, "Dmp": None,
+            "judge_complete": False, "unjudged": ["Jnt", "Dmp"], "judge_error": " ".join(str(error).split())[:300],
         }
+
+    @staticmethod
+    def answers_of(record: Mapping[str, Any]) -> list[str]:
+        """A record's stored answers in ``questions`` order, to judge them again without generating anything."""
+        a = record["answers"]
+        return [a["question"], a["para_question"], *a["sub_questions"]]
 
     def summarize(self, records: Sequence[Mapping[str, Any]]) -> dict:
         out = super().summarize(records)
         out["judge_incomplete_cases"] = sum(not r.get("judge_complete", True) for r in records)
+        out["unjudged_cases"] = sum(bool(unjudged_metrics(r)) for r in records)
         return out
+
+
+def unjudged_metrics(record: Mapping[str, Any]) -> list[str]:
+    """The judge metrics of a record that still need a judge (records written before ``unjudged`` existed
+    count as unjudged when the judge did not finish them)."""
+    if record.get("unjudged"):
+        return list(record["unjudged"])
+    return ["Jnt", "Dmp"] if record.get("judge_complete") is False else []
 
 
 TASKS: dict[str, Task] = {t.name: t for t in (UnKEBench(), MQuAKEUns())}

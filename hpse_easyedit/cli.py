@@ -5,6 +5,11 @@ Example::
     python -m hpse_easyedit edit --hparams hparams/HPSE/smollm2-135m.yaml \\
         --subject "Selma Varrick" --passage-file passage.txt \\
         --ask "Where was Selma Varrick born?" --save runs/selma --set rounds=3
+
+Every entry point of the project (this one, the demo, ``run_examples/*``, ``python -m benchmarks.perf``
+and ``.inspect_rollout``) runs its ``main`` through ``run_cli``: a user's mistake (a bad hparams file or option, a missing
+file or model) is ONE line on stderr naming the field or file and the fix, and exit code 2; the
+traceback only with ``--debug`` (or ``HPSE_DEBUG=1``).
 """
 
 from __future__ import annotations
@@ -16,13 +21,93 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
-from .editor import hpse_edit
+from .editor import RequestError, hpse_edit
 from .generation import generate_answers
-from .hparams import HPSEHyperParams
+from .hparams import HParamsError, HPSEHyperParams
+from .loading import ModelNotFoundError
 
-__all__ = ["main", "save_edit", "build_parser"]
+__all__ = ["OneLineParser", "UsageError", "build_parser", "check_new_dir", "check_positive", "check_text_file", "main",
+           "run_cli", "save_edit", "user_error_types"]
+
+DEBUG_FLAG = "--debug"
+DEBUG_HELP = "show the full traceback of an error instead of one line (or set HPSE_DEBUG=1)"
+
+
+class UsageError(ValueError):
+    """A command-line option is out of range or names a file that cannot be used; the message says which and the fix."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line on stderr (``error: ...; see PROG --help``) and exit code 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"error: {' '.join(message.split())}; see {self.prog} --help\n")
+
+
+def user_error_types(extra: Sequence[type[BaseException]] = ()) -> tuple[type[BaseException], ...]:
+    """Exceptions that mean bad input (one line, exit 2), not a bug (a traceback)."""
+    from .integrations.easyedit_import import EasyEditNotFoundError, EasyEditVersionError
+
+    return (UsageError, HParamsError, ModelNotFoundError, RequestError, EasyEditNotFoundError, EasyEditVersionError,
+            FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError, *extra)
+
+
+def run_cli(main: Callable[[list[str]], int], argv: Sequence[str] | None = None,
+            extra: Sequence[type[BaseException]] = (), logger: logging.Logger | None = None) -> int:
+    """Run ``main(argv)``; a user error becomes one ``error: ...`` line on stderr and exit code 2.
+
+    ``--debug`` (anywhere in ``argv``, removed before ``main`` sees it) or ``HPSE_DEBUG=1`` re-raises
+    the error with its traceback instead. With ``logger`` (and logging configured) the line is logged
+    at ERROR level instead of printed, so it carries the same prefix as the run's other log lines.
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = DEBUG_FLAG in args or os.environ.get("HPSE_DEBUG", "").lower() in ("1", "true", "yes")
+    args = [a for a in args if a != DEBUG_FLAG]
+    try:
+        return main(args)
+    except user_error_types(extra) as err:
+        if debug:
+            raise
+        text = " ".join(str(err).split()) or type(err).__name__
+        if isinstance(err, OSError) and err.filename and str(err.filename) not in text:
+            text = f"{err.filename}: {text}"
+        if logger is not None and logging.getLogger().handlers:
+            logger.error("%s", text)
+        else:
+            print(f"error: {text}", file=sys.stderr)
+        return 2
+
+
+def check_positive(option: str, value: int | float | None, minimum: int | float = 1, what: str = "") -> None:
+    """``UsageError`` unless ``value`` is None or >= ``minimum``."""
+    if value is not None and value < minimum:
+        raise UsageError(f"{option} must be >= {minimum}{' (' + what + ')' if what else ''}, got {value}")
+
+
+def check_text_file(option: str, path: str | os.PathLike) -> Path:
+    """``UsageError`` unless ``path`` is a readable file."""
+    p = Path(path)
+    if not p.exists():
+        raise UsageError(f"{option} {p}: no such file; give the path of an existing file")
+    if not p.is_file():
+        raise UsageError(f"{option} {p}: is a directory, not a file; give the path of a file")
+    return p
+
+
+def check_new_dir(option: str, path: str | os.PathLike | None, *, may_hold_files: bool = False) -> None:
+    """``UsageError`` when ``path`` names an existing file (or, unless ``may_hold_files``, a non-empty directory)."""
+    if path is None:
+        return
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise UsageError(f"{option} {p}: is a file, not a directory; give a directory path")
+    if not may_hold_files and p.is_dir() and any(p.iterdir()):
+        raise UsageError(f"{option} {p}: the directory exists and is not empty; choose a new directory")
+    parent = next((q for q in p.parents if q.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise UsageError(f"{option} {p}: {parent} is a file, so the directory cannot be created there")
 
 
 def save_edit(result: Any, hparams: HPSEHyperParams, out_dir: str | os.PathLike, requests: list[dict]) -> Path:
@@ -60,14 +145,21 @@ def _print_answers(title: str, questions: Sequence[str], answers: Sequence[str])
 def _cmd_edit(args: argparse.Namespace) -> int:
     from .loading import load_model
 
+    check_positive("--max-answer-tokens", args.max_answer_tokens, 1, "new tokens per answer")
+    check_new_dir("--save", args.save)
     hp = HPSEHyperParams.from_hparams(args.hparams).with_overrides(args.set)
-    passages = [Path(p).read_text(encoding="utf-8").strip() for p in args.passage_file]
-    subjects = args.subject
+    passages = []
+    for path in args.passage_file:
+        text = check_text_file("--passage-file", path).read_text(encoding="utf-8").strip()
+        if not text:
+            raise UsageError(f"--passage-file {path}: the file is empty; put the passage to inject in it")
+        passages.append(text)
+    subjects = [s.strip() for s in args.subject]
     if len(subjects) != len(passages):
-        raise SystemExit(f"error: got {len(subjects)} --subject and {len(passages)} --passage-file; give one subject per passage")
+        raise UsageError(f"got {len(subjects)} --subject and {len(passages)} --passage-file; give one subject per passage")
+    if not all(subjects):
+        raise UsageError("--subject is empty; give the topic phrase s of 'Introduce {s}.'")
     requests = [{"subject": s, "target_new": c, "prompt": hp.editing_prompt.format(subject=s)} for s, c in zip(subjects, passages)]
-    if args.save and Path(args.save).exists() and any(Path(args.save).iterdir()):
-        raise SystemExit(f"error: --save {args.save} exists and is not empty; choose a new directory")
     model, tok = load_model(hp)
     questions = [r["prompt"] for r in requests] + list(args.ask)
     kwargs = {"max_new_tokens": args.max_answer_tokens, "template_kwargs": hp.chat_template_kwargs}
@@ -85,7 +177,7 @@ def _cmd_edit(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m hpse_easyedit", description=__doc__.split("\n")[0])
+    parser = OneLineParser(prog="python -m hpse_easyedit", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     edit = sub.add_parser("edit", help="edit a model with one or more passages and compare answers")
     edit.add_argument("--hparams", required=True, help="HPSE YAML file, e.g. hparams/HPSE/smollm2-135m.yaml")
@@ -98,15 +190,21 @@ def build_parser() -> argparse.ArgumentParser:
     edit.add_argument("--save", metavar="DIR", help="write the edited weights (adapter or FT-M matrix) + hparams here")
     edit.add_argument("--max-answer-tokens", type=int, default=64, help="new tokens per answer (default 64)")
     edit.add_argument("-v", "--verbose", action="store_true", help="log per-round progress")
+    edit.add_argument(DEBUG_FLAG, action="store_true", help=DEBUG_HELP)
     edit.set_defaults(func=_cmd_edit)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     return args.func(args)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m hpse_easyedit edit ...``; user errors are one line on stderr and exit code 2 (see ``run_cli``)."""
+    return run_cli(_main, argv)
 
 
 if __name__ == "__main__":

@@ -86,4 +86,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from .cli import run_cli  # bad input: one line on stderr, exit 2 (--debug: traceback)
+
+    sys.exit(run_cli(main))

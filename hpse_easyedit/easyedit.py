@@ -6,13 +6,15 @@ EasyEdit is used from its GitHub source (``$EASYEDIT_SRC`` or ``sys.path``); see
     from easyeditor import BaseEditor
     from hpse_easyedit import HPSEHyperParams
 
-    editor = BaseEditor.from_hparams(HPSEHyperParams.from_hparams("hparams/HPSE/qwen2.5-7b.yaml"))
+    editor = BaseEditor.from_hparams(HPSEHyperParams.from_hparams("hparams/HPSE/smollm2-135m.yaml"))
     metrics, edited_model, weights_copy = editor.edit(
-        prompts=["Introduce AJ Lee."], target_new=[passage], subject=["AJ Lee"], sequential_edit=False)
+        prompts=["Introduce AJ Lee."], target_new=[passage], subject=["AJ Lee"], sequential_edit=True)
+    weights_copy()                                # undo it (with sequential_edit=False EasyEdit already did)
 
-``make_editor(load_hparams(path))`` builds the same ``BaseEditor`` for any method's file (HPSE, COIN,
-MEMIT, AlphaEdit, UnKE, AnyEdit) with the model loaded by ``hpse_easyedit.load_model``, which also
-covers the embedded SmolLM2 and Gemma2 that EasyEdit's name-based loader does not.
+For this package's hparams (any method: ``load_hparams(path)`` picks the class from ``alg_name``)
+``BaseEditor.from_hparams`` is ``make_editor``: the model is loaded by ``hpse_easyedit.load_model``
+(the file's dtype, no remote code unless asked, the embedded SmolLM2 offline, Gemma-2, which
+EasyEdit's name-based loader cannot load) and handed to ``BaseEditor`` as a ``(model, tokenizer)`` pair.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from .integrations.easyedit_import import (
     check_easyedit,
     import_easyedit,
 )
-from .integrations.methods import METHODS, load_hparams, make_editor, runner_spec
+from .integrations.methods import METHODS, is_project_hparams, load_hparams, make_editor, runner_spec
 from .integrations.registration import BATCHABLE, PLUGIN_METHODS, EditHandle, register
 
 __all__ = [
@@ -41,6 +43,7 @@ __all__ = [
     "EditHandle",
     "check_easyedit",
     "import_easyedit",
+    "is_project_hparams",
     "load_hparams",
     "make_editor",
     "register",

@@ -17,6 +17,7 @@ Every ablation of the paper is one field away: ``rollout: on_policy`` (w/o HP), 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Iterable, Mapping
@@ -75,16 +76,16 @@ class YamlHParams:
 
     @classmethod
     def from_dict(cls, config: Mapping[str, Any], source: str = "<dict>") -> "YamlHParams":
+        if "alg_name" in config and config["alg_name"] != cls.ALG_NAME:
+            raise HParamsError(
+                f"{source}: alg_name must be {cls.ALG_NAME!r} for {cls.__name__}, got {config['alg_name']!r}; "
+                "this file belongs to another method"
+            )
         known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
         unknown = sorted(set(config) - known)
         if unknown:
             raise HParamsError(
                 f"{source}: unknown key(s) {unknown}; remove them or fix the spelling (known keys: {sorted(known)})"
-            )
-        if "alg_name" in config and config["alg_name"] != cls.ALG_NAME:
-            raise HParamsError(
-                f"{source}: alg_name must be {cls.ALG_NAME!r} for {cls.__name__}, got {config['alg_name']!r}; "
-                "this file belongs to another method"
             )
         obj = cls.__new__(cls)
         for f in dataclasses.fields(cls):  # type: ignore[arg-type]
@@ -96,6 +97,7 @@ class YamlHParams:
                 value = f.default_factory()  # type: ignore[misc]
             setattr(obj, f.name, value)
         obj.validate(source)
+        obj._source = source  # named in errors found later (e.g. layers checked against the loaded model)
         return obj
 
     def to_dict(self) -> dict:
@@ -109,7 +111,12 @@ class YamlHParams:
         """A copy with ``key=value`` strings (values parsed as YAML) or a dict applied, then validated."""
         updates = {} if not overrides else (
             dict(overrides) if isinstance(overrides, Mapping) else parse_overrides(overrides))
-        return type(self).from_dict({**self.to_dict(), **updates}, source="--set overrides")
+        base = getattr(self, "_source", None)
+        if base is None or base.startswith("<"):
+            source = "--set overrides"
+        else:
+            source = f"{base} with --set overrides" if updates else base
+        return type(self).from_dict({**self.to_dict(), **updates}, source=source)
 
     def __getitem__(self, key: str) -> Any:
         return getattr(self, key)
@@ -174,8 +181,10 @@ class HPSEHyperParams(ExecutorHParams):
 
     alg_name: str = _f("HPSE", "Method name; must be HPSE (EasyEdit dispatches on it).", choices=("HPSE",))
 
-    tau: float = _f(2.0, "Step-in gap gate: log pi*(y*) - log pi_theta(y*) > tau.")
-    kappa: float = _f(0.3, "Step-in confidence gate: pi*(y*) > kappa.", min=0.0, max=1.0)
+    tau: float = _f(2.0, "Step-in gap gate: log pi*(y*) - log pi_theta(y*) > tau (a log-probability margin, >= 0).",
+                    min=0.0)
+    kappa: float = _f(0.3, "Step-in confidence gate: pi*(y*) > kappa (a probability in [0, 1)).", min=0.0, max=1.0,
+                      exclusive_max=True)
     top_k: int = _f(16, "Teacher top-K kept (renormalised) for the KL target.", min=1)
     kl_weight: float = _f(1.0, "Weight of the hybrid KL term; 0 = plain executor baseline (NLL only).", min=0.0)
     nll_weight: float = _f(1.0, "lambda: weight of the passage NLL anchor; 0 = 'w/o NLL'.", min=0.0)
@@ -236,6 +245,8 @@ def _check(f: dataclasses.Field, value: Any, source: str) -> Any:
             value = float(value)
         except ValueError:
             pass
+    if isinstance(value, float) and not math.isfinite(value):
+        raise HParamsError(f"{where} must be a finite number, got {value!r} ({meta['help']})")
     if bool not in types and isinstance(value, bool):
         raise HParamsError(f"{where} must be {'/'.join(map(_type_name, types))}, got a boolean {value!r}")
     if not isinstance(value, types):
@@ -248,8 +259,10 @@ def _check(f: dataclasses.Field, value: Any, source: str) -> Any:
         if value < meta["min"] or (meta.get("exclusive_min") and value == meta["min"]):
             op = ">" if meta.get("exclusive_min") else ">="
             raise HParamsError(f"{where} must be {op} {meta['min']}, got {value!r}")
-    if "max" in meta and isinstance(value, (int, float)) and value > meta["max"]:
-        raise HParamsError(f"{where} must be <= {meta['max']}, got {value!r}")
+    if "max" in meta and isinstance(value, (int, float)):
+        if value > meta["max"] or (meta.get("exclusive_max") and value == meta["max"]):
+            op = "<" if meta.get("exclusive_max") else "<="
+            raise HParamsError(f"{where} must be {op} {meta['max']}, got {value!r}")
     if meta.get("nonempty") and not value:
         raise HParamsError(f"{where} must not be empty ({meta['help']})")
     if "length" in meta and len(value) != meta["length"]:

@@ -16,7 +16,10 @@ from typing import Any
 
 import torch
 
-__all__ = ["EMBEDDED_MODEL", "ModelNotFoundError", "cache_dir", "embedded_gguf_path", "load_model"]
+__all__ = [
+    "EMBEDDED_MODEL", "ModelNotFoundError", "cache_dir", "check_against_model", "download_hint", "embedded_gguf_path",
+    "load_model", "resolve_device",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -68,13 +71,62 @@ def _offline() -> bool:
     return any(os.environ.get(v, "").lower() in ("1", "true", "yes") for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
 
 
+def download_hint(name: str) -> str:
+    """The command that puts ``name`` into the Hugging Face cache, with the CLI the installed huggingface_hub ships."""
+    try:
+        import huggingface_hub
+
+        major, minor = (int(x) for x in huggingface_hub.__version__.split(".")[:2])
+    except (ImportError, ValueError):
+        major, minor = 0, 0
+    cli = "hf" if (major, minor) >= (0, 34) or shutil.which("hf") else "huggingface-cli"
+    return f"{cli} download {name}"
+
+
+def _hub_cache() -> str:
+    try:
+        from huggingface_hub import constants
+
+        return str(constants.HF_HUB_CACHE)
+    except ImportError:  # pragma: no cover - transformers depends on huggingface_hub
+        return "the Hugging Face cache"
+
+
+def resolve_device(device: Any) -> str:
+    """The torch device string of an hparams ``device`` value (an int N is ``cuda:N``, as in EasyEdit).
+
+    A CUDA device on a machine where torch sees none (or fewer than asked for) is an ``HParamsError``
+    naming the key and the fix, raised before any weights are loaded.
+    """
+    from .hparams import HParamsError
+
+    text = f"cuda:{device}" if isinstance(device, int) else str(device).strip()
+    if text.isdigit():
+        text = f"cuda:{text}"
+    try:
+        parsed = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise HParamsError(
+            f"hparams key 'device' is {device!r}, which is not a torch device; use cpu, cuda, cuda:N or a GPU index N"
+        ) from None
+    if parsed.type == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0:
+            raise HParamsError(
+                f"hparams key 'device' is {device!r} but torch sees no CUDA GPU on this machine; set 'device: cpu' "
+                "in the hparams file, or pass --set device=cpu"
+            )
+        if parsed.index is not None and parsed.index >= n:
+            raise HParamsError(
+                f"hparams key 'device' is {device!r} but torch sees {n} CUDA GPU(s) (0..{n - 1}); pick one of them"
+            )
+    return text
+
+
 def _device_kwargs(hparams: Any) -> tuple[dict, str | None]:
     if hparams.model_parallel:
         return {"device_map": "auto"}, None
-    device = hparams.device
-    if isinstance(device, int):
-        device = f"cuda:{device}"
-    return {}, device
+    return {}, resolve_device(hparams.device)
 
 
 def _convert_embedded(target: Path) -> None:
@@ -121,8 +173,9 @@ def _resolve(name: str) -> tuple[str, dict]:
     if name != EMBEDDED_MODEL:
         if _offline():
             raise ModelNotFoundError(
-                f"model {name!r} is not a local directory and not in the Hugging Face cache, and offline mode is set; "
-                "download it first (huggingface-cli download NAME) or set model_name to a local directory"
+                f"model {name!r} (hparams key 'model_name') is not a local directory and not in the Hugging Face cache "
+                f"({_hub_cache()}), and offline mode is set (HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE); download it first with "
+                f"`{download_hint(name)}` where the hub is reachable, or set model_name to a local directory"
             )
         return name, {}
     converted = cache_dir() / "SmolLM2-135M-Instruct-gguf-f32"
@@ -133,7 +186,12 @@ def _resolve(name: str) -> tuple[str, dict]:
 
 
 def load_model(hparams: Any) -> tuple[Any, Any]:
-    """Load the model and tokenizer named by ``hparams`` with its dtype, device and placement."""
+    """Load the model and tokenizer named by ``hparams`` with its dtype, device and placement.
+
+    The model is found first (so a missing model is reported as such), then the device is checked,
+    then the weights are loaded, and finally the hparams' modules and layers are checked against the
+    loaded model (``check_against_model``), so a bad file fails before any edit starts.
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     source, _ = _resolve(hparams.model_name)
@@ -145,13 +203,60 @@ def load_model(hparams: Any) -> tuple[Any, Any]:
             source, trust_remote_code=trust, **{_DTYPE_KW: hparams.torch_dtype}, **place
         )
     except OSError as err:
+        reason = " ".join(str(err).split())
         raise ModelNotFoundError(
-            f"could not load model {hparams.model_name!r} ({err}); check 'model_name' in the hparams, "
-            "or point it to a local directory"
+            f"could not load model {hparams.model_name!r} (hparams key 'model_name') from {source}: {reason[:300]}; "
+            f"check the name, download it with `{download_hint(hparams.model_name)}`, or point model_name to a local "
+            "directory"
         ) from None
     if device is not None:
         model.to(device)
     model.eval()
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
+    check_against_model(model, hparams)
     return model, tok
+
+
+def _num_layers(model: Any) -> int | None:
+    config = getattr(model, "config", None)
+    config = getattr(config, "text_config", None) or config
+    return getattr(config, "num_hidden_layers", None)
+
+
+def check_against_model(model: Any, hparams: Any, source: str | None = None) -> None:
+    """Refuse executor settings that do not fit ``model`` (``HParamsError``), before any edit starts.
+
+    LoRA: every ``target_modules`` name must be the last part of some module name, and every ``layers``
+    index must be a layer of the model. FT-M: ``ftm_module_template.format(ftm_layer) + '.weight'`` must
+    be a parameter. Hparams without an ``executor`` field are left alone.
+    """
+    from .hparams import HParamsError
+
+    executor = getattr(hparams, "executor", None)
+    if executor is None:
+        return
+    source = source or getattr(hparams, "_source", None) or "the hparams"
+    n_layers = _num_layers(model)
+    if executor == "lora":
+        leaves = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+        missing = [m for m in hparams.target_modules if m not in leaves]
+        if missing:
+            known = sorted(n for n in leaves if n.endswith("proj")) or sorted(leaves)[:12]
+            raise HParamsError(
+                f"{source}: key 'target_modules' names {missing}, which {type(model).__name__} does not have; "
+                f"use module names of this model, e.g. {known}"
+            )
+        if hparams.layers is not None and n_layers is not None and max(hparams.layers) >= n_layers:
+            raise HParamsError(
+                f"{source}: key 'layers' is {list(hparams.layers)} but {hparams.model_name} has {n_layers} layers "
+                f"(0..{n_layers - 1}); use indices below {n_layers}, or null for all layers"
+            )
+    elif executor == "ft_m":
+        name = hparams.ftm_module_template.format(hparams.ftm_layer) + ".weight"
+        if name not in dict(model.named_parameters()):
+            where = f" (it has {n_layers} layers, 0..{n_layers - 1})" if n_layers else ""
+            raise HParamsError(
+                f"{source}: keys 'ftm_layer'/'ftm_module_template' give {name}, which is not a parameter of "
+                f"{hparams.model_name}{where}; fix 'ftm_layer' or 'ftm_module_template'"
+            )

@@ -21,7 +21,8 @@ DATA_DIR = Path(os.environ.get("HPSE_DATA_DIR", DEFAULT_DATA_DIR))
 
 
 class ChatServer:
-    """A local chat-completions endpoint. Actions: ("sleep", seconds), ("status", code), ("text", content)."""
+    """A local chat-completions endpoint. Actions: ("sleep", seconds), ("status", code), ("text", content),
+    ("raw", body, content type)."""
 
     def __init__(self, responder: Callable[[str], str] | None = None) -> None:
         self.script: list[tuple] = []
@@ -47,6 +48,9 @@ class ChatServer:
                     if action[0] == "status":
                         self._send(action[1], {"error": {"message": "scripted failure", "type": "server_error"}})
                         return
+                    if action[0] == "raw":  # ("raw", body text, content type): HTTP 200 with any body
+                        self._send_bytes(200, action[1].encode(), action[2])
+                        return
                     self._send(200, {
                         "id": f"chatcmpl-{len(server.prompts)}", "object": "chat.completion", "created": int(time.time()),
                         "model": body["model"],
@@ -58,9 +62,11 @@ class ChatServer:
                     pass
 
             def _send(self, code: int, obj: dict) -> None:
-                data = json.dumps(obj).encode()
+                self._send_bytes(code, json.dumps(obj).encode(), "application/json")
+
+            def _send_bytes(self, code: int, data: bytes, content_type: str) -> None:
                 self.send_response(code)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)

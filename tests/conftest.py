@@ -22,3 +22,21 @@ def data_dir() -> Path:
     if not path.is_dir():
         pytest.skip(f"benchmark data not found at {path}; set HPSE_DATA_DIR")
     return path
+
+
+@pytest.fixture
+def gate_always_open(monkeypatch):
+    """Let a test set tau below its valid range (tau >= 0), to force the step-in gate open at every token.
+
+    The paper's tau is a log-probability margin >= 0 and hparams reject anything else; tests that need
+    the teacher to write the whole rollout (tau=-1e9, kappa=0) ask for this fixture.
+    """
+    from hpse_easyedit import hparams
+
+    strict = hparams._check
+
+    def lenient(f, value, source):
+        negative = f.name == "tau" and isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0
+        return float(value) if negative else strict(f, value, source)
+
+    monkeypatch.setattr(hparams, "_check", lenient)

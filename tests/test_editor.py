@@ -56,7 +56,7 @@ def test_full_edit_trains_only_the_executor_and_restores_bit_exact(family, execu
     assert all(p.requires_grad for p in restored.parameters())  # flags given back
 
 
-def test_ablation_switches_change_what_they_should():
+def test_ablation_switches_change_what_they_should(gate_always_open):
     model, tok = make_tiny_model_and_tokenizer("qwen2")
     nll_only = hpse_edit(model, tok, REQUESTS[:1], tiny_hparams(kl_weight=0.0))
     assert nll_only.teacher_forward_tokens == 0

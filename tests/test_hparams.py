@@ -52,7 +52,7 @@ def _write(tmp_path, text):
         ("model_name: m\nlearning_rate: 0.1\n", "unknown key(s) ['learning_rate']"),
         ("model_name: m\nrounds: five\n", "key 'rounds' must be int"),
         ("model_name: m\nrounds: 0\n", "key 'rounds' must be >= 1"),
-        ("model_name: m\nkappa: 1.5\n", "key 'kappa' must be <= 1.0"),
+        ("model_name: m\nkappa: 1.5\n", "key 'kappa' must be < 1.0"),
         ("model_name: m\nlr: 0\n", "key 'lr' must be > 0"),
         ("model_name: m\nexecutor: adapter\n", "key 'executor' must be one of ['lora', 'ft_m']"),
         ("model_name: m\nrollout: sampled\n", "key 'rollout' must be one of"),
@@ -65,6 +65,10 @@ def _write(tmp_path, text):
         ("model_name: ''\n", "key 'model_name' must not be empty"),
         ("- a\n- b\n", "expected a mapping"),
         ("model_name: [unclosed\n", "not valid YAML"),
+        ("model_name: m\ntau: -3\n", "key 'tau' must be >= 0.0"),
+        ("model_name: m\ntau: .inf\n", "key 'tau' must be a finite number"),
+        ("model_name: m\nkappa: 1.0\n", "key 'kappa' must be < 1.0"),
+        ("model_name: m\ntop_k: 0\n", "key 'top_k' must be >= 1"),
     ],
 )
 def test_bad_files_name_key_and_file(tmp_path, text, fragment):

@@ -18,7 +18,7 @@ def _tiny_hparams(tmp_path, max_new_tokens):
     return hp
 
 
-def test_gates_that_always_or_never_fire(tmp_path, capsys):
+def test_gates_that_always_or_never_fire(tmp_path, capsys, gate_always_open):
     hp = _tiny_hparams(tmp_path, 5)
     out = tmp_path / "inspect.json"
     assert main(["--hparams", str(hp), "--data", str(DATA_DIR), "--limit", "2", "--print", "1",
@@ -45,7 +45,7 @@ def test_gates_that_always_or_never_fire(tmp_path, capsys):
         main(["--hparams", str(hp), "--data", str(DATA_DIR), "--out", str(out)])
 
 
-def test_cases_option_and_words_from_another_requests_passage(tmp_path, capsys):
+def test_cases_option_and_words_from_another_requests_passage(tmp_path, capsys, gate_always_open):
     hp = _tiny_hparams(tmp_path, 6)
     out = tmp_path / "two.json"
     # case 6 of MQuAKE-uns edits two facts (Tetris, Mark Burnett): one rollout per request

@@ -96,13 +96,16 @@ def test_cli_edit_saves_weights_and_never_overwrites(tmp_path, tiny_dir, capsys,
     saved_hp = HPSEHyperParams.from_hparams(save / "hparams.yaml")
     assert saved_hp.executor == executor and saved_hp.rounds == 1
     assert json.loads((save / "edit.json").read_text())["requests"][0]["subject"] == "AJ Lee"
-    with pytest.raises(SystemExit, match="exists and is not empty"):
-        cli_main(args)
+    capsys.readouterr()
+    assert cli_main(args) == 2  # one line on stderr, exit code 2, before the model is loaded
+    err = capsys.readouterr().err
+    assert "exists and is not empty" in err and len(err.strip().splitlines()) == 1
 
 
-def test_cli_rejects_mismatched_subjects(tmp_path, tiny_dir):
+def test_cli_rejects_mismatched_subjects(tmp_path, tiny_dir, capsys):
     passage = tmp_path / "p.txt"
     passage.write_text("x")
-    with pytest.raises(SystemExit, match="one subject per passage"):
-        cli_main(["edit", "--hparams", str(_yaml(tmp_path, tiny_dir)), "--subject", "A", "--subject", "B",
-                  "--passage-file", str(passage)])
+    assert cli_main(["edit", "--hparams", str(_yaml(tmp_path, tiny_dir)), "--subject", "A", "--subject", "B",
+                     "--passage-file", str(passage)]) == 2
+    err = capsys.readouterr().err
+    assert "one subject per passage" in err and len(err.strip().splitlines()) == 1

@@ -386,7 +386,8 @@ def _edit_trace(model, tok, hp):
 
 
 @pytest.mark.parametrize("executor,batched", [("lora", True), ("lora", False), ("ft_m", True), ("ft_m", False)])
-def test_edit_through_accelerate_dispatch_hooks_matches_plain_model(tmp_path, executor, batched, one_thread):
+def test_edit_through_accelerate_dispatch_hooks_matches_plain_model(tmp_path, executor, batched, one_thread,
+                                                                   gate_always_open):
     """device_map dispatch on the CPU: accelerate's hooks move every layer's inputs and outputs, as across GPUs."""
     from accelerate import dispatch_model
     from transformers import AutoModelForCausalLM
@@ -414,7 +415,7 @@ def test_edit_through_accelerate_dispatch_hooks_matches_plain_model(tmp_path, ex
 @pytest.mark.skipif(torch.cuda.device_count() < 2,
                     reason=f"needs 2 GPUs to place a model across two devices; this machine has {torch.cuda.device_count()}")
 @pytest.mark.parametrize("executor", ["lora", "ft_m"])
-def test_model_split_across_two_gpus(tmp_path, executor):
+def test_model_split_across_two_gpus(tmp_path, executor, gate_always_open):
     from transformers import AutoModelForCausalLM
 
     from hpse_easyedit import load_model

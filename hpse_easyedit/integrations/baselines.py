@@ -66,7 +66,10 @@ __all__ = [
     "UnKEHyperParams",
     "apply_locate_then_edit",
     "apply_unke_family",
+    "as_locate_then_edit",
     "chat_text",
+    "check_depth",
+    "easyedit_locate_then_edit_classes",
     "easyedit_model_name",
     "load_instruction_texts",
     "load_locate_then_edit_hparams",
@@ -298,7 +301,7 @@ def _grad_flags_kept(model: Any) -> Iterator[None]:
             p.requires_grad_(flags.get(n, p.requires_grad))
 
 
-def _check_depth(model: Any, layers: Sequence[int], extra: Sequence[int], source: str) -> None:
+def check_depth(model: Any, layers: Sequence[int], extra: Sequence[int], source: str) -> None:
     n = getattr(getattr(model, "config", None), "num_hidden_layers", None)
     if n is not None and max(list(layers) + list(extra)) >= n:
         raise HParamsError(
@@ -330,7 +333,7 @@ def apply_unke_family(model: Any, tok: Any, requests: Any, hparams: UnKEHyperPar
         model = copy_module.deepcopy(model)
     ee_cls, ee_apply = _easyedit_unke(hparams.alg_name)
     reqs = normalize_requests(requests, hparams)
-    _check_depth(model, hparams.layers, [hparams.v_loss_layer], f"<{hparams.alg_name} hparams>")
+    check_depth(model, hparams.layers, [hparams.v_loss_layer], f"<{hparams.alg_name} hparams>")
     ee_fields = {f.name for f in dataclasses.fields(ee_cls)}
     values = {name: getattr(hparams, name) for name in ee_fields}
     values["model_name"] = easyedit_model_name(hparams.model_name, model, hparams.alg_name)
@@ -385,6 +388,19 @@ class LocateThenEditHParams:
     def model_name(self) -> str:
         return self.easyedit.model_name
 
+    @property
+    def device(self) -> Any:
+        return self.easyedit.device
+
+    @property
+    def model_parallel(self) -> bool:
+        return bool(getattr(self.easyedit, "model_parallel", False))
+
+    @classmethod
+    def from_hparams(cls, path: str | os.PathLike) -> "LocateThenEditHParams":
+        """Read a MEMIT/AlphaEdit YAML file (``load_locate_then_edit_hparams``)."""
+        return load_locate_then_edit_hparams(path)
+
     def to_dict(self) -> dict:
         return {**dataclasses.asdict(self.easyedit), "adapter": dataclasses.asdict(self.options)}
 
@@ -399,6 +415,28 @@ class LocateThenEditHParams:
             return list(self.options.stats_corpus)
         name = self.easyedit.mom2_dataset
         return [name] if name in BUILTIN_CORPORA else None
+
+
+def easyedit_locate_then_edit_classes() -> tuple[type, ...]:
+    """EasyEdit's own ``MEMITHyperParams`` and ``AlphaEditHyperParams`` when EasyEdit is imported (else ``()``)."""
+    import sys
+
+    out = []
+    for modname, cls in (("easyeditor.models.memit.memit_hparams", "MEMITHyperParams"),
+                         ("easyeditor.models.alphaedit.AlphaEdit_hparams", "AlphaEditHyperParams")):
+        mod = sys.modules.get(modname)
+        if mod is not None and hasattr(mod, cls):
+            out.append(getattr(mod, cls))
+    return tuple(out)
+
+
+def as_locate_then_edit(hparams: Any) -> Any:
+    """EasyEdit's own MEMIT/AlphaEdit hparams object wrapped with the adapter's default options; anything else as is."""
+    classes = easyedit_locate_then_edit_classes()
+    if classes and isinstance(hparams, classes):
+        return LocateThenEditHParams(alg_name=hparams.alg_name, easyedit=hparams, options=AdapterOptions(),
+                                     source=f"<{type(hparams).__name__}>")
+    return hparams
 
 
 def _options(values: Mapping[str, Any], source: str) -> AdapterOptions:
@@ -507,7 +545,7 @@ def prepare_locate_then_edit(model: Any, tok: Any, hp: LocateThenEditHParams) ->
     """Offline statistics, AlphaEdit's projection and fresh caches for ``model``; returns the hparams EasyEdit gets."""
     import_easyedit()
     ee = hp.easyedit
-    _check_depth(model, ee.layers, [ee.v_loss_layer], hp.source)
+    check_depth(model, ee.layers, [ee.v_loss_layer], hp.source)
     call = dataclasses.replace(ee, model_name=easyedit_model_name(ee.model_name, model, hp.alg_name))
     corpus = hp.corpus
     if corpus is None and ee.mom2_dataset not in DOWNLOADED_DATASETS:

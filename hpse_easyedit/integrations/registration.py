@@ -146,8 +146,29 @@ def _batchable_wrapper(original: Callable[[str], bool]) -> Callable[[str], bool]
     return is_batchable_method
 
 
+def _from_hparams_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
+    def from_hparams(cls: Any, hparams: Any) -> Any:
+        """``BaseEditor.from_hparams``: hpse_easyedit's hparams get their model from ``hpse_easyedit.load_model``
+        (``make_editor``); any other hparams go to EasyEdit's own loader."""
+        from .methods import is_project_hparams, make_editor
+
+        if is_project_hparams(hparams):
+            return make_editor(hparams, editor_cls=cls)
+        return original(cls, hparams)
+
+    from_hparams._hpse_original = original  # type: ignore[attr-defined]
+    return from_hparams
+
+
 def register() -> None:
-    """Add HPSE, COIN, UnKE and AnyEdit to the imported EasyEdit (idempotent; imports EasyEdit if needed)."""
+    """Add HPSE, COIN, UnKE and AnyEdit to the imported EasyEdit (idempotent; imports EasyEdit if needed).
+
+    Also routes ``BaseEditor.from_hparams`` for this package's hparams objects (and EasyEdit's own MEMIT and
+    AlphaEdit ones) through ``make_editor``: the model is loaded by ``hpse_easyedit.load_model`` and handed
+    to ``BaseEditor`` as the ``(model, tokenizer)`` pair its constructor accepts in place of a name, so
+    EasyEdit's name-based loader (which knows neither SmolLM2 nor Gemma-2, trusts remote code for Qwen
+    and ignores the file's dtype) is never asked. ``BaseEditor(hparams)`` itself is left as EasyEdit wrote it.
+    """
     import_easyedit()
     alg_dict = importlib.import_module("easyeditor.util.alg_dict").ALG_DICT
     utils = importlib.import_module("easyeditor.editors.utils")
@@ -161,3 +182,7 @@ def register() -> None:
     current = batch_editor.is_batchable_method
     if not hasattr(current, "_hpse_original"):
         batch_editor.is_batchable_method = staticmethod(_batchable_wrapper(current))
+    base_editor = importlib.import_module("easyeditor.editors.editor").BaseEditor
+    factory = base_editor.__dict__.get("from_hparams")
+    if isinstance(factory, classmethod) and not hasattr(factory.__func__, "_hpse_original"):
+        base_editor.from_hparams = classmethod(_from_hparams_wrapper(factory.__func__))
