@@ -126,10 +126,16 @@ def test_unkebench_judge_end_to_end_through_llama_cpp_server_with_cache(llama_se
     for case, rec in zip(cases, records):
         assert rec["judge"] == f"llm:{MODEL}"
         assert len(rec["factscore"]) == 2 and len(rec["dmp_scores"]) == len(case["sub_questions"])
-        assert all(s in (0, 1) for s in rec["dmp_scores"]) and 0.0 <= rec["Dmp"] <= 1.0
+        assert all(s in (0, 1) or (s is None and "Dmp" in rec.get("unjudged", [])) for s in rec["dmp_scores"])
         for fs in rec["factscore"]:
             assert all(isinstance(f, str) and f for f in fs["facts"]) and len(fs["supported"]) == len(fs["facts"])
             assert 0.0 <= fs["score"] <= 1.0
+        # a metric the 135M judge answered malformed is unjudged (None, listed), never a silent 0
+        for metric in ("Jnt", "Dmp"):
+            if metric in rec.get("unjudged", []):
+                assert rec[metric] is None and rec["judge_complete"] is False
+            else:
+                assert 0.0 <= rec[metric] <= 1.0
     # per record: 2 decompositions, up to 2 support checks (none when no fact came back), 1 coverage prompt
     assert 2 * 3 <= len(client.outcomes) <= 2 * 5
     # the same prompt twice (the two joint answers are the same sentence here) is asked once
