@@ -20,6 +20,7 @@ setup(
         "openai>=1.30",
         "tqdm>=4.60",
         "matplotlib>=3.7",
+        "packaging>=20",  # version comparisons (hpse_easyedit.loading)
         "nltk>=3.8",  # SelfBLEU-4 (benchmarks.metrics.bleu): the sentence_bleu Texygen calls
     ],
     extras_require={

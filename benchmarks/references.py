@@ -9,7 +9,8 @@
   so there the row shows what the passages allow in context, not what the shipped teacher sees.
 
 Both run through the ordinary runner (``alg_name: UNEDITED`` / ``IN_CONTEXT`` in a small hparams file,
-``hparams/REFERENCE/``), so they are scored, stored, resumed and compared like any editor.
+``hparams/REFERENCE/``; registered in ``benchmarks.editors``), so they are scored, stored, resumed and
+compared like any editor.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence
 
-from hpse_easyedit.integrations.config import EditorHParams, hp_field
+from hpse_easyedit.hparams import EditorHParams, hp_field
 
-__all__ = ["HPARAMS", "InContextHParams", "ReferenceHParams", "ReferenceResult", "answer_system", "reference_edit"]
+__all__ = [
+    "InContextHParams", "ReferenceHParams", "ReferenceResult", "answer_system", "keep_model", "reference_edit",
+]
 
 @dataclass
 class ReferenceHParams(EditorHParams):
@@ -44,9 +47,6 @@ class InContextHParams(ReferenceHParams):
     )
 
 
-HPARAMS = {"UNEDITED": ReferenceHParams, "IN_CONTEXT": InContextHParams}
-
-
 @dataclass
 class ReferenceResult:
     """What the runner reads from an edit result; ``context`` is what the answers are conditioned on."""
@@ -58,8 +58,9 @@ class ReferenceResult:
     context: list = field(default_factory=list)  # [(subject, passage)] for IN_CONTEXT, [] for UNEDITED
 
 
-def load_reference_hparams(alg_name: str, path: str, overrides: Sequence[str]) -> ReferenceHParams:
-    return HPARAMS[alg_name].from_hparams(path).with_overrides(list(overrides))
+def keep_model(model: Any, weights_copy: Any) -> Any:
+    """The restore of an edit that changed nothing: the model as it is."""
+    return model
 
 
 def reference_edit(model: Any, tok: Any, requests: list[dict], hp: ReferenceHParams) -> ReferenceResult:

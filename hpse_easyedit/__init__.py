@@ -5,12 +5,13 @@ from .executors import restore_weights
 from .generation import generate_answers
 from .hparams import HParamsError, HPSEHyperParams
 from .loading import ModelNotFoundError, load_model
+from .methods import MethodSpec, get_method, register_method, registered_methods
 
 __version__ = "0.1.0"
 
 
 def register() -> None:
-    """Register HPSE, COIN*, UnKE and AnyEdit as EasyEdit methods (imports EasyEdit; idempotent)."""
+    """Register the registry's methods (HPSE, COIN*, UnKE, AnyEdit) as EasyEdit methods (imports EasyEdit; idempotent)."""
     from .integrations.registration import register as _register
 
     _register()
@@ -20,13 +21,17 @@ __all__ = [
     "EditResult",
     "HParamsError",
     "HPSEHyperParams",
+    "MethodSpec",
     "ModelNotFoundError",
     "RequestError",
     "apply_hpse_to_model",
     "generate_answers",
+    "get_method",
     "hpse_edit",
     "load_model",
     "normalize_requests",
     "register",
+    "register_method",
+    "registered_methods",
     "restore_weights",
 ]

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .editor import RequestError, hpse_edit
+from .executors import EXECUTORS
 from .generation import generate_answers
 from .hparams import HParamsError, HPSEHyperParams
 from .loading import ModelNotFoundError
@@ -119,16 +120,7 @@ def save_edit(result: Any, hparams: HPSEHyperParams, out_dir: str | os.PathLike,
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"--save {out}: the directory exists and is not empty; choose a new directory")
     out.mkdir(parents=True, exist_ok=True)
-    if hparams.executor == "lora":
-        result.model.save_pretrained(str(out / "adapter"), selected_adapters=["hpse"])
-        weights = "adapter/hpse"  # load with PeftModel.from_pretrained(base_model, DIR/adapter/hpse)
-    else:
-        from safetensors.torch import save_file
-
-        name = hparams.ftm_module_template.format(hparams.ftm_layer) + ".weight"
-        tensor = result.model.get_parameter(name).detach().cpu().contiguous()
-        save_file({name: tensor}, str(out / "ft_m.safetensors"))
-        weights = "ft_m.safetensors"
+    weights = EXECUTORS[hparams.executor].save_edit(result.model, hparams, out)
     hparams.to_yaml(out / "hparams.yaml")
     manifest = {"weights": weights, "executor": hparams.executor, "model_name": hparams.model_name,
                 "requests": requests, "rounds": result.rounds, "seconds": result.seconds}

@@ -54,8 +54,7 @@ import torch.nn.functional as F
 
 from .editor import EditResult, RequestError, normalize_requests
 from .executors import make_executor
-from .hparams import HParamsError
-from .integrations.config import ExecutorHParams, hp_field
+from .hparams import ExecutorHParams, HParamsError, hp_field
 from .losses import sequence_nll
 from .prompts import chat_prompt_ids, end_of_turn_id
 from .rollout import input_device

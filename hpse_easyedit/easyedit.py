@@ -1,4 +1,4 @@
-"""EasyEdit integration: importing this module registers HPSE, COIN*, UnKE and AnyEdit in EasyEdit.
+"""EasyEdit integration: importing this module registers the registry's methods (HPSE, COIN*, UnKE, AnyEdit) in EasyEdit.
 
 EasyEdit is used from its GitHub source (``$EASYEDIT_SRC`` or ``sys.path``); see docs/EASYEDIT.md::
 
@@ -28,26 +28,28 @@ from .integrations.easyedit_import import (
     check_easyedit,
     import_easyedit,
 )
-from .integrations.methods import METHODS, is_project_hparams, load_hparams, make_editor, runner_spec
-from .integrations.registration import BATCHABLE, PLUGIN_METHODS, EditHandle, register
+from .integrations.factory import is_project_hparams, make_editor
+from .integrations.registration import EditHandle, plugin_methods, register
+from .methods import MethodSpec, get_method, load_hparams, register_method, registered_methods
 
 __all__ = [
-    "BATCHABLE",
     "ENV_VAR",
     "INSTALL_HINT",
-    "METHODS",
     "OPTIONAL_MODULES",
-    "PLUGIN_METHODS",
     "EasyEditNotFoundError",
     "EasyEditVersionError",
     "EditHandle",
+    "MethodSpec",
     "check_easyedit",
+    "get_method",
     "import_easyedit",
     "is_project_hparams",
     "load_hparams",
     "make_editor",
+    "plugin_methods",
     "register",
-    "runner_spec",
+    "register_method",
+    "registered_methods",
 ]
 
 register()

@@ -24,14 +24,18 @@ from typing import Any, ClassVar, Iterable, Mapping
 
 import yaml
 
-__all__ = ["EditorHParams", "ExecutorHParams", "HPSEHyperParams", "HParamsError", "YamlHParams", "parse_overrides"]
+__all__ = [
+    "EditorHParams", "ExecutorHParams", "HPSEHyperParams", "HParamsError", "YamlHParams", "hp_field", "parse_overrides",
+    "read_hparams_file",
+]
 
 
 class HParamsError(ValueError):
     """A hyper-parameter file or override is invalid; the message names the key, the file and the fix."""
 
 
-def _f(default: Any, help: str, **checks: Any) -> Any:
+def hp_field(default: Any, help: str, **checks: Any) -> Any:
+    """A dataclass field with its help text and the checks ``validate`` applies (min, max, choices, types, ...)."""
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help, **checks})
     return field(default=default, metadata={"help": help, **checks})
@@ -61,18 +65,12 @@ class YamlHParams:
         path = os.fspath(path)
         if not os.path.isfile(path) and os.path.isfile(path + ".yaml"):
             path = path + ".yaml"
-        try:
-            with open(path, encoding="utf-8") as fh:
-                config = yaml.safe_load(fh)
-        except FileNotFoundError:
-            raise HParamsError(
-                f"{path}: no such hparams file; pass the path of a YAML file such as hparams/{cls.ALG_NAME}/smollm2-135m.yaml"
-            ) from None
-        except yaml.YAMLError as err:
-            raise HParamsError(f"{path}: not valid YAML ({err}); fix the syntax") from None
-        if not isinstance(config, dict):
-            raise HParamsError(f"{path}: expected a mapping of key: value at the top level, got {type(config).__name__}")
-        return cls.from_dict(config, source=path)
+        return cls.from_dict(read_hparams_file(path), source=path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, overrides: Iterable[str] | Mapping[str, Any] = ()) -> "YamlHParams":
+        """``from_hparams(path)`` with ``key=value`` overrides applied: how the method registry reads a file."""
+        return cls.from_hparams(path).with_overrides(overrides)
 
     @classmethod
     def from_dict(cls, config: Mapping[str, Any], source: str = "<dict>") -> "YamlHParams":
@@ -137,40 +135,40 @@ class YamlHParams:
 class EditorHParams(YamlHParams):
     """The fields EasyEdit's ``BaseEditor`` reads and ``hpse_easyedit.load_model`` needs, shared by every method."""
 
-    alg_name: str = _f("", "Method name; EasyEdit's BaseEditor dispatches on it.")
-    model_name: str = _f("", "HF model id or local directory of the model to edit.", nonempty=True)
-    device: Any = _f("cpu", "'cpu', 'cuda', 'cuda:N' or an int GPU index (EasyEdit style).", types=(str, int))
-    dtype: str = _f("float32", "Weights dtype when loading.", choices=("float32", "bfloat16", "float16"))
-    model_parallel: bool = _f(False, "Spread the model over all visible GPUs (device_map='auto').")
-    trust_remote_code: bool = _f(False, "Allow model code from the hub; off unless you trust the repo.")
-    max_length: int = _f(2048, "Longest token sequence (prompt + passage, prompt + rollout) an edit may build; "
+    alg_name: str = hp_field("", "Method name; EasyEdit's BaseEditor dispatches on it.")
+    model_name: str = hp_field("", "HF model id or local directory of the model to edit.", nonempty=True)
+    device: Any = hp_field("cpu", "'cpu', 'cuda', 'cuda:N' or an int GPU index (EasyEdit style).", types=(str, int))
+    dtype: str = hp_field("float32", "Weights dtype when loading.", choices=("float32", "bfloat16", "float16"))
+    model_parallel: bool = hp_field(False, "Spread the model over all visible GPUs (device_map='auto').")
+    trust_remote_code: bool = hp_field(False, "Allow model code from the hub; off unless you trust the repo.")
+    max_length: int = hp_field(2048, "Longest token sequence (prompt + passage, prompt + rollout) an edit may build; "
                                "EasyEdit's evaluation also reads it.", min=8)
-    batch_size: int = _f(1, "Requests per batch_edit call (EasyEdit); all requests of one call are edited jointly.", min=1)
-    use_chat_template: bool = _f(
+    batch_size: int = hp_field(1, "Requests per batch_edit call (EasyEdit); all requests of one call are edited jointly.", min=1)
+    use_chat_template: bool = hp_field(
         True, "EasyEdit evaluation only: BaseEditor scores teacher-forced accuracy with prompts in the chat template.")
-    editing_prompt: str = _f("Introduce {subject}.", "Untargeted editing prompt; '{subject}' is filled in.", contains="{subject}")
-    chat_template_kwargs: dict = _f({}, "Extra keyword arguments for apply_chat_template (e.g. enable_thinking: false).")
+    editing_prompt: str = hp_field("Introduce {subject}.", "Untargeted editing prompt; '{subject}' is filled in.", contains="{subject}")
+    chat_template_kwargs: dict = hp_field({}, "Extra keyword arguments for apply_chat_template (e.g. enable_thinking: false).")
 
 
 @dataclass
 class ExecutorHParams(EditorHParams):
     """What moves in an edit and the Adam optimiser that moves it, for the methods that train through an executor (HPSE, COIN*)."""
 
-    executor: str = _f("lora", "Which parameters move: 'lora' (adapters) or 'ft_m' (one MLP matrix).", choices=("lora", "ft_m"))
-    lora_rank: int = _f(12, "LoRA rank r.", min=1)
-    lora_alpha: float = _f(24.0, "LoRA alpha (scaling = alpha / r).", min=0.0)
-    lora_dropout: float = _f(0.0, "LoRA dropout.", min=0.0, max=1.0)
-    target_modules: list = _f(
+    executor: str = hp_field("lora", "Which parameters move: 'lora' (adapters) or 'ft_m' (one MLP matrix).", choices=("lora", "ft_m"))
+    lora_rank: int = hp_field(12, "LoRA rank r.", min=1)
+    lora_alpha: float = hp_field(24.0, "LoRA alpha (scaling = alpha / r).", min=0.0)
+    lora_dropout: float = hp_field(0.0, "LoRA dropout.", min=0.0, max=1.0)
+    target_modules: list = hp_field(
         ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
         "Module names that get LoRA adapters.", nonempty=True,
     )
-    layers: Any = _f(None, "Layer indices that get LoRA adapters; null = all layers.", types=(list, type(None)))
-    ftm_layer: int = _f(8, "FT-M: the layer L whose MLP down_proj is fine-tuned (8 Qwen/Gemma, 16 Llama-3.1).", min=0)
-    ftm_module_template: str = _f("model.layers.{}.mlp.down_proj", "FT-M: module path template, '{}' = layer.")
-    seed: int = _f(0, "Seed for adapter initialisation.", min=0)
-    lr: float = _f(1e-4, "Adam step size (eta).", min=0.0, exclusive_min=True)
-    adam_betas: list = _f([0.9, 0.999], "Adam betas.", length=2)
-    weight_decay: float = _f(0.0, "Adam weight decay.", min=0.0)
+    layers: Any = hp_field(None, "Layer indices that get LoRA adapters; null = all layers.", types=(list, type(None)))
+    ftm_layer: int = hp_field(8, "FT-M: the layer L whose MLP down_proj is fine-tuned (8 Qwen/Gemma, 16 Llama-3.1).", min=0)
+    ftm_module_template: str = hp_field("model.layers.{}.mlp.down_proj", "FT-M: module path template, '{}' = layer.")
+    seed: int = hp_field(0, "Seed for adapter initialisation.", min=0)
+    lr: float = hp_field(1e-4, "Adam step size (eta).", min=0.0, exclusive_min=True)
+    adam_betas: list = hp_field([0.9, 0.999], "Adam betas.", length=2)
+    weight_decay: float = hp_field(0.0, "Adam weight decay.", min=0.0)
 
 
 @dataclass
@@ -179,39 +177,61 @@ class HPSEHyperParams(ExecutorHParams):
 
     ALG_NAME: ClassVar[str] = "HPSE"
 
-    alg_name: str = _f("HPSE", "Method name; must be HPSE (EasyEdit dispatches on it).", choices=("HPSE",))
+    alg_name: str = hp_field("HPSE", "Method name; must be HPSE (EasyEdit dispatches on it).", choices=("HPSE",))
 
-    tau: float = _f(2.0, "Step-in gap gate: log pi*(y*) - log pi_theta(y*) > tau (a log-probability margin, >= 0).",
+    tau: float = hp_field(2.0, "Step-in gap gate: log pi*(y*) - log pi_theta(y*) > tau (a log-probability margin, >= 0).",
                     min=0.0)
-    kappa: float = _f(0.3, "Step-in confidence gate: pi*(y*) > kappa (a probability in [0, 1)).", min=0.0, max=1.0,
+    kappa: float = hp_field(0.3, "Step-in confidence gate: pi*(y*) > kappa (a probability in [0, 1)).", min=0.0, max=1.0,
                       exclusive_max=True)
-    top_k: int = _f(16, "Teacher top-K kept (renormalised) for the KL target.", min=1)
-    kl_weight: float = _f(1.0, "Weight of the hybrid KL term; 0 = plain executor baseline (NLL only).", min=0.0)
-    nll_weight: float = _f(1.0, "lambda: weight of the passage NLL anchor; 0 = 'w/o NLL'.", min=0.0)
-    rollout: str = _f("hybrid", "'hybrid' (HPSE) or 'on_policy' (OPSD, the 'w/o HP' ablation).", choices=("hybrid", "on_policy"))
-    rounds: int = _f(5, "R: outer rounds, one greedy rollout each.", min=1)
-    inner_steps: int = _f(8, "M: Adam steps per round on that round's fixed rollout.", min=1)
-    max_new_tokens: int = _f(96, "Rollout length cap (96 MQuAKE-uns, 128 UnKEBench).", min=1)
-    teacher_prompt_style: str = _f(
+    top_k: int = hp_field(16, "Teacher top-K kept (renormalised) for the KL target.", min=1)
+    kl_weight: float = hp_field(1.0, "Weight of the hybrid KL term; 0 = plain executor baseline (NLL only).", min=0.0)
+    nll_weight: float = hp_field(1.0, "lambda: weight of the passage NLL anchor; 0 = 'w/o NLL'.", min=0.0)
+    rollout: str = hp_field("hybrid", "'hybrid' (HPSE) or 'on_policy' (OPSD, the 'w/o HP' ablation).", choices=("hybrid", "on_policy"))
+    rounds: int = hp_field(5, "R: outer rounds, one greedy rollout each.", min=1)
+    inner_steps: int = hp_field(8, "M: Adam steps per round on that round's fixed rollout.", min=1)
+    max_new_tokens: int = hp_field(96, "Rollout length cap (96 MQuAKE-uns, 128 UnKEBench).", min=1)
+    teacher_prompt_style: str = hp_field(
         "auto", "Privileged system prompt wording: 'auto' (from model_type), 'default' or 'llama' (the paper's), "
         "or 'plain' (the passage alone, no rules; not in the paper).",
         choices=("auto", "default", "llama", "plain"),
     )
-    teacher_facts: str = _f(
+    teacher_facts: str = hp_field(
         "request", "What the teacher reads for a request: its own passage ('request'), all passages of the edit ('all'), "
         "or all passages each headed 'About <subject>:' ('labelled'; not in the paper).",
         choices=("request", "all", "labelled"),
     )
-    batched_rollout: bool = _f(
+    batched_rollout: bool = hp_field(
         True, "Advance student and teacher in ONE batched forward per rollout token (one KV cache of batch 2); "
         "false = two separate cached forwards. Same tokens either way.",
     )
-    kl_student: str = _f(
+    kl_student: str = hp_field(
         "full", "Student side of the top-K KL: 'full' (the paper's: the student's full-vocabulary log-probabilities of "
         "the teacher's top-K tokens) or 'topk' (NOT the paper's: renormalised over the teacher's top-K as well, a weaker "
         "regulariser with zero gradient outside the top-K).",
         choices=("full", "topk"),
     )
+
+
+def read_hparams_file(path: str | os.PathLike) -> dict:
+    """The top-level mapping of a YAML hparams file (``yaml.safe_load``); every way it can be unreadable is an
+    ``HParamsError`` naming the file and the fix. Every hparams file of every method is read here."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise HParamsError(f"{path}: is a directory; pass an hparams YAML file such as hparams/HPSE/smollm2-135m.yaml")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            config = yaml.safe_load(fh)
+    except FileNotFoundError:
+        raise HParamsError(
+            f"{path}: no such hparams file; pass the path of a YAML file such as hparams/HPSE/smollm2-135m.yaml"
+        ) from None
+    except yaml.YAMLError as err:
+        raise HParamsError(f"{path}: not valid YAML ({' '.join(str(err).split())}); fix the syntax") from None
+    except UnicodeDecodeError:
+        raise HParamsError(f"{path}: not a text file; pass an hparams YAML file") from None
+    if not isinstance(config, dict):
+        raise HParamsError(f"{path}: expected a mapping of key: value at the top level, got {type(config).__name__}")
+    return config
 
 
 def parse_overrides(items: Iterable[str]) -> dict:

@@ -31,9 +31,9 @@ _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 def _dtype_keyword() -> str:
     """transformers >= 4.56 calls it ``dtype`` (and warns on ``torch_dtype``); older releases need ``torch_dtype``."""
     import transformers
+    from packaging.version import Version
 
-    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
-    return "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
+    return "dtype" if Version(transformers.__version__).release[:2] >= (4, 56) else "torch_dtype"  # 4.56 dev builds too
 
 
 _DTYPE_KW = _dtype_keyword()
@@ -73,13 +73,15 @@ def _offline() -> bool:
 
 def download_hint(name: str) -> str:
     """The command that puts ``name`` into the Hugging Face cache, with the CLI the installed huggingface_hub ships."""
+    from packaging.version import InvalidVersion, Version
+
     try:
         import huggingface_hub
 
-        major, minor = (int(x) for x in huggingface_hub.__version__.split(".")[:2])
-    except (ImportError, ValueError):
-        major, minor = 0, 0
-    cli = "hf" if (major, minor) >= (0, 34) or shutil.which("hf") else "huggingface-cli"
+        new_cli = Version(huggingface_hub.__version__).release[:2] >= (0, 34)
+    except (ImportError, InvalidVersion):
+        new_cli = False
+    cli = "hf" if new_cli or shutil.which("hf") else "huggingface-cli"
     return f"{cli} download {name}"
 
 

@@ -14,7 +14,7 @@ import yaml
 
 from hpse_easyedit import HParamsError, HPSEHyperParams, restore_weights
 from hpse_easyedit.integrations import baselines as B
-from hpse_easyedit.integrations.methods import load_hparams
+from hpse_easyedit.methods import load_hparams
 from hpse_easyedit.integrations.registration import EditHandle, apply_hpse_for_easyedit
 from tiny_models import make_tiny_model_and_tokenizer, same_weights, tiny_hparams, weights_snapshot
 

@@ -126,15 +126,15 @@ def test_unke_and_anyedit_run_easyedits_own_code_and_restore(he, workdir, monkey
     model, tok = make_tiny_model_and_tokenizer("llama")
     snap = weights_snapshot(model)
     hp = _unke_hparams(alg, workdir)
-    spec = he.runner_spec(alg)
-    res = spec["edit"](model, tok, REQUESTS, hp)
+    spec = he.get_method(alg)
+    res = spec.edit(model, tok, REQUESTS, hp)
     (ee_module, ee_name, batch, n_ex), = calls
     assert ee_module.startswith("easyeditor.models.unke") and "Qwen2.5-7B-Instruct" in ee_name
     assert batch[0]["question"] == "<|im_start|>user\nIntroduce AJ Lee.<|im_end|>\n<|im_start|>assistant\n"
     assert batch[1]["answer"] == P2 + "<|im_end|>" and n_ex == 4
     assert changed_weights(model, snap) and all(k.startswith("model.layers.0.") for k in changed_weights(model, snap))
     assert {n: p.requires_grad for n, p in model.named_parameters()} == snap[1]
-    spec["restore"](res.model, res.weights_copy)
+    spec.restore(res.model, res.weights_copy)
     assert same_weights(model, snap)
 
     editor = he.make_editor(hp, model, tok)  # the same method as an ALG_DICT entry of BaseEditor
@@ -181,13 +181,13 @@ def test_memit_and_alphaedit_edit_offline_through_easyedits_alg_dict_and_restore
     model, tok = make_tiny_model_and_tokenizer("llama")
     model.config._name_or_path = "tiny-llama"
     snap = weights_snapshot(model)
-    spec = he.runner_spec(alg)
-    hp = spec["load_hparams"](str(_locate_then_edit_file(alg, workdir)), ["v_num_grad_steps=2"])
-    assert hp.easyedit.v_num_grad_steps == 2 and spec["hparams_dict"](hp)["adapter"]["stats_corpus"]
+    spec = he.get_method(alg)
+    hp = spec.load_hparams(str(_locate_then_edit_file(alg, workdir)), ["v_num_grad_steps=2"])
+    assert hp.easyedit.v_num_grad_steps == 2 and spec.hparams_dict(hp)["adapter"]["stats_corpus"]
     for _ in range(2):  # two single edits, each from the unedited model
-        res = spec["edit"](model, tok, REQUESTS, hp)
+        res = spec.edit(model, tok, REQUESTS, hp)
         assert changed_weights(model, snap) == {"model.layers.0.mlp.down_proj.weight", "model.layers.1.mlp.down_proj.weight"}
-        spec["restore"](res.model, res.weights_copy)
+        spec.restore(res.model, res.weights_copy)
         assert same_weights(model, snap)
     assert all(req["target_new"].endswith("<|im_end|>") for req in calls[0][1])
     assert (workdir / "stats" / "tiny-llama" / "tinycorpus_stats").is_dir()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, ContextManager
 
 import torch
@@ -38,6 +39,11 @@ class Executor:
 
     def weights_copy(self) -> dict[str, torch.Tensor]:
         """Detached copies, taken before training, of every tensor this edit will change."""
+        raise NotImplementedError
+
+    @staticmethod
+    def save_edit(model: Any, hparams: Any, out_dir: Path) -> str:
+        """Write what this executor added to the edited ``model`` under ``out_dir``; the path written, relative to it."""
         raise NotImplementedError
 
 

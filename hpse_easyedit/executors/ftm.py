@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from typing import Any, ContextManager, Iterator
 
 import torch
@@ -90,6 +91,15 @@ class FTMExecutor(Executor):
     def weights_copy(self) -> dict[str, torch.Tensor]:
         prefix = "base_model.model." if _base(self.model) is not self.model else ""
         return {prefix + self.param_name: self._before}
+
+    @staticmethod
+    def save_edit(model: Any, hparams: Any, out_dir: Path) -> str:
+        """The one edited matrix, as ``ft_m.safetensors`` keyed by its parameter name."""
+        from safetensors.torch import save_file
+
+        name = hparams.ftm_module_template.format(hparams.ftm_layer) + ".weight"
+        save_file({name: model.get_parameter(name).detach().cpu().contiguous()}, str(out_dir / "ft_m.safetensors"))
+        return "ft_m.safetensors"
 
     @staticmethod
     def release_if_original(model: Any) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from typing import Any, ContextManager, Iterator
 
 import torch
@@ -106,6 +107,12 @@ class LoRAExecutor(Executor):
     def weights_copy(self) -> dict[str, torch.Tensor]:
         names = {id(p): n for n, p in self.model.named_parameters()}
         return {names[id(p)]: p.detach().clone() for p in self._params}
+
+    @staticmethod
+    def save_edit(model: Any, hparams: Any, out_dir: Path) -> str:
+        """The adapter; load it with ``PeftModel.from_pretrained(base_model, out_dir / "adapter/hpse")``."""
+        model.save_pretrained(str(out_dir / "adapter"), selected_adapters=[ADAPTER_NAME])
+        return f"adapter/{ADAPTER_NAME}"
 
     @staticmethod
     def release_if_fresh(model: Any) -> Any:

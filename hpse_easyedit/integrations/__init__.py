@@ -1,11 +1,12 @@
 """EasyEdit integration pieces; ``hpse_easyedit.easyedit`` is the public entry point.
 
 - ``easyedit_import``: find EasyEdit's source checkout, refuse stale versions, import it.
-- ``registration``: HPSE, COIN*, UnKE and AnyEdit as ``ALG_DICT`` methods of ``BaseEditor``, and
-  ``BaseEditor.from_hparams`` of our hparams routed through ``methods.make_editor``.
-- ``baselines``: adapters over EasyEdit's own MEMIT, AlphaEdit, UnKE and AnyEdit.
-- ``methods``: one hparams loader, ``BaseEditor`` factory and benchmark-runner spec for every method.
-- ``config``: the validated-dataclass base of our hparams classes.
+- ``registration``: the registry's methods (``hpse_easyedit.methods``: HPSE, COIN*, UnKE, AnyEdit) as
+  ``ALG_DICT`` methods of ``BaseEditor``, and ``BaseEditor.from_hparams`` of our hparams routed through
+  ``factory.make_editor``.
+- ``factory``: ``make_editor`` (a ``BaseEditor`` on a model ``hpse_easyedit.load_model`` loaded) and
+  ``load_checked_model``.
+- ``baselines``: adapters over EasyEdit's own MEMIT, AlphaEdit, UnKE and AnyEdit, and their hparams classes.
 
-Only ``config`` is imported here; the rest import EasyEdit when used.
+Nothing is imported here; EasyEdit itself is imported only when a method that runs its code is used.
 """

@@ -46,18 +46,17 @@ import logging
 import os
 import random
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 import torch
-import yaml
 
 from ..covariance import BUILTIN_CORPORA, DOWNLOADED_DATASETS, CorpusError, data_dir, ensure_layer_stats, load_corpus
 from ..editor import RequestError, normalize_requests
-from ..hparams import HParamsError, parse_overrides
+from ..executors import restore_weights
+from ..hparams import EditorHParams, HParamsError, YamlHParams, hp_field, parse_overrides, read_hparams_file
 from ..prompts import end_of_turn_id
-from .config import EditorHParams, hp_field
 from .easyedit_import import import_easyedit
 
 __all__ = [
@@ -357,22 +356,23 @@ def apply_unke_family(model: Any, tok: Any, requests: Any, hparams: UnKEHyperPar
 
 # ---------------------------------------------------------------------------------------------- MEMIT / AlphaEdit
 @dataclass
-class AdapterOptions:
+class AdapterOptions(YamlHParams):
     """Options of the MEMIT/AlphaEdit adapters that are not EasyEdit fields (optional top-level YAML keys)."""
 
-    stats_corpus: list | None = None  # local corpus of the covariance statistics; None = from mom2_dataset
-    editing_prompt: str = "Introduce {subject}."
-    chat_template_kwargs: dict = field(default_factory=dict)
-    dtype: str = "float32"
-    use_chat_template: bool = True
+    stats_corpus: Any = hp_field(
+        None, "Local corpus of the covariance statistics: built-in names or .txt/.json/.jsonl files or dirs; "
+              "null = from mom2_dataset.", types=(list, type(None)))
+    editing_prompt: str = hp_field("Introduce {subject}.", "Untargeted editing prompt; '{subject}' is filled in.",
+                                   contains="{subject}")
+    chat_template_kwargs: dict = hp_field({}, "Extra keyword arguments for apply_chat_template.")
+    dtype: str = hp_field("float32", "Weights dtype when hpse_easyedit loads the model.",
+                          choices=("float32", "bfloat16", "float16"))
+    use_chat_template: bool = hp_field(True, "EasyEdit evaluation: score prompts through the chat template.")
 
-    HELP = {
-        "stats_corpus": "local corpus of the covariance statistics: built-in names or .txt/.json/.jsonl files or dirs",
-        "editing_prompt": "untargeted editing prompt with '{subject}'",
-        "chat_template_kwargs": "extra keyword arguments of apply_chat_template",
-        "dtype": "float32, bfloat16 or float16 when hpse_easyedit loads the model",
-        "use_chat_template": "EasyEdit evaluation: score prompts through the chat template",
-    }
+    def check(self, source: str) -> None:
+        if self.stats_corpus is not None and not all(isinstance(s, str) and s for s in self.stats_corpus):
+            raise HParamsError(
+                f"{source}: key 'stats_corpus' must be a list of corpus names or paths, got {self.stats_corpus!r}")
 
 
 @dataclass
@@ -400,6 +400,11 @@ class LocateThenEditHParams:
     def from_hparams(cls, path: str | os.PathLike) -> "LocateThenEditHParams":
         """Read a MEMIT/AlphaEdit YAML file (``load_locate_then_edit_hparams``)."""
         return load_locate_then_edit_hparams(path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, overrides: Sequence[str] | Mapping[str, Any] = ()) -> "LocateThenEditHParams":
+        """A MEMIT/AlphaEdit file with ``key=value`` overrides (applied before EasyEdit's class reads the keys)."""
+        return load_locate_then_edit_hparams(path, overrides)
 
     def to_dict(self) -> dict:
         return {**dataclasses.asdict(self.easyedit), "adapter": dataclasses.asdict(self.options)}
@@ -439,38 +444,19 @@ def as_locate_then_edit(hparams: Any) -> Any:
     return hparams
 
 
-def _options(values: Mapping[str, Any], source: str) -> AdapterOptions:
-    opts = AdapterOptions(**values)
-    if opts.stats_corpus is not None and (not isinstance(opts.stats_corpus, list) or not all(
-            isinstance(s, str) and s for s in opts.stats_corpus)):
-        raise HParamsError(f"{source}: key 'stats_corpus' must be a list of corpus names or paths, got {opts.stats_corpus!r}")
-    if "{subject}" not in opts.editing_prompt:
-        raise HParamsError(f"{source}: key 'editing_prompt' must contain '{{subject}}', got {opts.editing_prompt!r}")
-    if opts.dtype not in ("float32", "bfloat16", "float16"):
-        raise HParamsError(f"{source}: key 'dtype' must be float32, bfloat16 or float16, got {opts.dtype!r}")
-    if not isinstance(opts.chat_template_kwargs, dict):
-        raise HParamsError(f"{source}: key 'chat_template_kwargs' must be a mapping, got {opts.chat_template_kwargs!r}")
-    return opts
-
-
 def load_locate_then_edit_hparams(path: str | os.PathLike, overrides: Sequence[str] | Mapping[str, Any] = ()) -> LocateThenEditHParams:
     """Read a MEMIT/AlphaEdit YAML file (EasyEdit's schema + optional adapter keys) into EasyEdit's hparams class."""
     path = os.fspath(path)
-    try:
-        with open(path, encoding="utf-8") as fh:
-            config = yaml.safe_load(fh)
-    except FileNotFoundError:
-        raise HParamsError(f"{path}: no such hparams file; pass e.g. hparams/MEMIT/smollm2-135m.yaml") from None
-    except yaml.YAMLError as err:
-        raise HParamsError(f"{path}: not valid YAML ({err}); fix the syntax") from None
-    if not isinstance(config, dict):
-        raise HParamsError(f"{path}: expected a mapping of key: value at the top level")
+    config = read_hparams_file(path)
     alg = config.get("alg_name")
     if alg not in LOCATE_THEN_EDIT:
         raise HParamsError(f"{path}: alg_name must be one of {list(LOCATE_THEN_EDIT)}, got {alg!r}")
     config.update(dict(overrides) if isinstance(overrides, Mapping) else parse_overrides(overrides))
+    if config.get("alg_name") != alg:
+        raise HParamsError(f"{path}: alg_name is {alg!r} in the file; an override cannot change the method, "
+                           "pass the other method's hparams file")
     adapter_keys = {f.name for f in dataclasses.fields(AdapterOptions)}
-    opts = _options({k: config.pop(k) for k in list(config) if k in adapter_keys}, path)
+    opts = AdapterOptions.from_dict({k: config.pop(k) for k in list(config) if k in adapter_keys}, source=path)
     import_easyedit()
     if alg == "MEMIT":
         from easyeditor.models.memit.memit_hparams import MEMITHyperParams as cls
@@ -608,10 +594,7 @@ def apply_locate_then_edit(model: Any, tok: Any, requests: Any, hp: LocateThenEd
 
 
 def restore_copied_weights(model: Any, weights_copy: Mapping[str, torch.Tensor]) -> Any:
-    """Copy ``weights_copy`` back by parameter name (EasyEdit's restore), and let AlphaEdit start its next edit fresh."""
-    with torch.no_grad():
-        for name, value in weights_copy.items():
-            param = model.get_parameter(name)
-            param.copy_(value.to(device=param.device, dtype=param.dtype))
+    """Copy ``weights_copy`` back by parameter name (``restore_weights``), and let AlphaEdit start its next edit fresh."""
+    model = restore_weights(model, weights_copy)
     _ModuleState.alphaedit_fresh = True
     return model

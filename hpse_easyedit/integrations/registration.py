@@ -1,12 +1,13 @@
-"""Make HPSE, COIN*, UnKE and AnyEdit first-class EasyEdit methods (``register``).
+"""Make the registry's methods (HPSE, COIN*, UnKE, AnyEdit) first-class EasyEdit methods (``register``).
 
 EasyEdit's ``BaseEditor`` looks a method up in ``easyeditor.util.alg_dict.ALG_DICT`` (bound into
 ``easyeditor.editors.editor`` by a star import, so entries are added to that same dict object), lets
 ``batch_edit`` run only methods its ``BatchEditor.is_batchable_method`` lists, and after a
 non-sequential edit restores ``editor.model`` in ``restore_after_edit``: methods in
 ``CALLABLE_RESTORE_ALGS`` get ``weights_copy()`` called, all others have ``weights_copy`` copied back by
-parameter name. ``register`` adds the four methods to ``ALG_DICT``, extends the batchable check to them
-(wrapping EasyEdit's own, which keeps answering for its methods), and puts HPSE and COIN* in
+parameter name. ``register`` adds every method of the registry (``hpse_easyedit.methods``) that has an
+``easyedit_apply`` to ``ALG_DICT``, extends the batchable check to them (wrapping EasyEdit's own, which
+keeps answering for its methods), and puts those with ``callable_restore`` (HPSE and COIN*) in
 ``CALLABLE_RESTORE_ALGS``: their ``weights_copy`` is an ``EditHandle``, a dict of the changed tensors that,
 called, restores the edited model exactly (copies the tensors back, unloads a LoRA adapter this
 package created, gives back ``requires_grad`` flags). UnKE and AnyEdit change the weights of whole
@@ -31,7 +32,10 @@ from ..executors import restore_weights
 from ..executors.lora import ADAPTER_NAME
 from .easyedit_import import import_easyedit
 
-__all__ = ["BATCHABLE", "EditHandle", "PLUGIN_METHODS", "apply_coin_for_easyedit", "apply_hpse_for_easyedit", "register"]
+__all__ = [
+    "EditHandle", "apply_coin_for_easyedit", "apply_hpse_for_easyedit", "apply_unke_for_easyedit", "plugin_methods",
+    "register",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -118,29 +122,26 @@ apply_hpse_for_easyedit = _plugin(_hpse)
 apply_coin_for_easyedit = _plugin(_coin)
 
 
-def _unke(model: Any, tok: Any, requests: Any, hparams: Any, copy: bool = False, return_orig_weights: bool = False,
-          keep_original_weight: bool = False, **kwargs: Any) -> tuple[Any, dict]:
+def apply_unke_for_easyedit(model: Any, tok: Any, requests: Any, hparams: Any, copy: bool = False,
+                            return_orig_weights: bool = False, keep_original_weight: bool = False,
+                            **kwargs: Any) -> tuple[Any, dict]:
     """EasyEdit entry for UnKE and AnyEdit (EasyEdit's own code, through the adapter): ``(model, weights_copy)``."""
     from .baselines import apply_unke_family
 
     return apply_unke_family(model, tok, requests, hparams, copy=copy)
 
 
-#: alg_name -> the ``apply_X_to_model`` EasyEdit calls.
-PLUGIN_METHODS: dict[str, Callable[..., tuple[Any, Any]]] = {
-    "HPSE": apply_hpse_for_easyedit,
-    "COIN": apply_coin_for_easyedit,
-    "UnKE": _unke,
-    "AnyEdit": _unke,
-}
-#: Methods that edit all requests of a batch jointly (``batch_edit``).
-BATCHABLE = frozenset(PLUGIN_METHODS)
-_CALLABLE_RESTORE = ("HPSE", "COIN")
+def plugin_methods() -> dict[str, Callable[..., tuple[Any, Any]]]:
+    """alg_name -> the ``apply_X_to_model`` EasyEdit calls, for every registered method that has one."""
+    from ..methods import method_specs
+
+    return {spec.name: spec.easyedit_apply for spec in method_specs() if spec.easyedit_apply is not None}
 
 
 def _batchable_wrapper(original: Callable[[str], bool]) -> Callable[[str], bool]:
     def is_batchable_method(alg_name: str) -> bool:
-        return alg_name in BATCHABLE or original(alg_name)
+        """The registry's EasyEdit methods edit all requests of a batch jointly (``batch_edit``)."""
+        return alg_name in plugin_methods() or original(alg_name)
 
     is_batchable_method._hpse_original = original  # type: ignore[attr-defined]
     return is_batchable_method
@@ -150,7 +151,7 @@ def _from_hparams_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
     def from_hparams(cls: Any, hparams: Any) -> Any:
         """``BaseEditor.from_hparams``: hpse_easyedit's hparams get their model from ``hpse_easyedit.load_model``
         (``make_editor``); any other hparams go to EasyEdit's own loader."""
-        from .methods import is_project_hparams, make_editor
+        from .factory import is_project_hparams, make_editor
 
         if is_project_hparams(hparams):
             return make_editor(hparams, editor_cls=cls)
@@ -161,7 +162,7 @@ def _from_hparams_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def register() -> None:
-    """Add HPSE, COIN, UnKE and AnyEdit to the imported EasyEdit (idempotent; imports EasyEdit if needed).
+    """Add the registry's methods (HPSE, COIN, UnKE, AnyEdit) to the imported EasyEdit (idempotent; imports it if needed).
 
     Also routes ``BaseEditor.from_hparams`` for this package's hparams objects (and EasyEdit's own MEMIT and
     AlphaEdit ones) through ``make_editor``: the model is loaded by ``hpse_easyedit.load_model`` and handed
@@ -173,12 +174,14 @@ def register() -> None:
     alg_dict = importlib.import_module("easyeditor.util.alg_dict").ALG_DICT
     utils = importlib.import_module("easyeditor.editors.utils")
     batch_editor = importlib.import_module("easyeditor.editors.batch_editor").BatchEditor
-    for name, fn in PLUGIN_METHODS.items():
+    for name, fn in plugin_methods().items():
         current = alg_dict.get(name)
         if current is not None and current is not fn:
             logger.warning("EasyEdit's ALG_DICT already has %r (%r); hpse_easyedit replaces it", name, current)
         alg_dict[name] = fn
-    utils.CALLABLE_RESTORE_ALGS.update(_CALLABLE_RESTORE)
+    from ..methods import method_specs
+
+    utils.CALLABLE_RESTORE_ALGS.update(spec.name for spec in method_specs() if spec.callable_restore)
     current = batch_editor.is_batchable_method
     if not hasattr(current, "_hpse_original"):
         batch_editor.is_batchable_method = staticmethod(_batchable_wrapper(current))
