@@ -6,7 +6,7 @@ cases edit all their rewrites at once), and the evaluation questions with their 
 
 The data directory is read-only input: ``--data``, else ``$HPSE_DATA_DIR``, else ``../shared/data``
 relative to the repository root. Anything generated (LLM subjects, MQuAKE passages) goes to a cache
-directory, never into the data directory.
+directory, never into the data directory (both defined in ``benchmarks.paths``).
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from datasets import Dataset
+
+from .paths import default_cache_dir, default_data_dir
 
 __all__ = [
     "DataError",
@@ -45,7 +47,6 @@ EDIT_PROMPT = "Introduce {subject}."
 UNKE_FILE = "unkebench/final_data_v2.json"
 UNKE_SUBJECTS_FILE = "unkebench/subjects.json"
 MQUAKE_FILE = "akew/MQuAKE-CF.json"
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 SUBJECT_PROMPT = (
     "Read the passage below and name its topic as a short phrase of 1 to 8 words, such as "
@@ -64,18 +65,6 @@ PASSAGE_PROMPT = (
 
 class DataError(ValueError):
     """A data file is missing or does not have the expected schema; the message names file, field and fix."""
-
-
-def default_data_dir() -> Path:
-    """``$HPSE_DATA_DIR`` if set, else ``../shared/data`` relative to the repository root."""
-    env = os.environ.get("HPSE_DATA_DIR")
-    return Path(env) if env else (REPO_ROOT.parent / "shared" / "data")
-
-
-def default_cache_dir() -> Path:
-    """``$HPSE_CACHE_DIR`` if set, else ``~/.cache/hpse_easyedit``: judge answers and generated data."""
-    env = os.environ.get("HPSE_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "hpse_easyedit"
 
 
 def file_sha256(path: str | os.PathLike) -> str:

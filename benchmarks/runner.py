@@ -47,6 +47,7 @@ from .distributed import DEFAULT_TIMEOUT, LaunchError, ProcessContext, current_c
 from .editors import Editor, editor_for_hparams_file
 from .judge import LEXICAL_JUDGE_NAME, ChatClient, Judge, JudgeError, JudgeRefusedError, JudgeSettings, LLMJudge, make_judge
 from .metrics import mean
+from .paths import JUDGE_CACHE
 from .report import judge_note, paper_table
 from .rollouts import pack_rounds
 from .store import (
@@ -114,7 +115,7 @@ class RunOptions:
             ("--mmlu-shots", self.mmlu_shots, 0, "dev examples per MMLU prompt"),
             ("--mmlu-batch-size", self.mmlu_batch_size, 1, "MMLU prompts at once"),
             ("--mmlu-every", self.mmlu_every, 1, "1 = MMLU after every edit"),
-            ("--judge-max-attempts", self.judge_settings.max_attempts, 1, "tries per judge request"),
+            ("--judge-max-attempts", self.judge_settings.max_attempts, 1, "requests per judge question"),
         ]
         for option, value, minimum, what in at_least:
             if value is not None and value < minimum:
@@ -266,7 +267,7 @@ class _Run:
         self.policy = config_policy(requested)
         self.label = opts.label or Path(opts.hparams).stem + "".join(f" {o}" for o in _computing(opts.overrides))
         self.max_new_tokens = opts.max_new_tokens or self.task.default_max_new_tokens
-        settings = JudgeSettings(**{**opts.judge_settings.__dict__, "cache_path": str(self.cache_dir / "judge_cache.sqlite")})
+        settings = JudgeSettings(**{**opts.judge_settings.__dict__, "cache_path": str(self.cache_dir / JUDGE_CACHE)})
         self.judge: Judge | None = make_judge(opts.judge, settings, warn=False) if self.task.needs_judge else None
         self.client: ChatClient | None = self.judge.client if isinstance(self.judge, LLMJudge) else None
         if self.client is None and not self.task.needs_judge and opts.judge != "lexical" and settings.resolve().configured:
@@ -712,7 +713,7 @@ def add_run_arguments(parser: argparse.ArgumentParser, benchmark: str | None) ->
     j.add_argument("--judge-api-key", metavar="KEY",
                    help="prefer the environment: $HPSE_JUDGE_API_KEY or $OPENAI_API_KEY (a key on the command line is visible to other users)")
     j.add_argument("--judge-timeout", type=float, default=120.0, help="seconds per judge request (default 120)")
-    j.add_argument("--judge-max-attempts", type=int, default=6, help="tries per judge request (default 6)")
+    j.add_argument("--judge-max-attempts", type=int, default=6, help="most requests per judge question: the openai client's own retries of timeouts/429/5xx and our re-asks of unparsable answers together (default 6)")
 
 
 def options_from_args(args: argparse.Namespace, benchmark: str, hparams: str, overrides: Sequence[str],
