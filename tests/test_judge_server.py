@@ -12,6 +12,7 @@ import importlib.util
 import json
 import os
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -170,11 +171,12 @@ def test_mquake_cf3k_passages_generated_by_llama_cpp_server_and_cached(llama_ser
     passages = [r["target_new"] for reqs in ds["requests"] for r in reqs]
     assert len(passages) == n_rewrites and all(p.strip() for p in passages)
     assert client.stats["requests"] >= n_rewrites
-    cached = json.loads((tmp_path / f"mquake_passages.{MODEL}.json").read_text())
-    assert sorted(cached.values()) == sorted(passages)
+    with sqlite3.connect(tmp_path / "judge_cache.sqlite") as db:  # kept with the judge's answers, in its one cache
+        cached = [row[0].strip().strip('"').strip() for row in db.execute("SELECT response FROM responses WHERE model = ?", (MODEL,))]
+    assert sorted(cached) == sorted(passages)
     before = dict(client.stats)
     again = load_mquake_uns(DATA_DIR, file=path, client=client, cache_dir=tmp_path)
-    assert client.stats == before  # the rerun sends nothing
+    assert client.stats["requests"] == before["requests"]  # the rerun sends nothing
     assert [r["target_new"] for reqs in again["requests"] for r in reqs] == passages
     client.close()
     print(f"\nllama.cpp passages: {n_rewrites} generated, e.g. {passages[0][:200]!r}")
