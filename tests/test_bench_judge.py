@@ -89,6 +89,15 @@ def test_client_gives_up_after_max_attempts(tmp_path):
             client.complete("Q", _support_parse)
 
 
+def test_max_attempts_bounds_the_requests_of_one_question_retries_and_reasks_together(tmp_path):
+    with ChatServer(lambda p: "no verdicts here") as server:
+        server.script = [("text", "still no verdicts"), ("status", 503), ("status", 503), ("status", 503)]
+        client = _client(server, tmp_path, max_attempts=3)
+        out = client.complete("P", _support_parse)  # malformed, re-asked: the openai client retries the 503 once
+        assert not out.complete and len(server.prompts) == 3
+        assert client.stats == {"requests": 3, "cache_hits": 0, "retries": 2, "malformed": 1}
+
+
 def test_client_does_not_retry_auth_errors_and_never_shows_the_key(tmp_path, caplog):
     with ChatServer() as server:
         server.script = [("status", 401)]
