@@ -42,7 +42,7 @@ def add_run_arguments(parser: argparse.ArgumentParser, benchmark: str | None) ->
     g.add_argument("--sequential", type=int, metavar="T", help="continual editing: T cases edited one after another, then evaluated")
     g.add_argument("--batch-size", type=int, default=8, help="generation batch size (default 8)")
     g.add_argument("--max-new-tokens", type=int, help="answer length cap (default 200 UnKEBench, 128 MQuAKE-uns)")
-    g.add_argument("--cache-dir", metavar="DIR", help="judge answers and generated data (default: $HPSE_CACHE_DIR or ~/.cache/hpse_easyedit)")
+    g.add_argument("--cache-dir", metavar="DIR", help="judge answers and generated data (default: $HPSE_CACHE_DIR, else $XDG_CACHE_HOME/hpse_easyedit, i.e. ~/.cache/hpse_easyedit)")
     g.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper,
                    help="logging level (default INFO)")
     g.add_argument(DEBUG_FLAG, action="store_true", help=DEBUG_HELP)
