@@ -5,6 +5,8 @@ Modules, in the order data flows:
 generate, restore; one JSON line per case via ``store``) -> ``tasks`` (per-case scores from
 ``metrics`` and the ``judge``) -> ``report`` (paper-layout tables, step-in plot). ``mmlu`` scores
 the locality check; ``distributed`` shares a run out over the processes of an ``accelerate launch``.
+``cli`` is the command line; ``paths`` the data and cache directories; ``llm`` the LLM client (one
+cache) and the judge prompts.
 """
 
 from .datasets import DataError, load_mmlu_subset, load_mquake_uns, load_unkebench
@@ -13,7 +15,7 @@ from .editors import Editor, get_editor, register_editor
 from .judge import JudgeSettings, LexicalJudge, LLMJudge, make_judge
 from .report import paper_table, plot_stepin_rates
 from .runner import RunOptions, run_benchmark
-from .store import ConfigMismatchError, IncompleteRunError, ResultStore
+from .store import ConfigMismatchError, IncompleteRunError
 
 __all__ = [
     "ConfigMismatchError",
@@ -24,7 +26,6 @@ __all__ = [
     "LLMJudge",
     "LexicalJudge",
     "ProcessContext",
-    "ResultStore",
     "RunOptions",
     "get_editor",
     "load_mmlu_subset",

@@ -17,23 +17,16 @@ from typing import Sequence
 from hpse_easyedit.cli import OneLineParser, run_cli
 
 from .report import judge_note, paper_table, plot_stepin_rates
-from .runner import (
-    RunOptions,
-    add_run_arguments,
-    benchmark_errors,
-    configure_logging,
-    is_main_process,
-    options_from_args,
-    run_benchmark,
-    unjudged_note,
-)
+from .cli import add_run_arguments, benchmark_errors, configure_logging, is_main_process, options_from_args
+from .runner import RunOptions, run_benchmark, unjudged_note
 from .store import write_json_atomic
+from .tasks import TASKS
 
 __all__ = ["compare_main", "overrides_for", "parse_method", "preflight"]
 
 log = logging.getLogger(__name__)
 
-BENCHMARKS = ("unkebench", "mquake-uns")
+BENCHMARKS = tuple(TASKS)
 
 
 def parse_method(spec: Sequence[str]) -> tuple[str, str, list[str]]:
@@ -104,8 +97,8 @@ def _compare(argv: Sequence[str]) -> int:
                         help="LABEL FILE [KEY=VALUE ...]; repeat for each method, e.g. "
                              "--method LoRA hparams/HPSE/x.yaml kl_weight=0 --method HPSE hparams/HPSE/x.yaml; "
                              "BENCHMARK:KEY=VALUE applies to one benchmark only (unkebench:max_new_tokens=128)")
-    parser.add_argument("--benchmark", nargs="+", default=["unkebench", "mquake-uns"],
-                        choices=["unkebench", "mquake-uns"], help="benchmarks to run (default both)")
+    parser.add_argument("--benchmark", nargs="+", default=list(BENCHMARKS),
+                        choices=BENCHMARKS, help="benchmarks to run (default both)")
     parser.add_argument("--out", default="runs/compare", metavar="DIR", help="output directory (default runs/compare)")
     add_run_arguments(parser, None)
     args = parser.parse_args(argv)

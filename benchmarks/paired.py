@@ -47,11 +47,12 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from .store import IncompleteRunError, merge_results, write_new_json
+from .tasks import TASKS
 
 __all__ = ["CUTS", "bootstrap_ci", "composition_given_hops", "load_run", "model_token_spans", "multi_report", "multi_table",
            "paired_report", "paired_table", "recitation_report", "recitation_table", "rescore_mquake", "rescore_unkebench"]
 
-METRICS = {"mquake-uns": ("Ind", "Cmp"), "unkebench": ("Jnt", "Dmp", "Div")}
+METRICS = {name: task.metrics for name, task in TASKS.items()}
 
 
 def load_run(run_dir: str | Path) -> tuple[str, dict[str, dict]]:
@@ -104,7 +105,6 @@ def rescore_unkebench(recs: Mapping[str, Mapping], cases: Mapping[str, Mapping],
     """
     from .judge import LEXICAL_JUDGE_NAME, LexicalJudge
     from .metrics import diversity
-    from .tasks import TASKS
 
     task, lexical = TASKS["unkebench"], LexicalJudge()
     out = {}

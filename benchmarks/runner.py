@@ -12,16 +12,16 @@ Under ``accelerate launch --num_processes N`` (see ``benchmarks.distributed`` an
 process R runs every N-th case (every N-th block of T in continual mode) starting at R, into its own
 ``results.rankR-of-N.jsonl``; after ``wait_for_everyone`` the results files are merged, and the main
 process writes ``summary.json`` and ``table.md`` only if every case is there exactly once.
+
+What differs between benchmarks (data file and loader, generation limit, judge, MMLU) is the ``Task``'s
+(``benchmarks.tasks``); what a rerun may change is ``store.config_policy``; the command line is
+``benchmarks.cli`` (its names stay importable from here).
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import json
 import logging
-import math
-import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -31,30 +31,26 @@ from typing import Any, Mapping, Sequence
 
 from .datasets import (
     EDIT_PROMPT,
-    MQUAKE_FILE,
-    UNKE_FILE,
-    UNKE_SUBJECTS_FILE,
-    default_cache_dir,
-    default_data_dir,
     file_sha256,
     load_mmlu_subset,
-    load_mquake_uns,
-    load_unkebench,
 )
-from hpse_easyedit.cli import DEBUG_FLAG, DEBUG_HELP, OneLineParser, UsageError, check_new_dir, run_cli, user_error_types
+from hpse_easyedit.cli import UsageError, check_new_dir
 
-from .distributed import DEFAULT_TIMEOUT, LaunchError, ProcessContext, current_context, process_context
+from .distributed import DEFAULT_TIMEOUT, LaunchError, ProcessContext, process_context
 from .editors import Editor, editor_for_hparams_file
 from .judge import LEXICAL_JUDGE_NAME, ChatClient, Judge, JudgeError, JudgeRefusedError, JudgeSettings, LLMJudge, make_judge
 from .metrics import mean
+from .paths import JUDGE_CACHE, default_cache_dir, default_data_dir
 from .report import judge_note, paper_table
 from .rollouts import pack_rounds
 from .store import (
     CONFIG,
-    ConfigPolicy,
+    PLACEMENT_KEYS,
     IncompleteRunError,
     ResultFile,
     check_run_config,
+    config_policy,
+    json_plain,
     merge_results,
     read_results,
     result_files,
@@ -64,9 +60,8 @@ from .store import (
 from .tasks import TASKS, Task, unjudged_metrics
 
 __all__ = [
-    "PLACEMENT_KEYS", "RunOptions", "add_run_arguments", "cli_main", "config_policy",
-    "configure_logging", "default_out_dir", "is_main_process", "options_from_args", "run_benchmark",
-    "stepin_rate_by_round", "unjudged_note", "user_errors",
+    "PLACEMENT_KEYS", "RunOptions", "config_policy", "default_out_dir", "run_benchmark", "stepin_rate_by_round",
+    "unjudged_note",
 ]
 
 log = logging.getLogger(__name__)
@@ -114,7 +109,7 @@ class RunOptions:
             ("--mmlu-shots", self.mmlu_shots, 0, "dev examples per MMLU prompt"),
             ("--mmlu-batch-size", self.mmlu_batch_size, 1, "MMLU prompts at once"),
             ("--mmlu-every", self.mmlu_every, 1, "1 = MMLU after every edit"),
-            ("--judge-max-attempts", self.judge_settings.max_attempts, 1, "tries per judge request"),
+            ("--judge-max-attempts", self.judge_settings.max_attempts, 1, "requests per judge question"),
         ]
         for option, value, minimum, what in at_least:
             if value is not None and value < minimum:
@@ -146,19 +141,6 @@ def stepin_rate_by_round(records: Sequence[Mapping[str, Any]]) -> list[float | N
     ]
 
 
-def _plain(value: Any) -> Any:
-    """JSON-able copy of engine diagnostics (tensors and numpy scalars become Python numbers)."""
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if hasattr(value, "item") and callable(value.item):
-        return value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
 def _computing(overrides: Sequence[str]) -> list[str]:
     """The overrides that change what a run computes: placement overrides (``device=...``) say only where it runs."""
     return [o for o in overrides if o.split("=", 1)[0].strip() not in PLACEMENT_KEYS]
@@ -169,62 +151,6 @@ def default_out_dir(benchmark: str, hparams: str, overrides: Sequence[str]) -> P
     (placement overrides such as ``device=cuda`` do not: moving a run to another device resumes it)."""
     name = Path(hparams).stem + "".join(f"+{o}" for o in _computing(overrides))
     return Path("runs") / benchmark / re.sub(r"[^\w.+=-]+", "_", name)
-
-
-#: hparams keys that say where a run executes, not what it computes: a rerun may change them freely
-#: (move a half-done run to other GPUs, or under accelerate launch, where each process sets its own device).
-PLACEMENT_KEYS = ("device", "model_parallel")
-
-
-def _field_defaults(obj: Any) -> dict[str, Any]:
-    """Default of every dataclass field reachable from an hparams object, by field name (JSON form).
-
-    A name that two dataclasses define with different defaults is left out (no way to tell which
-    one a recorded key meant). Objects that are not dataclasses contribute nothing.
-    """
-    out: dict[str, Any] = {}
-    clash: set[str] = set()
-
-    def walk(o: Any) -> None:
-        if not dataclasses.is_dataclass(o) or isinstance(o, type):
-            return
-        for f in dataclasses.fields(o):
-            if f.default is not dataclasses.MISSING:
-                default = f.default
-            elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-                default = f.default_factory()  # type: ignore[misc]
-            else:
-                default = dataclasses.MISSING
-            if default is dataclasses.MISSING or dataclasses.is_dataclass(default):
-                walk(getattr(o, f.name, None))  # a required field, or a nested group of fields
-                continue
-            try:
-                value = json.loads(json.dumps(_plain(default)))
-            except (TypeError, ValueError):  # not a JSON value, so never in a recorded config either
-                continue
-            if f.name in out and out[f.name] != value:
-                clash.add(f.name)
-            out[f.name] = value
-
-    walk(obj)
-    return {k: v for k, v in out.items() if k not in clash}
-
-
-def config_policy(hparams: Any) -> ConfigPolicy:
-    """What a rerun may differ in from a run directory's ``config.json`` without being another configuration.
-
-    Placement keys of the hparams (``PLACEMENT_KEYS``) are ignored; a key directly under ``hparams``
-    that the recorded config does not have is accepted when its value is the default of that field in
-    the code (a field added to the hparams after the run started, at the behaviour the old code had).
-    Anything else that differs, nested keys included, is a different configuration.
-    """
-    defaults = _field_defaults(hparams)
-    return ConfigPolicy(
-        ignored=lambda path: len(path) == 2 and path[0] == "hparams" and path[1] in PLACEMENT_KEYS,
-        new_default=lambda path, value: (
-            len(path) == 2 and path[0] == "hparams" and path[1] in defaults and defaults[path[1]] == value
-        ),
-    )
 
 
 def _check_placement(model: Any, ctx: ProcessContext) -> None:
@@ -255,7 +181,7 @@ class _Run:
         self._check_data_paths()
         self.editor: Editor = editor_for_hparams_file(opts.hparams)
         requested = self.editor.load_hparams(opts.hparams, opts.overrides)
-        self.hp_dict = _plain(self.editor.hparams_dict(requested))
+        self.hp_dict = json_plain(self.editor.hparams_dict(requested))
         self.ctx = context or process_context(
             model_parallel=bool(self.hp_dict.get("model_parallel")), timeout=timedelta(hours=opts.dist_timeout_hours),
         )
@@ -266,13 +192,13 @@ class _Run:
         self.policy = config_policy(requested)
         self.label = opts.label or Path(opts.hparams).stem + "".join(f" {o}" for o in _computing(opts.overrides))
         self.max_new_tokens = opts.max_new_tokens or self.task.default_max_new_tokens
-        settings = JudgeSettings(**{**opts.judge_settings.__dict__, "cache_path": str(self.cache_dir / "judge_cache.sqlite")})
+        settings = JudgeSettings(**{**opts.judge_settings.__dict__, "cache_path": str(self.cache_dir / JUDGE_CACHE)})
         self.judge: Judge | None = make_judge(opts.judge, settings, warn=False) if self.task.needs_judge else None
         self.client: ChatClient | None = self.judge.client if isinstance(self.judge, LLMJudge) else None
         if self.client is None and not self.task.needs_judge and opts.judge != "lexical" and settings.resolve().configured:
             self.client = ChatClient(settings)  # generates passages for MQuAKE files that have none
         self.out_dir = Path(opts.out_dir) if opts.out_dir else default_out_dir(opts.benchmark, opts.hparams, opts.overrides)
-        self.mmlu_enabled = self.task.name == "unkebench" and opts.mmlu_n > 0
+        self.mmlu_enabled = self.task.measures_mmlu and opts.mmlu_n > 0
         self.store: ResultFile | None = None
         self.model: Any = None
         self.tok: Any = None
@@ -285,10 +211,8 @@ class _Run:
                 f"--data {self.data_dir}: no such directory; point --data (or $HPSE_DATA_DIR) at the benchmark data "
                 "(README, section Data)"
             )
-        default = UNKE_FILE if self.task.name == "unkebench" else MQUAKE_FILE
-        option = "--unke-file" if self.task.name == "unkebench" else "--mquake-file"
-        path = Path(o.data_file or default)
-        path = path if path.is_absolute() else self.data_dir / path
+        option = self.task.file_option
+        path = self.task.data_path(self.data_dir, o.data_file)
         if not path.is_file():
             raise UsageError(f"{option} {path}: no such file; check --data and {option} (README, section Data)")
         if o.subjects_file and not Path(o.subjects_file).is_file():
@@ -309,21 +233,7 @@ class _Run:
         o = self.opts
         # the requests carry the editor's own editing prompt, so `--set editing_prompt=...` takes effect
         template = self.hp_dict.get("editing_prompt") or EDIT_PROMPT
-        if self.task.name == "unkebench":
-            file = o.data_file or UNKE_FILE
-            subjects_file = Path(o.subjects_file) if o.subjects_file else self.data_dir / UNKE_SUBJECTS_FILE
-            self.cases = load_unkebench(
-                self.data_dir, file=file, limit=o.limit, subjects=o.subjects, subjects_file=subjects_file,
-                client=self.client, cache_dir=self.cache_dir, prompt_template=template,
-            )
-            paths = [self.data_dir / file if not Path(file).is_absolute() else Path(file)]
-            if subjects_file.is_file() and o.subjects in {"auto", "file"}:
-                paths.append(subjects_file)
-        else:
-            file = o.data_file or MQUAKE_FILE
-            self.cases = load_mquake_uns(self.data_dir, file=file, limit=o.limit, client=self.client, cache_dir=self.cache_dir,
-                                         prompt_template=template)
-            paths = [self.data_dir / file if not Path(file).is_absolute() else Path(file)]
+        self.cases, paths = self.task.load(self.data_dir, o, self.client, self.cache_dir, template)
         if o.cases:
             ids = [str(c) for c in self.cases["case_id"]]
             missing = [c for c in o.cases if c not in set(ids)]
@@ -349,12 +259,7 @@ class _Run:
             "sequential": o.sequential,
             "max_new_tokens": self.max_new_tokens,
         }
-        if self.task.name == "unkebench":
-            config["judge"] = self.judge.name if self.judge else None
-            config["subjects"] = o.subjects
-            config["mmlu"] = {"n": o.mmlu_n, "shots": o.mmlu_shots, "seed": o.mmlu_seed} if self.mmlu_enabled else None
-            if self.mmlu_enabled and o.mmlu_every != 1:  # absent at 1, so run directories from before the option still match
-                config["mmlu"]["every"] = o.mmlu_every
+        config.update(self.task.run_config(o, self.judge, self.mmlu_enabled))
         return config
 
     # ---------------------------------------------------------------------------------------- results files
@@ -470,7 +375,7 @@ class _Run:
             "block": block,
             "subjects": [r["subject"] for r in case["requests"]],
             "edit_seconds": round(seconds, 3),
-            "rounds": _plain(list(getattr(res, "rounds", None) or [])),
+            "rounds": json_plain(list(getattr(res, "rounds", None) or [])),
         }
         rollouts = pack_rounds(getattr(res, "rollouts", None)) if self.opts.store_rollouts else None
         if rollouts is not None:
@@ -621,10 +526,11 @@ class _Run:
 
     def summary(self, mmlu_before: float | None, records: list[dict]) -> dict:
         out: dict[str, Any] = self.task.summarize(records)
-        if self.task.name == "unkebench":
+        if self.task.measures_mmlu:
             out["MMLU_before"] = mmlu_before
             out["MMLU_after"] = mean(r.get("MMLU_after") for r in records)
             out["MMLU_edits"] = sum(r.get("MMLU_after") is not None for r in records)  # < n_cases under --mmlu-every
+        if self.task.needs_judge:
             out["judge"] = self.judge.name if self.judge else None
             out["unjudged_cases"] = sum(bool(unjudged_metrics(r)) for r in records)
         out.update(
@@ -666,112 +572,6 @@ def run_benchmark(opts: RunOptions, context: ProcessContext | None = None) -> di
         run.close()
 
 
-# -------------------------------------------------------------------------------------------- CLI glue
-def add_run_arguments(parser: argparse.ArgumentParser, benchmark: str | None) -> None:
-    """The options shared by run_hpse_mquake.py, run_hpse_unkebench.py and run_compare.py."""
-    g = parser.add_argument_group("data and run")
-    g.add_argument("--data", metavar="DIR", help="data directory (default: $HPSE_DATA_DIR or ../shared/data)")
-    g.add_argument("--limit", type=int, metavar="N", help="first N cases only (a rerun may raise it and resume)")
-    g.add_argument("--cases", type=lambda v: v.split(","), metavar="ID,ID,...",
-                   help="only the cases with these case_id values, in data order (with --limit: among the first N); "
-                        "a later run into the same --out may pick others or more; not with --sequential")
-    g.add_argument("--sequential", type=int, metavar="T", help="continual editing: T cases edited one after another, then evaluated")
-    g.add_argument("--batch-size", type=int, default=8, help="generation batch size (default 8)")
-    g.add_argument("--max-new-tokens", type=int, help="answer length cap (default 200 UnKEBench, 128 MQuAKE-uns)")
-    g.add_argument("--cache-dir", metavar="DIR", help="judge answers and generated data (default: $HPSE_CACHE_DIR or ~/.cache/hpse_easyedit)")
-    g.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper,
-                   help="logging level (default INFO)")
-    g.add_argument(DEBUG_FLAG, action="store_true", help=DEBUG_HELP)
-    g.add_argument("--dist-timeout-hours", type=float, default=DEFAULT_TIMEOUT.total_seconds() / 3600, metavar="H",
-                   help="under accelerate launch: how long a process that finished its cases waits for the others "
-                        f"(default {DEFAULT_TIMEOUT.total_seconds() / 3600:.0f})")
-    g.add_argument("--no-rollouts", action="store_true",
-                   help="do not keep each round's rollout (token ids, step-in mask) in results.jsonl")
-    if benchmark in (None, "unkebench"):
-        u = parser.add_argument_group("UnKEBench")
-        u.add_argument("--unke-file", metavar="FILE", help=f"UnKEBench file, relative to --data (default {UNKE_FILE}; v3 works too)")
-        u.add_argument("--subjects", default="auto", choices=["auto", "file", "llm", "heuristic"],
-                       help="subject phrases for 'Introduce {s}.': file, generated by the judge model, or heuristic; "
-                            "auto = file, then judge model, then a logged heuristic fallback")
-        u.add_argument("--subjects-file", metavar="FILE", help=f"id -> subject JSON (default --data/{UNKE_SUBJECTS_FILE})")
-        u.add_argument("--mmlu-n", type=int, default=100, help="MMLU subset size for locality (0 skips it; default 100)")
-        u.add_argument("--mmlu-shots", type=int, default=5, help="dev examples per MMLU prompt (default 5)")
-        u.add_argument("--mmlu-seed", type=int, default=0, help="seed of the fixed MMLU subset (default 0)")
-        u.add_argument("--mmlu-every", type=int, default=1, metavar="K",
-                       help="MMLU after every K-th edit only (cases or blocks 0, K, 2K, ...; default 1 = every edit): "
-                            "on a CPU the 5-shot subset costs more than the edit")
-    if benchmark in (None, "mquake-uns"):
-        m = parser.add_argument_group("MQuAKE-uns")
-        m.add_argument("--mquake-file", metavar="FILE",
-                       help=f"MQuAKE file, relative to --data (default {MQUAKE_FILE}; CF-3k/Remastered files get generated passages)")
-    j = parser.add_argument_group("judge (OpenAI-compatible endpoint)")
-    j.add_argument("--judge", default="auto", choices=["auto", "llm", "lexical"],
-                   help="llm = the endpoint below; lexical = offline fallback; auto = llm when an endpoint is configured")
-    j.add_argument("--judge-base-url", metavar="URL", help="default: $HPSE_JUDGE_BASE_URL or $OPENAI_BASE_URL")
-    j.add_argument("--judge-model", metavar="NAME", help="default: $HPSE_JUDGE_MODEL or gemini-2.5-flash")
-    j.add_argument("--judge-api-key", metavar="KEY",
-                   help="prefer the environment: $HPSE_JUDGE_API_KEY or $OPENAI_API_KEY (a key on the command line is visible to other users)")
-    j.add_argument("--judge-timeout", type=float, default=120.0, help="seconds per judge request (default 120)")
-    j.add_argument("--judge-max-attempts", type=int, default=6, help="tries per judge request (default 6)")
-
-
-def options_from_args(args: argparse.Namespace, benchmark: str, hparams: str, overrides: Sequence[str],
-                      out_dir: str | None, label: str | None = None) -> RunOptions:
-    """RunOptions for one benchmark from parsed command-line arguments."""
-    return RunOptions(
-        benchmark=benchmark,
-        hparams=hparams,
-        overrides=list(overrides),
-        data_dir=args.data,
-        out_dir=out_dir,
-        label=label,
-        limit=args.limit,
-        cases=args.cases,
-        sequential=args.sequential,
-        batch_size=args.batch_size,
-        max_new_tokens=args.max_new_tokens,
-        data_file=getattr(args, "unke_file" if benchmark == "unkebench" else "mquake_file", None),
-        subjects=getattr(args, "subjects", "auto"),
-        subjects_file=getattr(args, "subjects_file", None),
-        judge=args.judge,
-        judge_settings=JudgeSettings(
-            base_url=args.judge_base_url, model=args.judge_model, api_key=args.judge_api_key,
-            timeout=args.judge_timeout, max_attempts=args.judge_max_attempts,
-        ),
-        cache_dir=args.cache_dir,
-        mmlu_n=getattr(args, "mmlu_n", 0),
-        mmlu_shots=getattr(args, "mmlu_shots", 5),
-        mmlu_seed=getattr(args, "mmlu_seed", 0),
-        mmlu_every=getattr(args, "mmlu_every", 1),
-        dist_timeout_hours=args.dist_timeout_hours,
-        store_rollouts=not args.no_rollouts,
-    )
-
-
-def configure_logging(level: str) -> None:
-    """Log to stderr at ``level``; under a multi-process launch every line names its process."""
-    rank, world = os.environ.get("RANK", "0"), os.environ.get("WORLD_SIZE", "1")
-    who = f"[{rank}/{world}] " if world.isdigit() and int(world) > 1 else ""
-    logging.basicConfig(level=getattr(logging, str(level).upper(), logging.INFO),
-                        format=f"%(asctime)s %(levelname)s {who}%(name)s: %(message)s")
-    for noisy in ("httpx", "httpx2", "openai"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-
-
-def benchmark_errors() -> tuple[type[BaseException], ...]:
-    """The benchmarks' own exceptions that mean bad input or a bad environment, not a bug."""
-    from .datasets import DataError
-    from .judge import JudgeError
-    from .store import ConfigMismatchError
-
-    return (DataError, JudgeError, ConfigMismatchError, IncompleteRunError, LaunchError)
-
-
-def user_errors() -> tuple[type[BaseException], ...]:
-    """Exceptions that mean bad input (shown as one line by the scripts), not a bug (shown with a traceback)."""
-    return user_error_types(benchmark_errors())
-
-
 def unjudged_note(summaries: Sequence[Mapping]) -> str:
     """A line under a table saying how many cases the judge could not judge (stored unjudged, not as 0)."""
     n = sum(int(s.get("unjudged_cases") or 0) for s in summaries if s)
@@ -782,38 +582,14 @@ def unjudged_note(summaries: Sequence[Mapping]) -> str:
             "are left out of Jnt/Dmp, not counted as 0). Rerun the same command to judge them; nothing is edited again.\n")
 
 
-def _cli(benchmark: str, argv: Sequence[str]) -> int:
-    title = {"unkebench": "UnKEBench", "mquake-uns": "MQuAKE-uns"}[benchmark]
-    parser = OneLineParser(
-        description=f"Edit with the method of an hparams file over {title} and score it as the HPSE paper does. "
-                    "Rerunning with the same --out resumes. Exit code 0: done; 1: done, but some cases are still "
-                    "unjudged (rerun to judge them); 2: a bad input, reported in one line before any edit.",
-    )
-    parser.add_argument("--hparams", required=True, metavar="FILE", help="YAML hparams file; its alg_name picks the editor")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override an hparams field, repeatable (e.g. --set kl_weight=0 for the plain LoRA baseline)")
-    parser.add_argument("--out", metavar="DIR", help=f"output directory (default runs/{benchmark}/<hparams name>[+overrides])")
-    parser.add_argument("--label", help="row label in the table (default: hparams name + overrides)")
-    add_run_arguments(parser, benchmark)
-    args = parser.parse_args(argv)
-    configure_logging(args.log_level)
-    summary = run_benchmark(options_from_args(args, benchmark, args.hparams, args.set, args.out, args.label))
-    if is_main_process():
-        print(paper_table([(summary["label"], {benchmark: summary})]) + judge_note([summary]) + unjudged_note([summary]),
-              end="")
-        print(f"\n{summary['n_cases']} case(s); summary: {Path(summary['out_dir']) / 'summary.json'}")
-    return 1 if summary.get("unjudged_cases") else 0
+#: the command line's names, importable from here as before; they live in ``benchmarks.cli``
+_CLI_NAMES = ("add_run_arguments", "benchmark_errors", "cli_main", "configure_logging", "is_main_process",
+              "options_from_args", "user_errors")
 
 
-def cli_main(benchmark: str, argv: Sequence[str] | None = None) -> int:
-    """Command line of run_hpse_mquake.py / run_hpse_unkebench.py: run, then print the paper-layout table.
+def __getattr__(name: str) -> Any:
+    if name in _CLI_NAMES:
+        from . import cli
 
-    A bad input is one logged line and exit code 2 (``--debug``: the traceback); see ``hpse_easyedit.cli.run_cli``.
-    """
-    return run_cli(lambda args: _cli(benchmark, args), argv, extra=benchmark_errors(), logger=log)
-
-
-def is_main_process() -> bool:
-    """True unless this is a non-main process of a multi-process launch (which must not print or write shared files)."""
-    ctx = current_context()
-    return ctx is None or ctx.is_main
+        return getattr(cli, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

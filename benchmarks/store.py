@@ -20,8 +20,10 @@ refused, so results of two configurations never mix and nobody's results are ove
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -29,8 +31,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 __all__ = [
-    "ConfigMismatchError", "ConfigPolicy", "IncompleteRunError", "ResultFile", "ResultStore", "check_run_config",
-    "merge_results", "read_results", "result_files", "results_name", "write_json_atomic", "write_new_json",
+    "PLACEMENT_KEYS", "ConfigMismatchError", "ConfigPolicy", "IncompleteRunError", "ResultFile", "check_run_config",
+    "config_policy", "json_plain", "merge_results", "read_results", "result_files", "results_name", "write_json_atomic", "write_new_json",
 ]
 
 log = logging.getLogger(__name__)
@@ -126,6 +128,76 @@ def _insert(config: dict, path: KeyPath, value: Any) -> None:
     for key in path[:-1]:
         node = node.setdefault(key, {})
     node[path[-1]] = value
+
+
+# ---------------------------------------------------------------------------------------------- config policy
+#: hparams keys that say where a run executes, not what it computes: a rerun may change them freely
+#: (move a half-done run to other GPUs, or under accelerate launch, where each process sets its own device).
+PLACEMENT_KEYS = ("device", "model_parallel")
+
+
+def json_plain(value: Any) -> Any:
+    """JSON-able copy of engine diagnostics (tensors and numpy scalars become Python numbers)."""
+    if isinstance(value, Mapping):
+        return {str(k): json_plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_plain(v) for v in value]
+    if hasattr(value, "item") and callable(value.item):
+        return value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _field_defaults(obj: Any) -> dict[str, Any]:
+    """Default of every dataclass field reachable from an hparams object, by field name (JSON form).
+
+    A name that two dataclasses define with different defaults is left out (no way to tell which
+    one a recorded key meant). Objects that are not dataclasses contribute nothing.
+    """
+    out: dict[str, Any] = {}
+    clash: set[str] = set()
+
+    def walk(o: Any) -> None:
+        if not dataclasses.is_dataclass(o) or isinstance(o, type):
+            return
+        for f in dataclasses.fields(o):
+            if f.default is not dataclasses.MISSING:
+                default = f.default
+            elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+                default = f.default_factory()  # type: ignore[misc]
+            else:
+                default = dataclasses.MISSING
+            if default is dataclasses.MISSING or dataclasses.is_dataclass(default):
+                walk(getattr(o, f.name, None))  # a required field, or a nested group of fields
+                continue
+            try:
+                value = json.loads(json.dumps(json_plain(default)))
+            except (TypeError, ValueError):  # not a JSON value, so never in a recorded config either
+                continue
+            if f.name in out and out[f.name] != value:
+                clash.add(f.name)
+            out[f.name] = value
+
+    walk(obj)
+    return {k: v for k, v in out.items() if k not in clash}
+
+
+def config_policy(hparams: Any) -> ConfigPolicy:
+    """What a rerun may differ in from a run directory's ``config.json`` without being another configuration.
+
+    Placement keys of the hparams (``PLACEMENT_KEYS``) are ignored; a key directly under ``hparams``
+    that the recorded config does not have is accepted when its value is the default of that field in
+    the code (a field added to the hparams after the run started, at the behaviour the old code had).
+    Anything else that differs, nested keys included, is a different configuration.
+    """
+    defaults = _field_defaults(hparams)
+    return ConfigPolicy(
+        ignored=lambda path: len(path) == 2 and path[0] == "hparams" and path[1] in PLACEMENT_KEYS,
+        new_default=lambda path, value: (
+            len(path) == 2 and path[0] == "hparams" and path[1] in defaults and defaults[path[1]] == value
+        ),
+    )
 
 
 def check_run_config(out_dir: str | os.PathLike, config: Mapping[str, Any], *, write: bool = True,
@@ -269,17 +341,6 @@ class ResultFile:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, self.path)
-
-
-class ResultStore(ResultFile):
-    """A run directory's config check plus one results file (``results.jsonl`` unless ``name`` says otherwise)."""
-
-    def __init__(self, out_dir: str | os.PathLike, config: Mapping[str, Any], *, name: str = RESULTS,
-                 write_config: bool = True, policy: ConfigPolicy | None = None) -> None:
-        self.out_dir = Path(out_dir)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        check_run_config(self.out_dir, config, write=write_config, policy=policy)
-        super().__init__(self.out_dir / name)
 
 
 def merge_results(out_dir: str | os.PathLike, case_ids: Sequence[str] | None, *,

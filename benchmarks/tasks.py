@@ -7,8 +7,10 @@ numbers (in percent, like the paper's tables).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from .datasets import MQUAKE_FILE, UNKE_FILE, UNKE_SUBJECTS_FILE, load_mquake_uns, load_unkebench
 from .judge import CoverageItem, Judge, JudgeError
 from .metrics import diversity, mean, mquake_case_scores
 
@@ -19,13 +21,34 @@ def _pct(value: float | None) -> float | None:
     return None if value is None else 100.0 * value
 
 
+def _data_path(data_dir: Path, file: str | Path) -> Path:
+    return Path(file) if Path(file).is_absolute() else data_dir / file
+
+
 class Task:
-    """A benchmark's questions, per-case scoring and summary."""
+    """A benchmark: its data file and loader, its questions, generation limit, per-case scoring and summary,
+    and whether it needs a judge and measures MMLU (locality) around each edit."""
 
     name: str
+    title: str
+    data_file: str
+    file_option: str
     default_max_new_tokens: int
     metrics: tuple[str, ...]
     needs_judge: bool = False
+    measures_mmlu: bool = False
+
+    def data_path(self, data_dir: Path, file: str | None) -> Path:
+        """The data file a run reads: ``file`` (the task's ``file_option``) or the default, relative to ``data_dir``."""
+        return _data_path(data_dir, file or self.data_file)
+
+    def load(self, data_dir: Path, opts: Any, client: Any, cache_dir: Path, template: str) -> tuple[Any, list[Path]]:
+        """The cases (``opts``: a ``RunOptions``) and the input files their results depend on (hashed into config.json)."""
+        raise NotImplementedError
+
+    def run_config(self, opts: Any, judge: Judge | None, mmlu: bool) -> dict:
+        """What this task adds to a run's config.json (the judge, the subjects, the MMLU subset)."""
+        return {}
 
     def questions(self, case: Mapping[str, Any]) -> list[str]:
         raise NotImplementedError
@@ -44,8 +67,17 @@ class MQuAKEUns(Task):
     """Ind: mean over ``new_single_hops``; Cmp: any of the 3 multi-hop questions; official substring check."""
 
     name = "mquake-uns"
+    title = "MQuAKE-uns"
+    data_file = MQUAKE_FILE
+    file_option = "--mquake-file"
     default_max_new_tokens = 128
     metrics = ("Ind", "Cmp")
+
+    def load(self, data_dir: Path, opts: Any, client: Any, cache_dir: Path, template: str) -> tuple[Any, list[Path]]:
+        file = opts.data_file or self.data_file
+        cases = load_mquake_uns(data_dir, file=file, limit=opts.limit, client=client, cache_dir=cache_dir,
+                                prompt_template=template)
+        return cases, [_data_path(data_dir, file)]
 
     def questions(self, case: Mapping[str, Any]) -> list[str]:
         return list(case["single_hop_questions"]) + list(case["multi_hop_questions"])
@@ -62,9 +94,35 @@ class UnKEBench(Task):
     Div: 1 - SelfBLEU-4 among the sub-question answers."""
 
     name = "unkebench"
+    title = "UnKEBench"
+    data_file = UNKE_FILE
+    file_option = "--unke-file"
     default_max_new_tokens = 200
     metrics = ("Jnt", "Dmp", "Div")
     needs_judge = True
+    measures_mmlu = True
+
+    def load(self, data_dir: Path, opts: Any, client: Any, cache_dir: Path, template: str) -> tuple[Any, list[Path]]:
+        file = opts.data_file or self.data_file
+        subjects_file = Path(opts.subjects_file) if opts.subjects_file else data_dir / UNKE_SUBJECTS_FILE
+        cases = load_unkebench(
+            data_dir, file=file, limit=opts.limit, subjects=opts.subjects, subjects_file=subjects_file,
+            client=client, cache_dir=cache_dir, prompt_template=template,
+        )
+        paths = [_data_path(data_dir, file)]
+        if subjects_file.is_file() and opts.subjects in {"auto", "file"}:
+            paths.append(subjects_file)
+        return cases, paths
+
+    def run_config(self, opts: Any, judge: Judge | None, mmlu: bool) -> dict:
+        config: dict[str, Any] = {
+            "judge": judge.name if judge else None,
+            "subjects": opts.subjects,
+            "mmlu": {"n": opts.mmlu_n, "shots": opts.mmlu_shots, "seed": opts.mmlu_seed} if mmlu else None,
+        }
+        if mmlu and opts.mmlu_every != 1:  # absent at 1, so run directories from before the option still match
+            config["mmlu"]["every"] = opts.mmlu_every
+        return config
 
     def questions(self, case: Mapping[str, Any]) -> list[str]:
         return [case["question"], case["para_question"], *case["sub_questions"]]

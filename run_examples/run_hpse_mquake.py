@@ -12,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from benchmarks.runner import cli_main  # noqa: E402
+from benchmarks.cli import cli_main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(cli_main("mquake-uns"))

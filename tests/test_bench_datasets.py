@@ -90,18 +90,35 @@ def test_heuristic_subject_agrees_with_the_written_subjects_mostly():
     assert heuristic_subject("What is Jim Brown's role at The Cheesecake Factory?", "") == "Jim Brown"
 
 
-def test_unkebench_subjects_generated_by_the_endpoint_are_cached_to_a_file(tmp_path, monkeypatch):
+def _cached_client(server, tmp_path, model):
+    """A client with the one response cache the runner gives it (``<cache-dir>/judge_cache.sqlite``)."""
+    return ChatClient(JudgeSettings(base_url=server.url, model=model, cache_path=str(tmp_path / "judge_cache.sqlite")))
+
+
+def test_unkebench_subjects_generated_by_the_endpoint_are_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
     with ChatServer(judge_like_responder) as server:
-        client = ChatClient(JudgeSettings(base_url=server.url, model="subj/model"))  # no response cache: the file is it
+        client = _cached_client(server, tmp_path, "subj/model")
         ds = load_unkebench(DATA_DIR, limit=2, subjects="llm", client=client, cache_dir=tmp_path)
         assert ds["subject"] == ["Generated Topic"] * 2 and ds["subject_source"] == ["llm:subj/model"] * 2
         assert ds[0]["requests"][0]["prompt"] == "Introduce Generated Topic."
         assert len(server.prompts) == 2 and "George Rankin has been actively involved" in server.prompts[0]
-        cached = json.loads((tmp_path / "unkebench_subjects.subj_model.json").read_text())
-        assert cached == {"0": "Generated Topic", "1": "Generated Topic"}
-        load_unkebench(DATA_DIR, limit=2, subjects="llm", client=client, cache_dir=tmp_path)
-        assert len(server.prompts) == 2
+        client.close()
+        again = _cached_client(server, tmp_path, "subj/model")  # a new process: the answers come from the cache
+        assert load_unkebench(DATA_DIR, limit=2, subjects="llm", client=again, cache_dir=tmp_path)["subject"] == ds["subject"]
+        assert len(server.prompts) == 2 and again.stats["cache_hits"] == 2
+        assert not list(tmp_path.glob("*.json"))  # no second cache beside the client's
+
+
+def test_a_subjects_file_of_the_old_json_cache_is_still_used_and_kept(tmp_path, monkeypatch):
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    old = tmp_path / "unkebench_subjects.subj_model.json"
+    old.write_text(json.dumps({"0": "Old Topic"}))
+    with ChatServer(judge_like_responder) as server:
+        client = _cached_client(server, tmp_path, "subj/model")
+        ds = load_unkebench(DATA_DIR, limit=2, subjects="llm", client=client, cache_dir=tmp_path)
+        assert ds["subject"] == ["Old Topic", "Generated Topic"] and len(server.prompts) == 1
+    assert json.loads(old.read_text()) == {"0": "Old Topic"}
 
 
 def test_mquake_uns_from_akew(tmp_path):
@@ -138,7 +155,7 @@ def test_mquake_cf3k_schema_gets_generated_passages_cached(tmp_path, monkeypatch
     with pytest.raises(DataError, match="no 'fact_new_uns' passage; configure a judge endpoint"):
         load_mquake_uns(DATA_DIR, file=path, cache_dir=tmp_path)
     with ChatServer(judge_like_responder) as server:
-        client = ChatClient(JudgeSettings(base_url=server.url, model="gen"))
+        client = _cached_client(server, tmp_path, "gen")
         ds = load_mquake_uns(DATA_DIR, file=path, client=client, cache_dir=tmp_path)
         n_rewrites = sum(len(c["requested_rewrite"]) for c in cases)
         assert len(server.prompts) == n_rewrites
@@ -146,8 +163,8 @@ def test_mquake_cf3k_schema_gets_generated_passages_cached(tmp_path, monkeypatch
         assert ds[0]["requests"][0]["target_new"] == "A generated passage stating the fact."
         assert set(ds["passage_source"]) == {"llm:gen"}
         load_mquake_uns(DATA_DIR, file=path, client=client, cache_dir=tmp_path)
-        assert len(server.prompts) == n_rewrites  # cached in mquake_passages.gen.json
-    assert (tmp_path / "mquake_passages.gen.json").is_file()
+        assert len(server.prompts) == n_rewrites  # cached in the client's judge_cache.sqlite
+    assert (tmp_path / "judge_cache.sqlite").is_file() and not (tmp_path / "mquake_passages.gen.json").exists()
 
 
 def test_mmlu_subset_is_fixed_stratified_and_has_same_subject_dev_shots():

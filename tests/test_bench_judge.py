@@ -1,6 +1,7 @@
 """The judge: prompts, parsing, the OpenAI-protocol client against a local server, and the lexical fallback."""
 
 import logging
+import re
 
 import pytest
 
@@ -32,10 +33,16 @@ def _no_judge_env(monkeypatch):
     monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
 
 
-def _client(server, tmp_path, sleeps=None, **kw):
+def _client(server, tmp_path, **kw):
     settings = JudgeSettings(base_url=server.url, model="judge-model", api_key=SECRET,
                              cache_path=str(tmp_path / "cache.sqlite"), **kw)
-    return ChatClient(settings, sleep=(sleeps.append if sleeps is not None else lambda s: None))
+    return ChatClient(settings)
+
+
+def _client_waits(caplog):
+    """The seconds the openai client waited before each of its own retries, from its log."""
+    return [float(m.group(1)) for r in caplog.records if r.name == "openai._base_client"
+            for m in [re.match(r"Retrying request in ([\d.]+) seconds", r.getMessage())] if m]
 
 
 def _support_parse(text):
@@ -44,16 +51,17 @@ def _support_parse(text):
 
 def test_client_survives_timeout_500_and_malformed_then_caches(tmp_path, caplog):
     caplog.set_level(logging.DEBUG)
+    caplog.set_level(logging.INFO, logger="openai._base_client")
     good = "ITEM 1: <answer>1</answer>\nITEM 2: <answer>0</answer>"
     with ChatServer(lambda p: good) as server:
         server.script = [("sleep", 3.0), ("status", 500), ("text", "I think both are true.")]
-        sleeps = []
-        client = _client(server, tmp_path, sleeps, timeout=0.5, backoff=0.25)
+        client = _client(server, tmp_path, timeout=0.5)
         out = client.complete("PROMPT", _support_parse)
         assert out.complete and out.value == [1, 0]
         assert len(server.prompts) == 4  # timeout, 500, malformed, success
         assert client.stats == {"requests": 4, "cache_hits": 0, "retries": 3, "malformed": 1}
-        assert sleeps == [0.25, 0.5, 1.0]  # exponential backoff between the attempts
+        waits = _client_waits(caplog)  # the openai client's own exponential backoff before its 2 retries;
+        assert len(waits) == 2 and 0 < waits[0] < waits[1]  # the malformed answer is asked again at once
         assert all(h == f"Bearer {SECRET}" for h in server.auth_headers)
 
         again = client.complete("PROMPT", _support_parse)  # same model + prompt: from the cache
@@ -79,6 +87,15 @@ def test_client_gives_up_after_max_attempts(tmp_path):
         server.script = [("status", 503)] * 3
         with pytest.raises(JudgeError, match="failed 3 times"):
             client.complete("Q", _support_parse)
+
+
+def test_max_attempts_bounds_the_requests_of_one_question_retries_and_reasks_together(tmp_path):
+    with ChatServer(lambda p: "no verdicts here") as server:
+        server.script = [("text", "still no verdicts"), ("status", 503), ("status", 503), ("status", 503)]
+        client = _client(server, tmp_path, max_attempts=3)
+        out = client.complete("P", _support_parse)  # malformed, re-asked: the openai client retries the 503 once
+        assert not out.complete and len(server.prompts) == 3
+        assert client.stats == {"requests": 3, "cache_hits": 0, "retries": 2, "malformed": 1}
 
 
 def test_client_does_not_retry_auth_errors_and_never_shows_the_key(tmp_path, caplog):

@@ -11,7 +11,6 @@ from benchmarks.store import (
     ConfigPolicy,
     IncompleteRunError,
     ResultFile,
-    ResultStore,
     check_run_config,
     merge_results,
     read_results,
@@ -22,13 +21,19 @@ from benchmarks.store import (
 CONFIG = {"benchmark": "mquake-uns", "hparams": {"kl_weight": 1.0, "rounds": 5}}
 
 
+def _runner_store(out_dir, config):
+    """What the runner opens for a run directory: config.json checked (and recorded), then its results file."""
+    check_run_config(out_dir, config)
+    return ResultFile(out_dir / results_name())
+
+
 def test_store_appends_one_line_per_case_and_reloads(tmp_path):
-    store = ResultStore(tmp_path, CONFIG)
+    store = _runner_store(tmp_path, CONFIG)
     store.append([{"case_id": "1", "Ind": 1.0}])
     store.append([{"case_id": 2, "Ind": 0.5}, {"case_id": "3", "Ind": 0.0}])
     lines = (tmp_path / "results.jsonl").read_text().splitlines()
     assert [json.loads(x)["case_id"] for x in lines] == ["1", 2, "3"]
-    again = ResultStore(tmp_path, CONFIG)
+    again = _runner_store(tmp_path, CONFIG)
     assert len(again) == 3 and "2" in again and 2 in again and "4" not in again
     with pytest.raises(ValueError, match="already recorded"):
         again.append([{"case_id": "3"}])
@@ -36,41 +41,41 @@ def test_store_appends_one_line_per_case_and_reloads(tmp_path):
 
 
 def test_store_drops_a_torn_last_line(tmp_path, caplog):
-    store = ResultStore(tmp_path, CONFIG)
+    store = _runner_store(tmp_path, CONFIG)
     store.append([{"case_id": "1"}, {"case_id": "2"}])
     with open(tmp_path / "results.jsonl", "a") as fh:
         fh.write('{"case_id": "3", "Ind": 0.')  # killed in the middle of a write
-    resumed = ResultStore(tmp_path, CONFIG)
+    resumed = _runner_store(tmp_path, CONFIG)
     assert sorted(resumed.records) == ["1", "2"] and "torn last line" in caplog.text
     resumed.append([{"case_id": "3"}])
     assert [json.loads(x)["case_id"] for x in (tmp_path / "results.jsonl").read_text().splitlines()] == ["1", "2", "3"]
 
 
 def test_store_refuses_a_different_config_and_foreign_files(tmp_path):
-    ResultStore(tmp_path, CONFIG).append([{"case_id": "1"}])
+    _runner_store(tmp_path, CONFIG).append([{"case_id": "1"}])
     changed = {"benchmark": "mquake-uns", "hparams": {"kl_weight": 0.0, "rounds": 5}}
     with pytest.raises(ConfigMismatchError, match=r"hparams.kl_weight: 1.0 -> 0.0.*another --out directory"):
-        ResultStore(tmp_path, changed)
+        _runner_store(tmp_path, changed)
     assert json.loads((tmp_path / "config.json").read_text()) == CONFIG  # untouched
-    assert len(ResultStore(tmp_path, CONFIG)) == 1
+    assert len(_runner_store(tmp_path, CONFIG)) == 1
     foreign = tmp_path / "other"
     foreign.mkdir()
     (foreign / "results.jsonl").write_text('{"case_id": "x"}\n')
     with pytest.raises(ConfigMismatchError, match="not written by this runner"):
-        ResultStore(foreign, CONFIG)
+        _runner_store(foreign, CONFIG)
     bad = tmp_path / "bad"
     bad.mkdir()
-    ResultStore(bad, CONFIG)
+    _runner_store(bad, CONFIG)
     (bad / "results.jsonl").write_text('{"case_id": "1"}\nnot json\n{"case_id": "2"}\n')
     with pytest.raises(ValueError, match="line 2 is not valid JSON"):
-        ResultStore(bad, CONFIG)
+        _runner_store(bad, CONFIG)
 
 
 def test_store_drop_rewrites_without_the_dropped_records(tmp_path):
-    store = ResultStore(tmp_path, CONFIG)
+    store = _runner_store(tmp_path, CONFIG)
     store.append([{"case_id": str(i), "block": i // 2} for i in range(5)])
     assert store.drop(lambda r: r["block"] != 2) == ["4"]
-    assert sorted(ResultStore(tmp_path, CONFIG).records) == ["0", "1", "2", "3"]
+    assert sorted(_runner_store(tmp_path, CONFIG).records) == ["0", "1", "2", "3"]
 
 
 def test_config_policy_tolerates_placement_and_new_fields_at_their_default(tmp_path, caplog):

@@ -317,7 +317,7 @@ def test_a_200_answer_that_is_not_json_is_retried_like_any_bad_answer(tmp_path):
 
     with ChatServer(lambda p: "ITEM 1: <answer>1</answer>") as server:
         server.script = [("raw", "<html>502 Bad Gateway</html>", "text/html"), ("raw", "{not json", "application/json")]
-        client = ChatClient(JudgeSettings(base_url=server.url, model="m", api_key="k"), sleep=lambda s: None)
+        client = ChatClient(JudgeSettings(base_url=server.url, model="m", api_key="k"))
         out = client.complete("P", lambda t: parse_support(t, 1))
         assert out.complete and out.value == [1] and len(server.prompts) == 3
         assert client.stats["malformed"] == 2 and client.stats["retries"] == 2
