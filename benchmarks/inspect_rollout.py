@@ -24,6 +24,8 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from hpse_easyedit.cli import OneLineParser  # argparse errors: one line, exit 2
+
 __all__ = ["inspect_case", "main"]
 
 _WORD = re.compile(r"^[A-Za-z\u00C0-\u024F]{3,}$")
@@ -78,7 +80,7 @@ def _summary(cases: Sequence[dict]) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.inspect_rollout", description=__doc__.split("\n")[0])
+    parser = OneLineParser(prog="python -m benchmarks.inspect_rollout", description=__doc__.split("\n")[0])
     parser.add_argument("--hparams", required=True, help="HPSE YAML (its model, prompts and gates)")
     parser.add_argument("--gates", action="append", default=[], metavar="K=V[,K=V]",
                         help="a group of overrides to compare, e.g. tau=1,kappa=0.1 (repeat; default: the file as it is)")

@@ -46,6 +46,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from hpse_easyedit.cli import OneLineParser  # argparse errors: one line, exit 2
+
 from .store import IncompleteRunError, merge_results, write_new_json
 from .tasks import TASKS
 
@@ -536,7 +538,7 @@ def _recitation(args: argparse.Namespace, loaded: Sequence[tuple[str, dict]]) ->
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.paired", description=__doc__.split("\n")[0])
+    parser = OneLineParser(prog="python -m benchmarks.paired", description=__doc__.split("\n")[0])
     parser.add_argument("runs", nargs="+", metavar="RUN",
                         help="run directories: the baseline first (e.g. runs/mq-lora), then one or more runs compared with it")
     parser.add_argument("--label", action="append", default=[], metavar="NAME",

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from hpse_easyedit.cli import OneLineParser  # argparse errors: one line, exit 2
+
 __all__ = ["Block", "StudyError", "check", "find_blocks", "generate", "prose_numbers", "runs_table", "write"]
 
 _BLOCK_RE = re.compile(r"^<!-- study: (?P<command>.+?) -->\n(?P<body>.*?)^<!-- /study -->$", re.S | re.M)
@@ -190,7 +192,7 @@ def write(text: str, blocks: Sequence[Block], generated: Sequence[str]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.study", description=__doc__.split("\n")[0])
+    parser = OneLineParser(prog="python -m benchmarks.study", description=__doc__.split("\n")[0])
     parser.add_argument("root", metavar="STUDY_DIR", help="the directory of committed run directories (docs/study)")
     parser.add_argument("--results", metavar="MD", help="the results document (default: RESULTS.md next to STUDY_DIR)")
     parser.add_argument("--data", help="data directory the runs used, for the rescored tables "

@@ -9,10 +9,12 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from hpse_easyedit.cli import OneLineParser  # argparse errors: one line, exit 2
+
 from . import judge_note, paper_table
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m benchmarks.report",
         description="The paper-layout table of benchmark runs, or with --html one self-contained HTML report: the table "
                     "with intervals and paired differences, the step-in plot, every case with its answers side by side, "
