@@ -116,9 +116,9 @@ def letter_scores(model: Any, tokenizer: Any, items: Sequence[MMLUItem], batch_s
                 out = forward(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device))
                 score(idx, out.logits[:, -1].float())
             return scores
-        groups: dict[tuple, list[int]] = {}
+        groups: dict[str, list[int]] = {}  # the common token prefix is computed, so subject alone is safe
         for i, it in enumerate(items):
-            groups.setdefault((it.subject, it.shots), []).append(i)
+            groups.setdefault(it.subject, []).append(i)
         for members in groups.values():
             shared = _shared_prefix_len([encoded[i] for i in members])
             prefix_cache = None
