@@ -4,11 +4,13 @@ The prompt is plain text (no chat template): the Hendrycks header, ``shots`` sol
 question's subject, then the question ending in ``Answer:``. The prediction is the letter among A-D
 whose token has the highest next-token logit (a letter may be tokenised with or without a leading
 space; the better of the two counts). Prompts are batched with left padding and explicit position ids,
-so a batch scores exactly like its prompts one by one.
+so a batch scores like its prompts one by one; the few-shot prefix a subject's questions share is
+computed once per subject and its KV cache reused.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Sequence
 
 import torch
@@ -40,50 +42,119 @@ def letter_token_ids(tokenizer: Any) -> list[list[int]]:
     return out
 
 
+def _left_pad(rows: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for row, r in enumerate(rows):
+        ids[row, width - len(r):] = torch.tensor(list(r), dtype=torch.long)
+        mask[row, width - len(r):] = 1
+    return ids, mask
+
+
+def _shared_prefix_len(rows: Sequence[Sequence[int]]) -> int:
+    """Tokens all ``rows`` start with, leaving each row at least its last token to compute."""
+    n = min(len(r) for r in rows) - 1
+    first = rows[0]
+    for r in rows[1:]:
+        k = 0
+        while k < n and r[k] == first[k]:
+            k += 1
+        n = k
+    return max(n, 0)
+
+
+class _LastLogits:
+    """The last position's logits of a forward; skips the [B, T, V] head product where the model allows it
+    (transformers >= 4.50 names it logits_to_keep; a model or wrapper that refuses it gets the full product)."""
+
+    def __init__(self, model: Any) -> None:
+        self.model, self.keep = model, {"logits_to_keep": 1}
+
+    def __call__(self, **inputs: Any) -> Any:
+        try:
+            return self.model(**inputs, **self.keep)
+        except TypeError:
+            if not self.keep:
+                raise
+            self.keep = {}
+            return self.model(**inputs)
+
+
 @torch.inference_mode()
-def letter_scores(model: Any, tokenizer: Any, items: Sequence[MMLUItem], batch_size: int = 4) -> list[list[float]]:
-    """Next-token logit of each letter A-D after each item's prompt (the best of its spellings)."""
+def letter_scores(model: Any, tokenizer: Any, items: Sequence[MMLUItem], batch_size: int = 4,
+                  share_prefix: bool = True) -> list[list[float]]:
+    """Next-token logit of each letter A-D after each item's prompt (the best of its spellings).
+
+    ``share_prefix`` (default): the items of one subject share the header and the few-shot examples, so
+    their common token prefix is run ONCE and its KV cache reused for each question's own tokens (the
+    same token ids as the whole prompt, so the same predictions; logits agree to float rounding).
+    ``share_prefix=False``: every prompt is run whole, batches of similar lengths (the earlier path).
+    """
     from hpse_easyedit.rollout import input_device
 
     device = input_device(model)  # the embedding's device: the first parameter may sit elsewhere under device_map
     encoded = [tokenizer(format_mmlu_prompt(it))["input_ids"] for it in items]
     letters = letter_token_ids(tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    order = sorted(range(len(items)), key=lambda i: len(encoded[i]))  # similar lengths share a batch
-    # Only the last position's logits are read: skip the [B, T, V] head product where the model allows it
-    # (transformers >= 4.50 names it logits_to_keep; a model or wrapper that refuses it gets the full product).
-    last_only: dict = {"logits_to_keep": 1}
+    forward = _LastLogits(model)
     scores: list[list[float]] = [[] for _ in items]
+
+    def score(idx: Sequence[int], logits: torch.Tensor) -> None:
+        for row, i in enumerate(idx):
+            scores[i] = [max(logits[row, t].item() for t in cand) for cand in letters]
+
     was_training = model.training
     model.eval()
     try:
-        for start in range(0, len(order), batch_size):
-            idx = order[start : start + batch_size]
-            width = max(len(encoded[i]) for i in idx)
-            ids = torch.full((len(idx), width), pad, dtype=torch.long)
-            mask = torch.zeros((len(idx), width), dtype=torch.long)
-            for row, i in enumerate(idx):
-                ids[row, width - len(encoded[i]):] = torch.tensor(encoded[i])
-                mask[row, width - len(encoded[i]):] = 1
-            positions = (mask.cumsum(-1) - 1).clamp(min=0)
-            inputs = dict(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device))
-            try:
-                logits = model(**inputs, **last_only).logits[:, -1].float()
-            except TypeError:
-                if not last_only:
-                    raise
-                last_only = {}
-                logits = model(**inputs).logits[:, -1].float()
-            for row, i in enumerate(idx):
-                scores[i] = [max(logits[row, t].item() for t in cand) for cand in letters]
+        if not share_prefix:
+            order = sorted(range(len(items)), key=lambda i: len(encoded[i]))  # similar lengths share a batch
+            for start in range(0, len(order), batch_size):
+                idx = order[start: start + batch_size]
+                ids, mask = _left_pad([encoded[i] for i in idx], pad)
+                positions = (mask.cumsum(-1) - 1).clamp(min=0)
+                out = forward(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device))
+                score(idx, out.logits[:, -1].float())
+            return scores
+        groups: dict[str, list[int]] = {}  # the common token prefix is computed, so subject alone is safe
+        for i, it in enumerate(items):
+            groups.setdefault(it.subject, []).append(i)
+        for members in groups.values():
+            shared = _shared_prefix_len([encoded[i] for i in members])
+            prefix_cache = None
+            if shared:
+                prefix_cache = _new_cache(model)
+                prefix = torch.tensor([encoded[members[0]][:shared]], dtype=torch.long, device=device)
+                prefix_cache = forward(input_ids=prefix, past_key_values=prefix_cache, use_cache=True).past_key_values
+            order = sorted(members, key=lambda i: len(encoded[i]))
+            for start in range(0, len(order), batch_size):
+                idx = order[start: start + batch_size]
+                ids, mask = _left_pad([encoded[i][shared:] for i in idx], pad)
+                positions = shared + (mask.cumsum(-1) - 1).clamp(min=0)
+                inputs = dict(input_ids=ids.to(device), position_ids=positions.to(device))
+                if prefix_cache is not None:
+                    cache = copy.deepcopy(prefix_cache)
+                    cache.batch_repeat_interleave(len(idx))
+                    mask = torch.cat([mask.new_ones(len(idx), shared), mask], dim=1)
+                    inputs.update(past_key_values=cache, use_cache=True)
+                out = forward(attention_mask=mask.to(device), **inputs)
+                score(idx, out.logits[:, -1].float())
     finally:
         model.train(was_training)
     return scores
 
 
-def mmlu_accuracy(model: Any, tokenizer: Any, items: Sequence[MMLUItem], batch_size: int = 4) -> tuple[float, list[int]]:
+def _new_cache(model: Any) -> Any:
+    from transformers import DynamicCache
+
+    return DynamicCache(config=getattr(model, "config", None))
+
+
+def mmlu_accuracy(model: Any, tokenizer: Any, items: Sequence[MMLUItem], batch_size: int = 4,
+                  share_prefix: bool = True) -> tuple[float, list[int]]:
     """Accuracy on ``items`` and the predicted choice index per item (in the items' order)."""
     if not items:
         raise ValueError("MMLU subset is empty; use --mmlu-n N with N > 0, or 0 to skip MMLU")
-    preds = [max(range(4), key=lambda j: s[j]) for s in letter_scores(model, tokenizer, items, batch_size)]
+    preds = [max(range(4), key=lambda j: s[j])
+             for s in letter_scores(model, tokenizer, items, batch_size, share_prefix=share_prefix)]
     return sum(p == it.answer for p, it in zip(preds, items)) / len(items), preds

@@ -1,17 +1,25 @@
 """What an HPSE edit costs next to its floors, measured side by side in one run.
 
 Reports, for one hparams file and model:
-  - rollout ratio: hybrid rollout time / the student's own greedy ``generate()`` of the same length;
-  - edit-time ratio: HPSE edit / the NLL-only edit (``kl_weight: 0``) with the same rounds and steps;
-  - memory ratio: peak memory of the HPSE edit / of the NLL-only edit (CUDA peak allocated on a GPU;
-    on a CPU peak RSS of a fresh child process per edit, model load included);
-  - teacher forward tokens per edit and teacher passes during inner steps (must be 0);
-  - memory after 1, 10, 50, 100 sequential edits (must stay flat).
-It prints a table and writes JSON.
+  - the machine's floors, measured in the same run: memory bandwidth (a weight-sized matrix-vector
+    sweep, what one decode step does) and dense matmul throughput;
+  - decode: hybrid rollout and greedy ``generate()`` tokens/s against the memory-bandwidth floor
+    (bytes of weights one decode step reads / bandwidth), and the rollout / ``generate()`` ratio;
+  - edit time: HPSE edit / the NLL-only edit (``kl_weight: 0``) with the same rounds and steps, the
+    training part against its FLOP floor (its matmul FLOPs / the measured throughput), and EasyEdit's
+    own LoRA editor on the same model and passage when EasyEdit is importable (``$EASYEDIT_SRC``);
+  - MMLU: one pass over the locality subset, the shared-prefix path against the whole-prompt path
+    (same questions, predictions compared);
+  - memory: peak of the HPSE edit / of the NLL-only edit (CUDA peak allocated on a GPU, peak RSS
+    with the kernel's mark reset on a CPU), and after 1, 10, 50, 100 sequential edits (must stay flat);
+  - teacher forward tokens per edit and teacher passes during inner steps (must be 0).
+It prints a table and writes JSON; the flat keys at its top (``rollout_tok_s`` ... ``dtype``) are the
+ones docs/PERFORMANCE.md quotes. ``--quick`` gives the same keys in under 3 minutes on 2 CPU cores.
 
 Examples::
 
     python -m benchmarks.perf --hparams hparams/HPSE/smollm2-135m.yaml --out runs/perf/cpu.json
+    python -m benchmarks.perf --quick --out runs/perf/cpu-quick.json
     # on a GPU, a random-weight model with the real Qwen2.5-7B-Instruct configuration:
     python -m benchmarks.perf --hparams hparams/HPSE/qwen2.5-7b.yaml --random-config qwen2.5-7b --out runs/perf/h100.json
 """
@@ -19,6 +27,8 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import contextlib
+import copy
 import gc
 import json
 import os
@@ -32,8 +42,14 @@ from typing import Any, Sequence
 
 import torch
 
+from hpse_easyedit.rollout import input_device
+
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_PASSAGE = REPO / "hpse_easyedit" / "demo_passage.txt"
+# EasyEdit's shipped LoRA values for Llama (its hparams/LoRA/llama-7b.yaml), as plain LoRA; see the file.
+EASYEDIT_LORA_HPARAMS = Path(__file__).resolve().parent / "easyedit_lora.yaml"
+QUICK = dict(overrides=["rounds=2", "max_new_tokens=32"], rollout_repeats=1, sequential=[1, 3], mmlu_subjects=6,
+             easyedit_lora_steps=16)
 
 # Architectures of the paper's backbones, for random-weight timing runs without a hub.
 RANDOM_CONFIGS: dict[str, tuple[str, dict]] = {
@@ -107,6 +123,81 @@ def _peak_rss_since_reset() -> int:
     return _peak_rss_bytes()
 
 
+def _median_seconds(fn: Any, device: torch.device, repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        _sync(device); t0 = time.perf_counter(); fn(); _sync(device); times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def decode_bytes(model: Any) -> int:
+    """Bytes of weights one decode step reads: every parameter once (shared tensors once), except an
+    input embedding table that is not also the output head (a step reads one row of it)."""
+    seen, total = set(), 0
+    emb = model.get_input_embeddings().weight
+    out = model.get_output_embeddings()
+    tied = out is not None and out.weight.data_ptr() == emb.data_ptr()
+    for p in model.parameters():
+        if p.data_ptr() in seen or (p.data_ptr() == emb.data_ptr() and not tied):
+            continue
+        seen.add(p.data_ptr())
+        total += p.numel() * p.element_size()
+    return total
+
+
+def memory_bandwidth_gb_s(nbytes: int, dtype: torch.dtype, device: torch.device, repeats: int = 5) -> float:
+    """GB/s of a matrix-vector product over a weight-sized matrix (capped at 4 GiB): a decode step's access pattern."""
+    cols = 1024
+    nbytes = min(nbytes, 4 * 1024 ** 3)
+    rows = max(1, nbytes // (cols * torch.tensor([], dtype=dtype).element_size()))
+    weight = torch.randn(rows, cols, device=device).to(dtype)
+    x = torch.randn(cols, 1, device=device).to(dtype)
+    seconds = _median_seconds(lambda: weight @ x, device, repeats)
+    return weight.numel() * weight.element_size() / seconds / 1e9
+
+
+def matmul_gflops(model: Any, dtype: torch.dtype, device: torch.device, tokens: int = 512, repeats: int = 5) -> float:
+    """Dense matmul throughput on the model's own MLP shape: [tokens, hidden] @ [hidden, intermediate]."""
+    cfg = model.config
+    hidden, inter = cfg.hidden_size, getattr(cfg, "intermediate_size", 4 * cfg.hidden_size)
+    a = torch.randn(tokens, hidden, device=device).to(dtype)
+    b = torch.randn(hidden, inter, device=device).to(dtype)
+    seconds = _median_seconds(lambda: a @ b, device, repeats)
+    return 2 * tokens * hidden * inter / seconds / 1e9
+
+
+def _linear_params(model: Any) -> tuple[int, int, int]:
+    """(decoder-layer linear weights, output-head weights, number of layers) of a causal LM."""
+    head = model.get_output_embeddings().weight.numel()
+    layer_linear = sum(m.weight.numel() for n, m in model.named_modules()
+                       if isinstance(m, torch.nn.Linear) and ".layers." in n and "lora_" not in n)
+    return layer_linear, head, model.config.num_hidden_layers
+
+
+def train_flops(model: Any, hp: Any, batches: Sequence[tuple[int, int]], adapter_params: int) -> float:
+    """Matmul FLOPs of the inner steps: per step and per batch of ``rows x width`` tokens, the forward
+    (2 FLOPs per weight per token, plus causal attention) and the backward's input gradients (the same
+    again; the frozen base needs no weight gradients) and the trainable tensors' weight gradients."""
+    layer_linear, head, layers = _linear_params(model)
+    cfg = model.config
+    attn_width = cfg.num_attention_heads * (getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+    if hp.executor == "ft_m":  # input gradients stop at the FT-M layer
+        grad_layers = layers - hp.ftm_layer
+        trainable = model.get_submodule(hp.ftm_module_template.format(hp.ftm_layer)).weight.numel()
+    else:
+        grad_layers, trainable = layers, adapter_params
+    total = 0.0
+    for rows, width in batches:
+        tokens = rows * width
+        attn = 2 * rows * width * width * attn_width  # QK^T and AV, causal half
+        forward = 2 * tokens * (layer_linear + head + adapter_params) + attn * layers
+        backward = (2 * tokens * (layer_linear * grad_layers / layers + head + adapter_params) + attn * grad_layers
+                    + 2 * tokens * trainable)
+        total += forward + backward
+    return total
+
+
 def _rollout_vs_generate(model: Any, tok: Any, hp: Any, prompts: Any, repeats: int) -> tuple[dict, Any]:
     """Time the hybrid rollout and the student's own greedy generate() of the same length; restore after."""
     from hpse_easyedit import restore_weights
@@ -145,10 +236,84 @@ def _rollout_vs_generate(model: Any, tok: Any, hp: Any, prompts: Any, repeats: i
     return result, restore_weights(student, weights_copy)
 
 
+def _generate_speed(model: Any, tok: Any, prompts: Any, hp: Any, repeats: int) -> dict:
+    """Greedy ``generate()`` of the unedited model on the editing prompt, ``max_new_tokens`` forced: the
+    decode that ``generate_answers`` runs for one question."""
+    device = input_device(model)
+    ids = torch.tensor([prompts.student_ids], device=device)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+
+    def generate() -> None:
+        model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=hp.max_new_tokens,
+                       min_new_tokens=hp.max_new_tokens, do_sample=False, pad_token_id=pad,
+                       temperature=None, top_p=None, top_k=None)
+
+    seconds = _median_seconds(generate, device, repeats)
+    return {"tokens": hp.max_new_tokens, "seconds": seconds, "tokens_per_s": hp.max_new_tokens / seconds}
+
+
+def _mmlu(model: Any, tok: Any, args: argparse.Namespace) -> dict:
+    """One MMLU pass over the locality subset, shared-prefix path vs whole prompts (same questions)."""
+    from .datasets import DataError, load_mmlu_subset
+    from .mmlu import letter_scores
+
+    try:
+        items = load_mmlu_subset(args.mmlu_data, n=args.mmlu_n, shots=5, seed=0)
+    except (DataError, OSError) as exc:
+        return {"skipped": f"no MMLU data ({exc}); pass --mmlu-data DIR"}
+    if args.mmlu_subjects:  # whole subjects, so each keeps the questions it shares a prefix with
+        keep = sorted({it.subject for it in items})[: args.mmlu_subjects]
+        items = [it for it in items if it.subject in keep]
+    device = input_device(model)
+    timed = {}
+    for name, share in (("shared_prefix", True), ("whole_prompts", False)):
+        _sync(device); t0 = time.perf_counter()
+        scores = letter_scores(model, tok, items, args.mmlu_batch_size, share_prefix=share)
+        _sync(device); timed[name] = (time.perf_counter() - t0, [max(range(4), key=lambda j: s[j]) for s in scores], scores)
+    diff = max(abs(a - b) for x, y in zip(timed["shared_prefix"][2], timed["whole_prompts"][2]) for a, b in zip(x, y))
+    return {"questions": len(items), "subjects": len({it.subject for it in items}), "batch_size": args.mmlu_batch_size,
+            "seconds": timed["shared_prefix"][0], "seconds_before": timed["whole_prompts"][0],
+            "speedup": timed["whole_prompts"][0] / timed["shared_prefix"][0],
+            "identical_predictions": timed["shared_prefix"][1] == timed["whole_prompts"][1],
+            "max_abs_logit_difference": diff}
+
+
+def _easyedit_lora(model: Any, tok: Any, hp: Any, passage: str, steps: int | None) -> dict:
+    """EasyEdit's own LoRA editor (its algorithm, called directly) on a copy of the model, same passage."""
+    try:
+        import yaml
+
+        import hpse_easyedit.easyedit  # noqa: F401  (imports EasyEdit from $EASYEDIT_SRC)
+        from easyeditor.models.lora.lora_hparams import LoRAHyperParams
+        from easyeditor.models.lora.lora_main import apply_lora_to_model
+    except Exception as exc:  # EasyEdit absent or broken: the key stays null
+        return {"skipped": f"EasyEdit not importable ({type(exc).__name__}); set EASYEDIT_SRC to its source"}
+    config = yaml.safe_load(EASYEDIT_LORA_HPARAMS.read_text())
+    config.update(model_name=hp.model_name, device=str(input_device(model)))
+    if steps is not None:
+        config["num_steps"] = steps
+    lora_hp = LoRAHyperParams(**config)
+    request = {"prompt": hp.editing_prompt.format(subject=_requests(passage)[0]["subject"]),
+               "target_new": passage, "subject": _requests(passage)[0]["subject"]}
+    work = copy.deepcopy(model)
+    device = input_device(work)
+    try:
+        with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):  # it prints every step's loss
+            _sync(device); t0 = time.perf_counter()
+            apply_lora_to_model(work, tok, [request], lora_hp)
+            _sync(device); seconds = time.perf_counter() - t0
+    except Exception as exc:  # its failure must not lose the figures measured before it
+        return {"skipped": f"EasyEdit's LoRA editor failed: {type(exc).__name__}: {exc}"}
+    finally:
+        del work
+    gc.collect()
+    return {"seconds": seconds, "hparams": str(EASYEDIT_LORA_HPARAMS.relative_to(REPO)),
+            "num_steps": config["num_steps"], "rank": config["rank"], "target_modules": config["target_modules"]}
+
+
 def measure(args: argparse.Namespace) -> dict:
     from hpse_easyedit import hpse_edit, restore_weights
     from hpse_easyedit.editor import edit_prompts
-    from hpse_easyedit.rollout import input_device
 
     passage = Path(args.passage).read_text(encoding="utf-8").strip()
     hp, model, tok = _load(args.hparams, args.set, args.random_config)
@@ -165,9 +330,17 @@ def measure(args: argparse.Namespace) -> dict:
         "n_params": sum(p.numel() for p in model.parameters()),
     }
 
+    # 0. the machine's floors, in this run: bandwidth over the decode step's bytes, dense matmul throughput.
+    step_bytes = decode_bytes(model)
+    bandwidth = memory_bandwidth_gb_s(step_bytes, hp.torch_dtype, device)
+    report["floors"] = {"decode_bytes_per_step": step_bytes, "memory_bandwidth_gb_s": bandwidth,
+                        "memory_floor_tok_s": bandwidth * 1e9 / step_bytes,
+                        "matmul_gflops": matmul_gflops(model, hp.torch_dtype, device)}
+
     # 1. rollout vs the student's own greedy generate() of the same length (fresh adapter / matrix).
     prompts = edit_prompts(model, tok, _requests(passage), hp)[0]
     report["rollout"], model = _rollout_vs_generate(model, tok, hp, prompts, args.rollout_repeats)
+    report["generate"] = _generate_speed(model, tok, prompts, hp, args.rollout_repeats)
 
     # 2-4. HPSE edit vs NLL-only edit: time (in process), peak memory, teacher traffic.
     timings: dict[str, list[float]] = {"hpse": [], "nll_only": []}
@@ -195,6 +368,13 @@ def measure(args: argparse.Namespace) -> dict:
                 peaks[name] = max(peaks.get(name, 0), peak - base)
                 peaks[name + "_total"] = max(peaks.get(name + "_total", 0), peak)
             if name == "hpse":
+                adapters = sum(v.numel() for v in res.weights_copy.values()) if hp.executor == "lora" else 0
+                widths = [(1, len(prompts.student_ids) + round(r["rollout_len"])) for r in res.rounds]
+                batches = [(1, len(prompts.student_ids) + len(prompts.passage_ids))] * hp.rounds * hp.inner_steps
+                batches += [b for b in widths for _ in range(hp.inner_steps)]
+                train = sum(r["seconds"] - r["rollout_seconds"] for r in res.rounds)
+                flops = train_flops(res.model, hp, batches, adapters)
+                report.setdefault("train", {"seconds": [], "flops": flops})["seconds"].append(train)
                 report["teacher_forward_tokens_per_edit"] = res.teacher_forward_tokens
                 report["inner_step_teacher_passes"] = res.inner_step_teacher_passes
                 report["stepin_rate_by_round"] = [r["stepin_rate"] for r in res.rounds]
@@ -202,6 +382,9 @@ def measure(args: argparse.Namespace) -> dict:
                 report["hpse_rollout_tokens"] = sum(r.get("rollout_len", 0.0) for r in res.rounds)
             model = restore_weights(res.model, res.weights_copy)
             del res
+    report["train"]["seconds"] = statistics.median(report["train"]["seconds"])
+    report["train"]["flop_floor_seconds"] = report["train"]["flops"] / (report["floors"]["matmul_gflops"] * 1e9)
+    report["train"]["ratio"] = report["train"]["seconds"] / report["train"]["flop_floor_seconds"]
     report["edit"] = {"hpse_seconds": statistics.median(timings["hpse"]),
                       "nll_only_seconds": statistics.median(timings["nll_only"]),
                       "ratio": statistics.median(timings["hpse"]) / statistics.median(timings["nll_only"])}
@@ -230,7 +413,37 @@ def measure(args: argparse.Namespace) -> dict:
         report["sequential"] = {"kind": "CUDA allocated" if on_gpu else "RSS", "overrides": list(args.sequential_set),
                                 "bytes_after": {str(k): v for k, v in mem.items()},
                                 "growth_vs_first": mem[counts[-1]] / mem[counts[0]] - 1.0}
+
+    # 6. one MMLU pass (the locality check of UnKEBench), new path vs the whole-prompt path.
+    report["mmlu"] = _mmlu(model, tok, args) if args.mmlu_n else {"skipped": "--mmlu-n 0"}
+    # 7. EasyEdit's own LoRA editor, same model and passage (last: it leaves gradient checkpointing on its copy).
+    report["easyedit_lora"] = (_easyedit_lora(model, tok, hp, passage, args.easyedit_lora_steps)
+                               if not args.no_easyedit else {"skipped": "--no-easyedit"})
+    report.update(_headline(report))
     return report
+
+
+def _headline(report: dict) -> dict:
+    """The flat keys the issue and docs/PERFORMANCE.md quote (null where a part was skipped)."""
+    floors, mem, seq = report["floors"], report.get("memory", {}), report.get("sequential", {})
+    return {
+        "rollout_tok_s": report["rollout"]["tokens_per_s"],
+        "generate_tok_s": report["generate"]["tokens_per_s"],
+        "memory_bandwidth_gb_s": floors["memory_bandwidth_gb_s"],
+        "memory_floor_tok_s": floors["memory_floor_tok_s"],
+        "matmul_gflops": floors["matmul_gflops"],
+        "train_seconds": report["train"]["seconds"],
+        "train_flop_floor_seconds": report["train"]["flop_floor_seconds"],
+        "edit_seconds_hpse": report["edit"]["hpse_seconds"],
+        "edit_seconds_nll_only": report["edit"]["nll_only_seconds"],
+        "edit_seconds_easyedit_lora": report["easyedit_lora"].get("seconds"),
+        "mmlu_seconds": report["mmlu"].get("seconds"),
+        "mmlu_seconds_before": report["mmlu"].get("seconds_before"),
+        "peak_rss_ratio": mem.get("ratio"),
+        "sequential_rss": seq.get("bytes_after"),
+        "machine": report["machine"],
+        "dtype": report["dtype"],
+    }
 
 
 def table(report: dict) -> str:
@@ -240,12 +453,31 @@ def table(report: dict) -> str:
                     f"torch {report['machine']['torch']}, {report['machine']['torch_threads']} threads"),
         ("model", f"{report['random_config'] or report['model_name']} ({report['n_params'] / 1e6:.0f}M, {report['dtype']}), "
                   f"executor {report['executor']}, R={report['rounds']} M={report['inner_steps']}"),
+        ("memory bandwidth / matmul", f"{report['floors']['memory_bandwidth_gb_s']:.1f} GB/s, "
+                                      f"{report['floors']['matmul_gflops']:.0f} GFLOPS"),
+        ("decode floor", f"{report['floors']['memory_floor_tok_s']:.1f} tok/s "
+                         f"({report['floors']['decode_bytes_per_step'] / 1e9:.3f} GB of weights per step)"),
+        ("rollout tok/s / floor", f"{report['rollout_tok_s'] / report['memory_floor_tok_s']:.2f}  "
+                                  f"({report['rollout_tok_s']:.1f} tok/s)"),
+        ("generate() tok/s / floor", f"{report['generate_tok_s'] / report['memory_floor_tok_s']:.2f}  "
+                                     f"({report['generate_tok_s']:.1f} tok/s, unedited model)"),
         ("rollout / generate()", f"{report['rollout']['ratio']:.2f}  ({report['rollout']['seconds']:.2f} s vs "
                                  f"{report['rollout']['generate_seconds']:.2f} s, {report['rollout']['tokens']} tokens, "
                                  f"{report['rollout']['tokens_per_s']:.1f} tok/s)"),
         ("HPSE edit / NLL-only edit", f"{report['edit']['ratio']:.2f}  ({report['edit']['hpse_seconds']:.1f} s vs "
                                       f"{report['edit']['nll_only_seconds']:.1f} s)"),
     ]
+    rows.append(("training / FLOP floor", f"{report['train']['ratio']:.2f}  ({report['train']['seconds']:.1f} s vs "
+                                          f"{report['train']['flop_floor_seconds']:.1f} s, "
+                                          f"{report['train']['flops'] / 1e12:.2f} TFLOP)"))
+    lora = report["easyedit_lora"]
+    rows.append(("HPSE edit / EasyEdit LoRA", "n/a (" + lora["skipped"] + ")" if "skipped" in lora else
+                 f"{report['edit']['hpse_seconds'] / lora['seconds']:.2f}  ({lora['seconds']:.1f} s, "
+                 f"{lora['num_steps']} steps, r{lora['rank']} on {'/'.join(lora['target_modules'])})"))
+    mm = report["mmlu"]
+    rows.append(("MMLU whole prompts / shared prefix", "n/a (" + mm["skipped"] + ")" if "skipped" in mm else
+                 f"{mm['speedup']:.2f}  ({mm['seconds_before']:.1f} s vs {mm['seconds']:.1f} s, {mm['questions']} "
+                 f"questions, {mm['subjects']} subjects, identical predictions: {mm['identical_predictions']})"))
     if "hpse_rollout_seconds" in report:
         rows.append(("  of which HPSE rollouts", f"{report['hpse_rollout_seconds']:.1f} s for "
                                                  f"{report['hpse_rollout_tokens']:.0f} tokens over {report['rounds']} rounds"))
@@ -277,8 +509,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="report memory after these numbers of sequential edits (empty to skip)")
     parser.add_argument("--sequential-set", nargs="*", default=["rounds=1", "inner_steps=1", "max_new_tokens=8"],
                         help="overrides for the sequential-memory edits (default: cut down; memory growth is measured)")
+    parser.add_argument("--mmlu-data", default=None, help="data directory holding mmlu/ (default: the benchmarks' one)")
+    parser.add_argument("--mmlu-n", type=int, default=100, help="MMLU questions, as the benchmark draws them (0 skips)")
+    parser.add_argument("--mmlu-subjects", type=int, default=0,
+                        help="keep only the questions of the first N subjects of that draw (0: all)")
+    parser.add_argument("--mmlu-batch-size", type=int, default=4, help="MMLU batch size (the runner's default)")
+    parser.add_argument("--easyedit-lora-steps", type=int, default=None,
+                        help="override num_steps of EasyEdit's LoRA file (default: the file's 70)")
+    parser.add_argument("--no-easyedit", action="store_true", help="skip timing EasyEdit's LoRA editor")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"same keys in minutes: --set {' --set '.join(QUICK['overrides'])}, one rollout repeat, "
+                             f"sequential {QUICK['sequential']}, MMLU of {QUICK['mmlu_subjects']} subjects, EasyEdit "
+                             f"LoRA {QUICK['easyedit_lora_steps']} steps")
     parser.add_argument("--out", help="write the JSON report here (refuses to overwrite an existing file)")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.set = QUICK["overrides"] + args.set
+        args.rollout_repeats, args.sequential = QUICK["rollout_repeats"], QUICK["sequential"]
+        args.mmlu_subjects = args.mmlu_subjects or QUICK["mmlu_subjects"]
+        args.easyedit_lora_steps = args.easyedit_lora_steps or QUICK["easyedit_lora_steps"]
     if args.out and Path(args.out).exists():
         parser.error(f"--out {args.out} exists; choose a new file")
     report = measure(args)

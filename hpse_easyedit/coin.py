@@ -220,8 +220,7 @@ def coin_edit(
         short_ids, short_mask, short_labels = _padded(short_rows, short_from, pad_id, device)
     need_hidden = hparams.align_weight > 0
 
-    params = executor.trainable_parameters()
-    optimizer = torch.optim.Adam(params, lr=hparams.lr, betas=tuple(hparams.adam_betas), weight_decay=hparams.weight_decay)
+    optimizer = executor.optimizer()
     was_training = student.training
     student.train(was_training or hparams.lora_dropout > 0)
     first = last = None
@@ -254,8 +253,7 @@ def coin_edit(
         last = values
     student.train(was_training)
     optimizer.zero_grad(set_to_none=True)
-    for p in params:
-        p.requires_grad_(False)
+    executor.finish()
     seconds = time.perf_counter() - start_time
     logger.info("COIN* %d request(s), %d chunk(s), %d steps in %.1fs: %s -> %s", n, len(pairs), hparams.steps,
                 seconds, first, last)

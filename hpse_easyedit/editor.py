@@ -182,8 +182,7 @@ def hpse_edit(
     weights_copy = executor.weights_copy()
     student = executor.model
     device = input_device(student)
-    params = executor.trainable_parameters()
-    optimizer = torch.optim.Adam(params, lr=hparams.lr, betas=tuple(hparams.adam_betas), weight_decay=hparams.weight_decay)
+    optimizer = executor.optimizer()
     use_kl = hparams.kl_weight > 0
     use_nll = hparams.nll_weight > 0
     nll_batch = _NLLBatch(prompts, pad_id, device) if use_nll else None
@@ -263,8 +262,7 @@ def hpse_edit(
         )
     student.train(was_training)
     optimizer.zero_grad(set_to_none=True)
-    for p in params:
-        p.requires_grad_(False)
+    executor.finish()
     result.inner_step_teacher_passes = teacher_passes[0]
     result.seconds = time.perf_counter() - start
     return result

@@ -48,3 +48,46 @@ def test_batched_scores_equal_unpadded_scores():
     acc3, preds3 = mmlu_accuracy(model, tok, items, batch_size=3)
     assert preds1 == preds3 == expected
     assert acc1 == acc3 == sum(p == it.answer for p, it in zip(expected, items)) / 3
+
+
+SHOT2 = ("Which planet is known as the red planet?", ("Venus", "Mars", "Jupiter", "Mercury"), 1)
+
+
+def _subject_items():
+    """Several questions per subject (shared header and shots), a subject with one question, one without shots."""
+    shots = (SHOT, SHOT2)
+    return [
+        MMLUItem("astronomy", "Which planet is largest?", ("Earth", "Mars", "Jupiter", "Venus"), 2, shots),
+        MMLUItem("anatomy", "Which organ pumps blood?", ("lung", "liver", "heart", "skin"), 2, (SHOT2,)),
+        MMLUItem("astronomy", "What orbits the Earth?", ("the Moon", "the Sun", "Mars", "Venus"), 0, shots),
+        MMLUItem("astronomy", "What is a star made of mostly? Answer with the main element of its mass.",
+                 ("iron", "hydrogen", "carbon", "gold"), 1, shots),
+        MMLUItem("virology", "Which of these is a virus?", ("E. coli", "influenza", "yeast", "amoeba"), 1, ()),
+        MMLUItem("virology", "Which is not alive?", ("virus", "cat", "tree", "fungus"), 0, ()),
+        MMLUItem("astronomy", "What is 1 + 1?", ("1", "2", "3", "4"), 1, shots),
+    ]
+
+
+@pytest.mark.parametrize("family", ["qwen2", "gemma2"])
+@pytest.mark.parametrize("batch_size", [1, 2, 4])
+def test_shared_prefix_gives_identical_predictions(family, batch_size):
+    """The per-subject prefix KV path predicts exactly what running every prompt whole predicts."""
+    model, tok = make_tiny_model_and_tokenizer(family, init_std=0.3)
+    items = _subject_items()
+    whole = letter_scores(model, tok, items, batch_size=batch_size, share_prefix=False)
+    shared = letter_scores(model, tok, items, batch_size=batch_size, share_prefix=True)
+    for got, want in zip(shared, whole):
+        assert got == pytest.approx(want, abs=1e-4)
+    _, preds_whole = mmlu_accuracy(model, tok, items, batch_size=batch_size, share_prefix=False)
+    _, preds_shared = mmlu_accuracy(model, tok, items, batch_size=batch_size)
+    assert preds_shared == preds_whole
+    assert len(set(preds_whole)) > 1  # the tiny model's predictions vary, so the comparison can fail
+
+
+def test_shared_prefix_is_the_common_token_prefix():
+    from benchmarks.mmlu import _shared_prefix_len
+
+    assert _shared_prefix_len([[1, 2, 3, 4], [1, 2, 5], [1, 2, 3]]) == 2
+    assert _shared_prefix_len([[1, 2, 3]]) == 2  # a lone prompt keeps its last token to compute
+    assert _shared_prefix_len([[1, 2], [1, 2, 3]]) == 1
+    assert _shared_prefix_len([[7, 2], [1, 2]]) == 0

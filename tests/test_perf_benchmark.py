@@ -8,6 +8,22 @@ from benchmarks.perf import main as perf_main
 from tiny_models import make_tiny_model_and_tokenizer, tiny_hparams
 
 
+KEYS = {"rollout_tok_s", "generate_tok_s", "memory_bandwidth_gb_s", "memory_floor_tok_s", "matmul_gflops",
+        "train_seconds", "train_flop_floor_seconds", "edit_seconds_hpse", "edit_seconds_nll_only",
+        "edit_seconds_easyedit_lora", "mmlu_seconds", "mmlu_seconds_before", "peak_rss_ratio", "sequential_rss",
+        "machine", "dtype"}
+
+
+def _mmlu_dir(root):
+    """Two subjects of a made-up MMLU: two test questions each, two dev shots."""
+    for split, rows in (("test", 2), ("dev", 2)):
+        (root / "mmlu" / split).mkdir(parents=True, exist_ok=True)
+        for subject in ("astronomy", "virology"):
+            lines = [f"Question {i} about {subject}?,one,two,three,four,{'ABCD'[i % 4]}" for i in range(rows)]
+            (root / "mmlu" / split / f"{subject}_{split}.csv").write_text("\n".join(lines) + "\n")
+    return root
+
+
 def test_perf_report_on_tiny_model(tmp_path, capsys):
     make_tiny_model_and_tokenizer("llama", tmp_path=tmp_path / "m")
     hp_path = tmp_path / "hp.yaml"
@@ -15,9 +31,18 @@ def test_perf_report_on_tiny_model(tmp_path, capsys):
     passage = tmp_path / "p.txt"
     passage.write_text("AJ Lee speaks Russian fluently and lives in Moscow.")
     out = tmp_path / "perf.json"
-    args = ["--hparams", str(hp_path), "--passage", str(passage), "--sequential", "1", "3", "--out", str(out)]
+    args = ["--hparams", str(hp_path), "--passage", str(passage), "--sequential", "1", "3", "--out", str(out),
+            "--mmlu-data", str(_mmlu_dir(tmp_path / "data")), "--no-easyedit"]
     assert perf_main(args) == 0
     report = json.loads(out.read_text())
+    assert KEYS <= set(report)
+    assert report["edit_seconds_easyedit_lora"] is None and report["dtype"] == "float32"
+    assert report["mmlu"]["questions"] == 4 and report["mmlu"]["identical_predictions"] is True
+    assert report["mmlu_seconds"] > 0 and report["mmlu_seconds_before"] > 0
+    assert report["memory_floor_tok_s"] == pytest.approx(
+        report["memory_bandwidth_gb_s"] * 1e9 / report["floors"]["decode_bytes_per_step"])
+    assert 0 < report["train_flop_floor_seconds"] and report["train"]["flops"] > 0
+    assert 0 < report["train_seconds"] < report["edit_seconds_hpse"]
     assert report["inner_step_teacher_passes"] == 0
     assert report["teacher_forward_tokens_per_edit"] > 0
     assert report["rollout"]["ratio"] > 0 and report["edit"]["ratio"] > 0
@@ -26,6 +51,7 @@ def test_perf_report_on_tiny_model(tmp_path, capsys):
     assert set(report["sequential"]["bytes_after"]) == {"1", "3"}
     assert "memory" in report and report["memory"]["ratio"] > 0
     text = capsys.readouterr().out
+    assert "decode floor" in text and "training / FLOP floor" in text and "MMLU whole prompts" in text
     assert "rollout / generate()" in text and "HPSE edit / NLL-only edit" in text and "of which HPSE rollouts" in text
     with pytest.raises(SystemExit):
         perf_main(args)  # never overwrites a report

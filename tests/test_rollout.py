@@ -165,7 +165,10 @@ def test_teacher_views_compute_the_unedited_model_exactly(executor):
         assert not torch.equal(ex.model(input_ids=ids).logits, want)
         with ex.teacher_context():
             assert torch.equal(ex.model(input_ids=ids).logits, want)
+        student = ex.model(input_ids=ids.expand(2, -1)).logits
         with ex.row_switch(torch.tensor([False, True])):
             both = ex.model(input_ids=ids.expand(2, -1)).logits
+        assert torch.equal(ex.model(input_ids=ids.expand(2, -1)).logits, student)  # switched back on exit
+    assert torch.equal(both[0], student[0])  # the student row is computed exactly as without the switch
     assert torch.allclose(both[1], want[0], atol=1e-5)
     assert not torch.allclose(both[0], want[0], atol=1e-3)

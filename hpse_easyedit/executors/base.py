@@ -26,6 +26,18 @@ class Executor:
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         raise NotImplementedError
 
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The Adam optimiser of an edit over ``trainable_parameters()``, as the hparams configure it."""
+        hp = self.hparams
+        return torch.optim.Adam(self.trainable_parameters(), lr=hp.lr, betas=tuple(hp.adam_betas),
+                                weight_decay=hp.weight_decay)
+
+    def finish(self) -> None:
+        """End of training: nothing of the edit trains any more (the edited values stay in the model)."""
+        for p in self.trainable_parameters():
+            p.grad = None
+            p.requires_grad_(False)
+
     def teacher_context(self) -> ContextManager:
         """A context in which ``self.model`` computes the frozen base model pi_0."""
         raise NotImplementedError

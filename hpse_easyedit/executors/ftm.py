@@ -23,6 +23,11 @@ class FTMExecutor(Executor):
 
     The original matrix of the unedited model is kept once (one matrix, not a model) and swapped in
     for teacher passes, so in continual editing the teacher stays the unedited pi_0.
+
+    In a half-precision model (bfloat16/float16) Adam's steps of about ``lr`` round away against the
+    format's spacing, so most entries would never move: Adam then updates a float32 master copy of the
+    matrix (one extra matrix, its moments in float32) and the model's matrix is its cast after every
+    step; each backward pass's gradient is accumulated into the master's float32 gradient.
     """
 
     name = "ft_m"
@@ -54,9 +59,35 @@ class FTMExecutor(Executor):
         for p in base.parameters():
             p.requires_grad_(False)
         self.weight.requires_grad_(True)
+        self._master: torch.Tensor | None = None
+        if self.weight.dtype in (torch.float16, torch.bfloat16):
+            self._master = self.weight.detach().float().requires_grad_(True)
+            self._grad_hook = self.weight.register_post_accumulate_grad_hook(self._grad_to_master)
 
-    def trainable_parameters(self) -> list[torch.nn.Parameter]:
-        return [self.weight]
+    def _grad_to_master(self, weight: torch.Tensor) -> None:
+        grad = weight.grad.float()
+        self._master.grad = grad if self._master.grad is None else self._master.grad + grad
+        weight.grad = None
+
+    def _cast_master(self, *_: Any) -> None:
+        with torch.no_grad():
+            self.weight.copy_(self._master)
+
+    def trainable_parameters(self) -> list[torch.Tensor]:
+        return [self.weight] if self._master is None else [self._master]
+
+    def optimizer(self) -> torch.optim.Optimizer:
+        optimizer = super().optimizer()
+        if self._master is not None:
+            optimizer.register_step_post_hook(self._cast_master)
+        return optimizer
+
+    def finish(self) -> None:
+        super().finish()
+        if self._master is not None:
+            self._grad_hook.remove()
+            self.weight.grad = None
+            self.weight.requires_grad_(False)
 
     @contextlib.contextmanager
     def _swap(self) -> Iterator[None]:
