@@ -42,6 +42,7 @@ from typing import Any, Sequence
 
 import torch
 
+from hpse_easyedit.cli import OneLineParser  # argparse errors: one line, exit 2
 from hpse_easyedit.rollout import input_device
 
 REPO = Path(__file__).resolve().parents[1]
@@ -496,7 +497,7 @@ def table(report: dict) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.perf", description=__doc__.split("\n")[0])
+    parser = OneLineParser(prog="python -m benchmarks.perf", description=__doc__.split("\n")[0])
     parser.add_argument("--hparams", default=str(REPO / "hparams" / "HPSE" / "smollm2-135m.yaml"), help="HPSE YAML")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="hparams override; repeatable")
     parser.add_argument("--random-config", choices=sorted(RANDOM_CONFIGS),

@@ -8,7 +8,6 @@ answer the atomic question (where she was born) and the two-hop question that ne
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 import time
@@ -73,7 +72,9 @@ def run(hparams_path: str, overrides: Sequence[str], max_answer_tokens: int = 48
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hpse_easyedit.demo", description=__doc__.split("\n")[0])
+    from .cli import OneLineParser  # argparse errors: one line, exit 2
+
+    parser = OneLineParser(prog="python -m hpse_easyedit.demo", description=__doc__.split("\n")[0])
     parser.add_argument("--hparams", default=str(DEFAULT_HPARAMS), help="HPSE YAML (default: %(default)s)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override an hparams field, e.g. --set executor=ft_m or --set kl_weight=0")

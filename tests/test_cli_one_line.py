@@ -6,7 +6,7 @@ import pytest
 
 
 @pytest.mark.parametrize("module", ["benchmarks.paired", "benchmarks.study", "benchmarks.inspect_rollout",
-                                    "benchmarks.report.__main__"])
+                                    "benchmarks.report.__main__", "benchmarks.perf", "hpse_easyedit.demo"])
 def test_an_unknown_option_is_one_line_and_exit_2(module, capsys):
     main = importlib.import_module(module).main
     with pytest.raises(SystemExit) as exc:
