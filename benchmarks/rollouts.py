@@ -8,7 +8,10 @@ A record's ``rollouts`` holds one entry per round (``None`` for a round without 
   least-significant bit first (``numpy.packbits(..., bitorder="little")``) and written as hex;
 - ``teacher_p``: per token, the teacher's probability of the emitted token, quantised to 0..255
   (``round(255 * p)``) and written as hex, two characters per token; 0 when the token is outside the
-  teacher's top-K. For a stepped-in token this is ``pi*(y*)``, the number the gate compares with ``kappa``.
+  teacher's top-K. For a stepped-in token this is ``pi*(y*)``, the number the gate compares with ``kappa``;
+- ``gap`` (when the rollout recorded it): per token, the gate's margin ``log pi*(y*) - log pi_theta(y*)``
+  (the number it compares with ``tau``), in steps of 1/8 nat as a signed byte (clipped to -16..+15.9 nats),
+  written as hex, two characters per token.
 
 Ids rather than decoded text: a round of a 96-token rollout costs about 800 bytes, and the text
 is decoded by ``benchmarks.report.html`` with the run's tokenizer when a report is written.
@@ -20,17 +23,34 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["pack_rollout", "pack_rounds", "unpack_rollout"]
+__all__ = ["pack_rollout", "pack_rounds", "unpack_gaps", "unpack_rollout"]
+
+GAP_STEP = 8  # the stored margin is round(gap * GAP_STEP) as a signed byte
 
 
-def pack_rollout(tokens: Sequence[int], stepped_in: Sequence[bool], teacher_p: Sequence[float]) -> dict:
+def pack_rollout(tokens: Sequence[int], stepped_in: Sequence[bool], teacher_p: Sequence[float],
+                 gate_gap: Sequence[float] | None = None) -> dict:
     """The stored form of one rollout (see the module docstring)."""
     mask = np.asarray(stepped_in, dtype=bool)
     probs = np.clip(np.rint(np.asarray(teacher_p, dtype=np.float64) * 255), 0, 255).astype(np.uint8)
     if not len(tokens) == len(mask) == len(probs):
         raise ValueError(f"rollout parts differ in length: {len(tokens)} ids, {len(mask)} mask bits, {len(probs)} probabilities")
-    return {"ids": [int(t) for t in tokens], "stepin": np.packbits(mask, bitorder="little").tobytes().hex(),
-            "teacher_p": probs.tobytes().hex()}
+    out = {"ids": [int(t) for t in tokens], "stepin": np.packbits(mask, bitorder="little").tobytes().hex(),
+           "teacher_p": probs.tobytes().hex()}
+    if gate_gap is not None:
+        gaps = np.nan_to_num(np.asarray(gate_gap, dtype=np.float64), nan=0.0, posinf=1e9, neginf=-1e9)
+        if len(gaps) != len(mask):
+            raise ValueError(f"rollout parts differ in length: {len(tokens)} ids, {len(gaps)} gate margins")
+        out["gap"] = np.clip(np.rint(gaps * GAP_STEP), -128, 127).astype(np.int8).tobytes().hex()
+    return out
+
+
+def unpack_gaps(stored: Mapping[str, Any]) -> list[float]:
+    """The gate's margin ``log pi*(y*) - log pi_theta(y*)`` per token of a stored rollout ([] when not stored)."""
+    gaps = np.frombuffer(bytes.fromhex(stored.get("gap", "")), dtype=np.int8)
+    if len(gaps) not in (0, len(stored["ids"])):
+        raise ValueError(f"stored gate margins: {len(gaps)} for {len(stored['ids'])} token ids")
+    return [float(g) / GAP_STEP for g in gaps]
 
 
 def unpack_rollout(stored: Mapping[str, Any]) -> tuple[list[int], list[bool], list[float]]:
@@ -58,5 +78,9 @@ def pack_rounds(rollouts: Sequence[Sequence[Any] | None] | None) -> list[list[di
     """
     if not rollouts or all(r is None for r in rollouts):
         return None
-    return [None if rnd is None else [pack_rollout(ro.tokens.tolist(), ro.stepped_in.tolist(), _teacher_p(ro)) for ro in rnd]
-            for rnd in rollouts]
+    def pack(ro: Any) -> dict:
+        gap = getattr(ro, "gate_gap", None)
+        return pack_rollout(ro.tokens.tolist(), ro.stepped_in.tolist(), _teacher_p(ro),
+                            None if gap is None else gap.float().tolist())
+
+    return [None if rnd is None else [pack(ro) for ro in rnd] for rnd in rollouts]

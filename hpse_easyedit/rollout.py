@@ -30,6 +30,7 @@ class Rollout:
     teacher_topk_ids: torch.Tensor  # [T, K] long
     teacher_topk_logprobs: torch.Tensor  # [T, K] float32, full-vocabulary log-probs
     teacher_forward_tokens: int = 0  # tokens the teacher processed (prompt prefill + one per step)
+    gate_gap: torch.Tensor | None = None  # [T] float32, log pi*(y*) - log pi_theta(y*) at each position (the tau test)
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
@@ -104,6 +105,7 @@ class _Recorder:
         self.stepped = torch.zeros(max_new_tokens, dtype=torch.bool, device=device)
         self.topk_ids = torch.empty(max_new_tokens, self.k, dtype=torch.long, device=device)
         self.topk_lp = torch.empty(max_new_tokens, self.k, dtype=torch.float32, device=device)
+        self.gap = torch.empty(max_new_tokens, dtype=torch.float32, device=device)
         self.n = 0
 
     def step(self, s_logp: torch.Tensor, t_logp: torch.Tensor) -> tuple[torch.Tensor, bool]:
@@ -116,13 +118,14 @@ class _Recorder:
         values, ids = t_logp.topk(self.k)
         n = self.n
         self.tokens[n], self.stepped[n], self.topk_ids[n], self.topk_lp[n] = token, gate, ids, values
+        self.gap[n] = values[0] - s_logp[y_star]  # the margin the gate compares with tau
         self.n += 1
         return token, bool(torch.isin(token, self.stop)) or self.n == self.tokens.shape[0]
 
     def result(self, teacher_tokens: int) -> Rollout:
         n = self.n
         return Rollout(self.tokens[:n].clone(), self.stepped[:n].clone(), self.topk_ids[:n].clone(),
-                       self.topk_lp[:n].clone(), int(teacher_tokens))
+                       self.topk_lp[:n].clone(), int(teacher_tokens), self.gap[:n].clone())
 
 
 @torch.no_grad()

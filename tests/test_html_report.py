@@ -14,7 +14,7 @@ import pytest
 from bench_helpers import DATA_DIR, isolate_judge_env
 from benchmarks.report.__main__ import main as report_main
 from benchmarks.report.html import rollout_html, write_html_report
-from benchmarks.rollouts import pack_rollout, unpack_rollout
+from benchmarks.rollouts import pack_rollout, unpack_gaps, unpack_rollout
 from benchmarks.runner import RunOptions, run_benchmark
 from tiny_models import make_tiny_model_and_tokenizer
 
@@ -45,6 +45,12 @@ def test_pack_and_unpack_rollouts_round_trip():
         assert all(abs(a - b) <= 0.5 / 255 + 1e-12 for a, b in zip(got_p, probs))
     with pytest.raises(ValueError, match="differ in length"):
         pack_rollout([1, 2], [True], [0.1, 0.2])
+    gaps = [-20.0, -0.3, 0.0, 2.06, 2.2, 40.0]
+    stored = pack_rollout([1, 2, 3, 4, 5, 6], [False] * 6, [0.5] * 6, gate_gap=gaps)
+    assert unpack_gaps(stored) == [-16.0, -0.25, 0.0, 2.0, 2.25, 127 / 8]  # 1/8-nat steps, clipped to a signed byte
+    assert unpack_gaps(pack_rollout([1], [True], [0.5])) == []  # not stored: none
+    with pytest.raises(ValueError, match="gate margins"):
+        pack_rollout([1, 2], [True, False], [0.1, 0.2], gate_gap=[1.0])
     with pytest.raises(ValueError, match="does not fit"):
         unpack_rollout({"ids": [1, 2, 3], "stepin": "ff", "teacher_p": ""})
 
@@ -78,7 +84,8 @@ class _ReportParser(HTMLParser):
         if tag in ("a", "link") and a.get("href"):
             self.links.append(a["href"])
         if tag == "div" and "ro" in classes:
-            self._ro = {"attrs": a, "n": int(a["data-n"]), "marks": [], "mark_text": [], "probs": [], "text": ""}
+            self._ro = {"attrs": a, "n": int(a["data-n"]), "marks": [], "mark_text": [], "probs": [], "gaps": [],
+                        "text": ""}
             self.rollouts.append(self._ro)
         if tag == "div" and "ro-text" in classes:
             self._in_text = True
@@ -86,6 +93,7 @@ class _ReportParser(HTMLParser):
             self._mark = int(a["data-t"])
             self._ro["marks"].append(self._mark)
             self._ro["probs"].append(a.get("data-p"))
+            self._ro["gaps"].append(a.get("data-g"))
             self._ro["mark_text"].append((self._mark, ""))
 
     def handle_endtag(self, tag):
@@ -151,6 +159,10 @@ def test_runner_stores_each_rounds_rollouts_consistent_with_the_round_statistics
             assert stats["stepin_rate"] == pytest.approx(n_in / n_tokens)
             for _, mask, probs in unpacked:
                 assert all(0.0 <= p <= 1.0 for p in probs) and len(probs) == len(mask)
+            for stored in requests:  # tau 0, kappa 0: the teacher stepped in exactly where its margin was > 0
+                gaps, (_, mask, _) = unpack_gaps(stored), unpack_rollout(stored)
+                assert len(gaps) == len(mask)
+                assert all(g >= -1 / 16 if m else g <= 1 / 16 for g, m in zip(gaps, mask))
     assert total_in > 0  # tau 0 / kappa 0: the teacher stepped in somewhere
     assert all("rollouts" not in r for r in _records(tiny_runs / "lora"))  # kl_weight 0: no rollout drawn
     nostore = _records(tiny_runs / "hpse-nostore")
@@ -172,7 +184,7 @@ def test_html_report_has_every_case_and_step_in_spans_matching_the_stored_masks(
         assert avgs == pytest.approx([(a["Ind"] + a["Cmp"]) / 2, (b["Ind"] + b["Cmp"]) / 2])
         assert case["data-disagree"] == str(int((a["Ind"], a["Cmp"]) != (b["Ind"], b["Cmp"])))
     tok = AutoTokenizer.from_pretrained(tiny_runs / "model")
-    expected, repeated = {}, 0
+    expected, rollout_of, repeated = {}, {}, 0
     for rec in hpse:  # a round whose rollouts equal the last shown round's is named, not repeated
         shown = None
         for r, requests in enumerate(rec["rollouts"], 1):
@@ -181,6 +193,7 @@ def test_html_report_has_every_case_and_step_in_spans_matching_the_stored_masks(
                 continue
             shown = r
             expected.update({(rec["case_id"], r, k): unpack_rollout(s) for k, s in enumerate(requests)})
+            rollout_of.update({(rec["case_id"], r, k): s for k, s in enumerate(requests)})
     assert text.count("the same rollout") == repeated
     assert all(ro["attrs"]["data-run"] == "1" for ro in page.rollouts)  # only the HPSE run stored rollouts
     assert len(page.rollouts) == len(expected)
@@ -192,6 +205,8 @@ def test_html_report_has_every_case_and_step_in_spans_matching_the_stored_masks(
         for t, shown in ro["mark_text"]:
             assert shown == tok.decode([ids[t]], clean_up_tokenization_spaces=False)
         assert ro["probs"] == [f"{100 * probs[t]:.0f}" for t in ro["marks"]]
+        gaps = unpack_gaps(rollout_of[key])
+        assert ro["gaps"] == [f"{gaps[t]:g}" for t in ro["marks"]]  # the tau margin on hover
     # self-contained: no network, the plot inline
     assert page.srcs and all(s.startswith("data:image/png;base64,") for s in page.srcs)
     assert not [h for h in page.links if not h.startswith("#")]

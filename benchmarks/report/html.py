@@ -35,7 +35,7 @@ from typing import Any, Callable, Mapping, Sequence
 from ..metrics import answer_matches, mean
 from ..paired import ANSWER_DIVERSITY, METRICS, load_run, multi_report, paired_report
 from . import judge_note, paper_cells, plot_stepin_rates
-from ..rollouts import unpack_rollout
+from ..rollouts import unpack_gaps, unpack_rollout
 from ..tasks import TASKS
 
 __all__ = ["RunData", "load_tokenizer", "read_run", "write_html_report"]
@@ -250,15 +250,17 @@ def _unke_rows(case: Mapping[str, Any], recs: Sequence[dict | None]) -> list[str
 
 
 def rollout_html(stored: Mapping[str, Any], decode: Decoder | None, attrs: str) -> str:
-    """One stored rollout as a block of text, each stepped-in token in ``<mark data-t=INDEX data-p=P>``.
+    """One stored rollout as a block of text, each stepped-in token in ``<mark data-t=INDEX data-p=P data-g=G>``.
 
     ``P`` is the teacher's probability of the token in percent (``pi*(y*)``, what the gate compares with
-    kappa); the page's script turns it, with the block's tau and kappa, into the hover text, so the
+    kappa), ``G`` the gate's margin ``log pi*(y*) - log pi_theta(y*)`` in nats (what it compares with tau;
+    runs stored before the margin was kept have none); the page's script turns it, with the block's tau and kappa, into the hover text, so the
     file carries a few bytes per step-in instead of a sentence. Runs of student tokens are decoded
     together (multi-byte characters split over tokens survive); each stepped-in token is decoded
     alone. Without ``decode`` the ids are shown.
     """
     ids, mask, probs = unpack_rollout(stored)
+    gaps = unpack_gaps(stored)
     show: Decoder = decode or (lambda seg: "".join(f"\u27e8{t}\u27e9" for t in seg))
     parts, start = [], 0
     for t, stepped in enumerate(mask + [True]):
@@ -268,6 +270,7 @@ def rollout_html(stored: Mapping[str, Any], decode: Decoder | None, attrs: str) 
             parts.append(_e(show(ids[start:t])))
         if t < len(ids):
             p = f' data-p="{100 * probs[t]:.0f}"' if probs else ""
+            p += f' data-g="{gaps[t]:g}"' if gaps else ""
             parts.append(f'<mark data-t="{t}"{p}>{_e(show(ids[t:t + 1]))}</mark>')
         start = t + 1
     n_in = sum(mask)
@@ -386,7 +389,7 @@ _JS = """
     var m=e.target; if(m.tagName!=='MARK'||!m.dataset.p||m.title){return;}
     var g=m.closest('details.rollouts').dataset;
     m.title='the teacher wrote this token: pi*(y*) = '+(m.dataset.p/100).toFixed(2)+' > kappa '+g.kappa+
-      ', and log pi*(y*) - log pi_theta(y*) > tau '+g.tau;
+      ', and log pi*(y*) - log pi_theta(y*) = '+(m.dataset.g===undefined?'(not stored)':m.dataset.g)+' > tau '+g.tau;
   });
   var h=decodeURIComponent(location.hash.slice(1));
   if(h.indexOf('filter=')===0){
