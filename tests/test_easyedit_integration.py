@@ -7,7 +7,6 @@ that fail when used; the text-editing chain needs ``higher einops hydra-core nlt
 """
 
 import importlib
-import os
 from pathlib import Path
 
 import pytest
@@ -23,21 +22,7 @@ REQUESTS = [{"subject": "AJ Lee", "target_new": P1}, {"subject": "Ellie Kemper",
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def he():
-    if not os.environ.get("EASYEDIT_SRC"):
-        pytest.skip("EASYEDIT_SRC is not set: point it at an EasyEdit source checkout (git clone "
-                    "https://github.com/zjunlp/EasyEdit) to run the EasyEdit integration tests")
-    import hpse_easyedit.easyedit as he
-
-    return he
-
-
-@pytest.fixture
-def workdir(tmp_path, monkeypatch):
-    """BaseEditor writes ./logs; MEMIT/AlphaEdit write ./data/stats: keep both in the test's directory."""
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
+# fixtures he (EasyEdit through $EASYEDIT_SRC, or skip) and workdir: tests/conftest.py
 
 
 # ---------------------------------------------------------------------------------------------- HPSE / COIN*

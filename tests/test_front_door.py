@@ -339,27 +339,14 @@ def test_resuming_a_finished_run_elsewhere_keeps_what_it_recorded_about_its_mach
 
 
 # ---------------------------------------------------------------------------------------------- BaseEditor.from_hparams
-@pytest.fixture(scope="module")
-def he():
-    if not os.environ.get("EASYEDIT_SRC"):
-        pytest.skip("EASYEDIT_SRC is not set: point it at an EasyEdit source checkout (git clone "
-                    "https://github.com/zjunlp/EasyEdit) to run the BaseEditor front-door tests")
-    import hpse_easyedit.easyedit as he
-
-    return he
-
-
-@pytest.fixture
-def in_tmp(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # BaseEditor writes ./logs
-    return tmp_path
+# fixtures he (EasyEdit through $EASYEDIT_SRC, or skip) and workdir: tests/conftest.py
 
 
 SHIPPED = sorted(p for p in (REPO / "hparams").rglob("*.yaml") if p.parent.name != "REFERENCE")
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=[f"{p.parent.name}/{p.name}" for p in SHIPPED])
-def test_every_shipped_file_reaches_load_model_through_base_editor(he, in_tmp, monkeypatch, path):
+def test_every_shipped_file_reaches_load_model_through_base_editor(he, workdir, monkeypatch, path):
     """``BaseEditor.from_hparams(<its class>.from_hparams(path))`` loads the model the project's way: the file's dtype,
     no remote code, model_parallel as placement. The load is stopped at from_pretrained (no 7B weights here)."""
     import transformers
@@ -399,7 +386,7 @@ def yaml_load(path):
         return yaml.safe_load(fh)
 
 
-def test_the_qwen_file_offline_fails_in_one_line_naming_the_model(he, in_tmp):
+def test_the_qwen_file_offline_fails_in_one_line_naming_the_model(he, workdir):
     from easyeditor import BaseEditor
 
     from hpse_easyedit import HPSEHyperParams, ModelNotFoundError
@@ -411,7 +398,7 @@ def test_the_qwen_file_offline_fails_in_one_line_naming_the_model(he, in_tmp):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error a CPU-only machine gives for device: 0")
-def test_device_0_without_cuda_names_the_key_and_the_fix(he, in_tmp, tiny):
+def test_device_0_without_cuda_names_the_key_and_the_fix(he, workdir, tiny):
     from easyeditor import BaseEditor
 
     from hpse_easyedit import HParamsError, HPSEHyperParams
@@ -426,7 +413,7 @@ def _logits(model, ids):
 
 
 @pytest.mark.parametrize("executor", ["lora", "ft_m"])
-def test_what_edit_returns_and_how_to_keep_and_undo_an_edit(he, in_tmp, tiny, executor):
+def test_what_edit_returns_and_how_to_keep_and_undo_an_edit(he, workdir, tiny, executor):
     """The README / docs/EASYEDIT.md statements, one by one.
 
     sequential_edit=False: EasyEdit restores editor.model before edit() returns, so the returned model
@@ -457,7 +444,7 @@ def test_what_edit_returns_and_how_to_keep_and_undo_an_edit(he, in_tmp, tiny, ex
 
 
 @pytest.mark.skipif(not os.environ.get("EASYEDIT_SRC"), reason="EASYEDIT_SRC is not set (see the he fixture)")
-def test_the_projects_usage_line_edits_the_embedded_model_offline_and_restores_it_exactly(he, in_tmp):
+def test_the_projects_usage_line_edits_the_embedded_model_offline_and_restores_it_exactly(he, workdir):
     from easyeditor import BaseEditor
 
     from hpse_easyedit import HPSEHyperParams
