@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
 import sys
 from pathlib import Path
 from typing import Sequence
 
-from hpse_easyedit.cli import OneLineParser  # argparse errors: one line, exit 2
+from hpse_easyedit.cli import OneLineParser, UsageError, check_positive, run_cli
 
 from . import judge_note, paper_table
 
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command line; a bad input is one ``error: ...`` line on stderr and exit code 2 (``--debug``: traceback)."""
+    return run_cli(_main, argv, extra=(ValueError, OSError))
+
+
+def _main(argv: Sequence[str]) -> int:
     parser = OneLineParser(
         prog="python -m benchmarks.report",
         description="The paper-layout table of benchmark runs, or with --html one self-contained HTML report: the table "
@@ -34,50 +38,35 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="decode rollouts with this tokenizer (default: each run's hparams model_name; ids if none loads)")
     parser.add_argument("--no-rollouts", action="store_true", help="leave the stored rollouts out of the HTML report")
     parser.add_argument("--resamples", type=int, default=10000, help="bootstrap resamples for the intervals (default 10000)")
-    parser.add_argument("--debug", action="store_true", help="show a traceback on errors")
+    parser.add_argument("--debug", action="store_true", help="show a traceback on errors (or set HPSE_DEBUG=1)")
     args = parser.parse_args(argv)
     for run in args.runs:
         if not (Path(run) / "config.json").is_file():
-            print(f"error: RUN {run}: no config.json there; pass a directory written by a benchmark run (its --out)",
-                  file=sys.stderr)
-            return 2
+            raise UsageError(f"RUN {run}: no config.json there; pass a directory written by a benchmark run (its --out)")
     if len(args.label) > len(args.runs):
-        print(f"error: --label given {len(args.label)} times for {len(args.runs)} runs; give at most one per RUN", file=sys.stderr)
-        return 2
-    if args.resamples < 1:
-        print(f"error: --resamples {args.resamples}: give a number >= 1", file=sys.stderr)
-        return 2
+        raise UsageError(f"--label given {len(args.label)} times for {len(args.runs)} runs; give at most one per RUN")
+    check_positive("--resamples", args.resamples, what="bootstrap resamples")
     if args.html and Path(args.html).is_dir():
-        print(f"error: --html {args.html} is a directory; give a file name such as {Path(args.html) / 'report.html'}",
-              file=sys.stderr)
-        return 2
+        raise UsageError(f"--html {args.html} is a directory; give a file name such as {Path(args.html) / 'report.html'}")
     if args.data and not Path(args.data).is_dir():
-        print(f"error: --data {args.data}: no such directory; pass the data directory the runs used", file=sys.stderr)
-        return 2
+        raise UsageError(f"--data {args.data}: no such directory; pass the data directory the runs used")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        if args.html:
-            from .html import write_html_report
+    if args.html:
+        from .html import write_html_report
 
-            out = write_html_report(args.runs, args.html, labels=args.label, data_dir=args.data, data_file=args.data_file,
-                                    resamples=args.resamples,
-                                    tokenizer=args.tokenizer, rollouts=not args.no_rollouts)
-            print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB); open it in a browser: file://{out.resolve()}")
-            return 0
-        from .html import read_run
+        out = write_html_report(args.runs, args.html, labels=args.label, data_dir=args.data, data_file=args.data_file,
+                                resamples=args.resamples, tokenizer=args.tokenizer, rollouts=not args.no_rollouts)
+        print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB); open it in a browser: file://{out.resolve()}")
+        return 0
+    from .html import read_run
 
-        runs = [read_run(r, args.label[i] if i < len(args.label) else None) for i, r in enumerate(args.runs)]
-        summaries = [r.summary or {} for r in runs]
-        missing = [str(r.path) for r in runs if r.summary is None]
-        if missing:
-            raise ValueError(f"{', '.join(missing)}: no summary.json yet (the run has not finished); finish it, or use "
-                             "--html, which reports the cases there are")
-        print(paper_table([(r.label, {r.benchmark: s}) for r, s in zip(runs, summaries)]) + judge_note(summaries), end="")
-    except Exception as err:  # noqa: BLE001 - one line for the user, the traceback with --debug
-        if args.debug or not isinstance(err, (ValueError, FileNotFoundError, OSError, json.JSONDecodeError)):
-            raise
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    runs = [read_run(r, args.label[i] if i < len(args.label) else None) for i, r in enumerate(args.runs)]
+    summaries = [r.summary or {} for r in runs]
+    missing = [str(r.path) for r in runs if r.summary is None]
+    if missing:
+        raise UsageError(f"{', '.join(missing)}: no summary.json yet (the run has not finished); finish it, or use "
+                         "--html, which reports the cases there are")
+    print(paper_table([(r.label, {r.benchmark: s}) for r, s in zip(runs, summaries)]) + judge_note(summaries), end="")
     return 0
 
 
