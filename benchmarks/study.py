@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from hpse_easyedit.cli import OneLineParser  # argparse errors: one line, exit 2
+from hpse_easyedit.cli import OneLineParser, UsageError, run_cli
 
 __all__ = ["Block", "StudyError", "check", "find_blocks", "generate", "prose_numbers", "runs_table", "write"]
 
@@ -192,6 +192,11 @@ def write(text: str, blocks: Sequence[Block], generated: Sequence[str]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command line; a bad input is one ``error: ...`` line on stderr and exit code 2 (``--debug``: traceback)."""
+    return run_cli(_main, argv, extra=(StudyError,))
+
+
+def _main(argv: Sequence[str]) -> int:
     parser = OneLineParser(prog="python -m benchmarks.study", description=__doc__.split("\n")[0])
     parser.add_argument("root", metavar="STUDY_DIR", help="the directory of committed run directories (docs/study)")
     parser.add_argument("--results", metavar="MD", help="the results document (default: RESULTS.md next to STUDY_DIR)")
@@ -203,17 +208,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     results = Path(args.results) if args.results else Path(args.root).parent / "RESULTS.md"
     if not results.is_file():
-        print(f"error: {results}: no such file; pass the results document with --results", file=sys.stderr)
-        return 2
+        raise UsageError(f"{results}: no such file; pass the results document with --results")
     text = results.read_text(encoding="utf-8")
-    try:
-        blocks = find_blocks(text, str(results))
-        if not blocks:
-            raise StudyError(f"{results}: no '<!-- study: ... -->' block; mark each table that rests on runs")
-        generated = generate(blocks, args.root, data=args.data, source=str(results))
-    except StudyError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    blocks = find_blocks(text, str(results))
+    if not blocks:
+        raise StudyError(f"{results}: no '<!-- study: ... -->' block; mark each table that rests on runs")
+    generated = generate(blocks, args.root, data=args.data, source=str(results))
     if args.write:
         results.write_text(write(text, blocks, generated), encoding="utf-8")
         print(f"wrote {len(blocks)} block(s) of {results}")
