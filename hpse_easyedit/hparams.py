@@ -35,10 +35,46 @@ class HParamsError(ValueError):
 
 
 def hp_field(default: Any, help: str, **checks: Any) -> Any:
-    """A dataclass field with its help text and the checks ``validate`` applies (min, max, choices, types, ...)."""
+    """A dataclass field with its help text and the checks ``validate`` applies (min, max, choices, types, ...).
+
+    ``check=fn``: a check of the field's own, ``fn(value, where) -> value`` (raise ``HParamsError`` with
+    ``where``, the file and key, in the message), run after the generic ones; the class that declares a
+    field owns its special rules.
+    """
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help, **checks})
     return field(default=default, metadata={"help": help, **checks})
+
+
+# ---------------------------------------------------------------------------------------------- field checks
+def _gpu_index(value: Any, where: str) -> Any:
+    if isinstance(value, int) and value < 0:
+        raise HParamsError(f"{where} must be a GPU index >= 0 or a device string, got {value!r}")
+    return value
+
+
+def _betas(value: Any, where: str) -> list:
+    if not all(isinstance(b, (int, float)) and 0.0 <= b < 1.0 for b in value):
+        raise HParamsError(f"{where} must be two numbers in [0, 1), got {value!r}")
+    return [float(b) for b in value]
+
+
+def _layer_indices(value: Any, where: str) -> Any:
+    if value is not None and (not value or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value)):
+        raise HParamsError(f"{where} must be null (all layers) or a non-empty list of layer indices, got {value!r}")
+    return value
+
+
+def _module_names(value: Any, where: str) -> Any:
+    if not all(isinstance(m, str) and m for m in value):
+        raise HParamsError(f"{where} must be a list of module names such as q_proj, got {value!r}")
+    return value
+
+
+def _layer_template(value: Any, where: str) -> Any:
+    if "{}" not in value:
+        raise HParamsError(f"{where} must contain '{{}}' where the layer index goes, got {value!r}")
+    return value
 
 
 class YamlHParams:
@@ -137,7 +173,8 @@ class EditorHParams(YamlHParams):
 
     alg_name: str = hp_field("", "Method name; EasyEdit's BaseEditor dispatches on it.")
     model_name: str = hp_field("", "HF model id or local directory of the model to edit.", nonempty=True)
-    device: Any = hp_field("cpu", "'cpu', 'cuda', 'cuda:N' or an int GPU index (EasyEdit style).", types=(str, int))
+    device: Any = hp_field("cpu", "'cpu', 'cuda', 'cuda:N' or an int GPU index (EasyEdit style).", types=(str, int),
+                           check=_gpu_index)
     dtype: str = hp_field("float32", "Weights dtype when loading.", choices=("float32", "bfloat16", "float16"))
     model_parallel: bool = hp_field(False, "Spread the model over all visible GPUs (device_map='auto').")
     trust_remote_code: bool = hp_field(False, "Allow model code from the hub; off unless you trust the repo.")
@@ -160,14 +197,16 @@ class ExecutorHParams(EditorHParams):
     lora_dropout: float = hp_field(0.0, "LoRA dropout.", min=0.0, max=1.0)
     target_modules: list = hp_field(
         ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-        "Module names that get LoRA adapters.", nonempty=True,
+        "Module names that get LoRA adapters.", nonempty=True, check=_module_names,
     )
-    layers: Any = hp_field(None, "Layer indices that get LoRA adapters; null = all layers.", types=(list, type(None)))
+    layers: Any = hp_field(None, "Layer indices that get LoRA adapters; null = all layers.", types=(list, type(None)),
+                           check=_layer_indices)
     ftm_layer: int = hp_field(8, "FT-M: the layer L whose MLP down_proj is fine-tuned (8 Qwen/Gemma, 16 Llama-3.1).", min=0)
-    ftm_module_template: str = hp_field("model.layers.{}.mlp.down_proj", "FT-M: module path template, '{}' = layer.")
+    ftm_module_template: str = hp_field("model.layers.{}.mlp.down_proj", "FT-M: module path template, '{}' = layer.",
+                                        check=_layer_template)
     seed: int = hp_field(0, "Seed for adapter initialisation.", min=0)
     lr: float = hp_field(1e-4, "Adam step size (eta).", min=0.0, exclusive_min=True)
-    adam_betas: list = hp_field([0.9, 0.999], "Adam betas.", length=2)
+    adam_betas: list = hp_field([0.9, 0.999], "Adam betas.", length=2, check=_betas)
     weight_decay: float = hp_field(0.0, "Adam weight decay.", min=0.0)
 
 
@@ -254,8 +293,7 @@ def _type_name(t: Any) -> str:
 
 def _check(f: dataclasses.Field, value: Any, source: str) -> Any:
     meta = f.metadata
-    name = f.name
-    where = f"{source}: key '{name}'"
+    where = f"{source}: key '{f.name}'"
     default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
     types = meta.get("types") or (type(default),)
     if float in types and isinstance(value, int) and not isinstance(value, bool):
@@ -289,17 +327,6 @@ def _check(f: dataclasses.Field, value: Any, source: str) -> Any:
         raise HParamsError(f"{where} must have {meta['length']} entries, got {value!r}")
     if "contains" in meta and meta["contains"] not in value:
         raise HParamsError(f"{where} must contain {meta['contains']!r}, got {value!r}")
-    if name == "adam_betas":
-        if not all(isinstance(b, (int, float)) and 0.0 <= b < 1.0 for b in value):
-            raise HParamsError(f"{where} must be two numbers in [0, 1), got {value!r}")
-        value = [float(b) for b in value]
-    if name == "layers" and value is not None:
-        if not value or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value):
-            raise HParamsError(f"{where} must be null (all layers) or a non-empty list of layer indices, got {value!r}")
-    if name == "target_modules" and not all(isinstance(m, str) and m for m in value):
-        raise HParamsError(f"{where} must be a list of module names such as q_proj, got {value!r}")
-    if name == "ftm_module_template" and "{}" not in value:
-        raise HParamsError(f"{where} must contain '{{}}' where the layer index goes, got {value!r}")
-    if name == "device" and isinstance(value, int) and value < 0:
-        raise HParamsError(f"{where} must be a GPU index >= 0 or a device string, got {value!r}")
+    if "check" in meta:
+        value = meta["check"](value, where)
     return value

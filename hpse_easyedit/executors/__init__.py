@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Executor, restore_weights
+import torch
+
+from .base import Executor, copy_back
 from .ftm import FTMExecutor
 from .lora import LoRAExecutor
 
 __all__ = ["EXECUTORS", "Executor", "FTMExecutor", "LoRAExecutor", "make_executor", "restore_weights"]
 
+#: ``hparams.executor`` -> its class; a new executor is one module plus one line here.
 EXECUTORS: dict[str, type[Executor]] = {
     "lora": LoRAExecutor,
     "ft_m": FTMExecutor,
@@ -30,3 +33,16 @@ def make_executor(model: Any, hparams: Any, keep_original_weight: bool = False) 
             f"executor {hparams.executor!r} is unknown; set 'executor' to one of {sorted(EXECUTORS)}"
         ) from None
     return cls(model, hparams, keep_original_weight=keep_original_weight)
+
+
+def restore_weights(model: Any, weights_copy: dict[str, torch.Tensor]) -> Any:
+    """Put back the tensors of ``weights_copy`` (bit for bit) and return the unedited model.
+
+    Then every executor releases what it added once it changes nothing any more: a LoRA adapter this
+    package created is unloaded when all its ``lora_B`` are zero again (the caller's original module is
+    returned); FT-M's kept original matrix is dropped once the model holds it again.
+    """
+    copy_back(model, weights_copy)
+    for cls in EXECUTORS.values():
+        model = cls.release(model)
+    return model

@@ -1,4 +1,4 @@
-"""The executor contract and the exact restore that goes with ``weights_copy``."""
+"""The executor contract: what an edit trains, how the frozen teacher is reached, how the edit is saved and released."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any, ContextManager
 
 import torch
 
-__all__ = ["Executor", "restore_weights"]
+__all__ = ["Executor", "copy_back"]
 
 
 class Executor:
@@ -22,6 +22,7 @@ class Executor:
     def __init__(self, model: Any, hparams: Any, keep_original_weight: bool = False) -> None:
         self.model = model
         self.hparams = hparams
+        self.teacher_switches = 0  # times the teacher was reached (teacher_context / row_switch entered)
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         raise NotImplementedError
@@ -39,14 +40,22 @@ class Executor:
             p.requires_grad_(False)
 
     def teacher_context(self) -> ContextManager:
-        """A context in which ``self.model`` computes the frozen base model pi_0."""
-        raise NotImplementedError
+        """A context in which ``self.model`` computes the frozen base model pi_0 (counted in ``teacher_switches``)."""
+        self.teacher_switches += 1
+        return self._teacher_context()
 
     def row_switch(self, teacher_rows: torch.Tensor) -> ContextManager:
         """A context in which rows ``teacher_rows`` (bool ``[B]``) of a batch compute pi_0 and the others the student.
 
-        Lets the rollout advance student and teacher in ONE batched forward.
+        Lets the rollout advance student and teacher in ONE batched forward (counted in ``teacher_switches``).
         """
+        self.teacher_switches += 1
+        return self._row_switch(teacher_rows)
+
+    def _teacher_context(self) -> ContextManager:
+        raise NotImplementedError
+
+    def _row_switch(self, teacher_rows: torch.Tensor) -> ContextManager:
         raise NotImplementedError
 
     def weights_copy(self) -> dict[str, torch.Tensor]:
@@ -58,21 +67,16 @@ class Executor:
         """Write what this executor added to the edited ``model`` under ``out_dir``; the path written, relative to it."""
         raise NotImplementedError
 
+    @staticmethod
+    def release(model: Any) -> Any:
+        """After a restore: drop what this executor added to ``model`` once it no longer changes anything
+        (and give back the caller's ``requires_grad`` flags); returns the model to use."""
+        return model
 
-def restore_weights(model: Any, weights_copy: dict[str, torch.Tensor]) -> Any:
-    """Put back the tensors of ``weights_copy`` (bit for bit) and return the unedited model.
 
-    If the edit wrapped the model in a LoRA adapter and the restore brings that adapter back to
-    its fresh state (all ``lora_B`` zero, so it adds nothing), the adapter is unloaded and the
-    caller's original module is returned. FT-M bookkeeping is dropped once the original matrix is back.
-    """
+def copy_back(model: Any, weights_copy: dict[str, torch.Tensor]) -> None:
+    """Put the tensors of ``weights_copy`` back into ``model``'s parameters, bit for bit (same device and dtype)."""
     with torch.no_grad():
         for name, value in weights_copy.items():
             param = model.get_parameter(name)
             param.copy_(value.to(device=param.device, dtype=param.dtype))
-    from .ftm import FTMExecutor
-    from .lora import LoRAExecutor
-
-    model = LoRAExecutor.release_if_fresh(model)
-    FTMExecutor.release_if_original(model)
-    return model

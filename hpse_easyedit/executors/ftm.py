@@ -98,11 +98,11 @@ class FTMExecutor(Executor):
         finally:
             self.weight.data = edited
 
-    def teacher_context(self) -> ContextManager:
+    def _teacher_context(self) -> ContextManager:
         return self._swap()
 
     @contextlib.contextmanager
-    def row_switch(self, teacher_rows: torch.Tensor) -> Iterator[None]:
+    def _row_switch(self, teacher_rows: torch.Tensor) -> Iterator[None]:
         """Rows marked True see the original matrix, the rest the edited one (one extra matmul, no model copy)."""
         rows = teacher_rows.view(-1, 1, 1)
         module = _base(self.model).get_submodule(self.module_name)
@@ -133,12 +133,12 @@ class FTMExecutor(Executor):
         return "ft_m.safetensors"
 
     @staticmethod
-    def release_if_original(model: Any) -> None:
+    def release(model: Any) -> Any:
         """Drop the kept original matrix once the model holds it again, and give back requires_grad flags."""
         base = _base(model)
         kept = getattr(base, "_hpse_ftm_original", None)
         if kept is None:
-            return
+            return model
         name, original = kept
         if torch.equal(base.get_parameter(name).detach(), original):
             flags = getattr(base, "_hpse_ftm_grad_flags", {})
@@ -146,3 +146,4 @@ class FTMExecutor(Executor):
                 if n in flags:
                     p.requires_grad_(flags[n])
             base._hpse_ftm_original = None
+        return model

@@ -81,7 +81,7 @@ class LoRAExecutor(Executor):
                 layer._disable_adapters = flag
 
     @contextlib.contextmanager
-    def row_switch(self, teacher_rows: torch.Tensor) -> Iterator[None]:
+    def _row_switch(self, teacher_rows: torch.Tensor) -> Iterator[None]:
         """Rows marked True compute the frozen base model (their adapter output is zeroed), the rest the student."""
         keep = (~teacher_rows).view(-1, 1, 1)
 
@@ -99,7 +99,7 @@ class LoRAExecutor(Executor):
             for handle in handles:
                 handle.remove()
 
-    def teacher_context(self) -> ContextManager:
+    def _teacher_context(self) -> ContextManager:
         if self._lora_layers and all(hasattr(layer, "_disable_adapters") for layer in self._lora_layers):
             return self._adapters_off()
         return self.model.disable_adapter()
@@ -115,7 +115,7 @@ class LoRAExecutor(Executor):
         return f"adapter/{ADAPTER_NAME}"
 
     @staticmethod
-    def release_if_fresh(model: Any) -> Any:
+    def release(model: Any) -> Any:
         """Unload an adapter this package created once it adds nothing again; returns the model to use."""
         if not getattr(model, "_hpse_created_adapter", False):
             return model
