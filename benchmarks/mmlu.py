@@ -15,6 +15,8 @@ from typing import Any, Sequence
 
 import torch
 
+from hpse_easyedit.padding import pad_rows
+
 from .datasets import MMLUItem
 
 __all__ = ["format_mmlu_prompt", "letter_scores", "letter_token_ids", "mmlu_accuracy"]
@@ -40,16 +42,6 @@ def letter_token_ids(tokenizer: Any) -> list[list[int]]:
         ids = {tokenizer(v, add_special_tokens=False)["input_ids"][-1] for v in (f" {letter}", letter)}
         out.append(sorted(ids))
     return out
-
-
-def _left_pad(rows: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for row, r in enumerate(rows):
-        ids[row, width - len(r):] = torch.tensor(list(r), dtype=torch.long)
-        mask[row, width - len(r):] = 1
-    return ids, mask
 
 
 def _shared_prefix_len(rows: Sequence[Sequence[int]]) -> int:
@@ -111,7 +103,7 @@ def letter_scores(model: Any, tokenizer: Any, items: Sequence[MMLUItem], batch_s
             order = sorted(range(len(items)), key=lambda i: len(encoded[i]))  # similar lengths share a batch
             for start in range(0, len(order), batch_size):
                 idx = order[start: start + batch_size]
-                ids, mask = _left_pad([encoded[i] for i in idx], pad)
+                ids, mask = pad_rows([encoded[i] for i in idx], pad, left=True)
                 positions = (mask.cumsum(-1) - 1).clamp(min=0)
                 out = forward(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device))
                 score(idx, out.logits[:, -1].float())
@@ -129,7 +121,7 @@ def letter_scores(model: Any, tokenizer: Any, items: Sequence[MMLUItem], batch_s
             order = sorted(members, key=lambda i: len(encoded[i]))
             for start in range(0, len(order), batch_size):
                 idx = order[start: start + batch_size]
-                ids, mask = _left_pad([encoded[i][shared:] for i in idx], pad)
+                ids, mask = pad_rows([encoded[i][shared:] for i in idx], pad, left=True)
                 positions = shared + (mask.cumsum(-1) - 1).clamp(min=0)
                 inputs = dict(input_ids=ids.to(device), position_ids=positions.to(device))
                 if prefix_cache is not None:

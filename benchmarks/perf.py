@@ -203,21 +203,16 @@ def _rollout_vs_generate(model: Any, tok: Any, hp: Any, prompts: Any, repeats: i
     """Time the hybrid rollout and the student's own greedy generate() of the same length; restore after."""
     from hpse_easyedit import restore_weights
     from hpse_easyedit.executors import make_executor
-    from hpse_easyedit.rollout import batched_hybrid_rollout, hybrid_rollout, input_device
+    from hpse_easyedit.rollout import draw_rollout, input_device
 
     executor = make_executor(model, hp)
     weights_copy = executor.weights_copy()
     student = executor.model
     device = input_device(student)
-    gate = dict(tau=hp.tau, kappa=hp.kappa, top_k=hp.top_k, max_new_tokens=hp.max_new_tokens, stop_ids=[])
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
 
-    def rollout() -> Any:
-        if hp.batched_rollout:
-            return batched_hybrid_rollout(student, executor.row_switch, prompts.student_ids, prompts.teacher_ids,
-                                          pad_id=pad, **gate)
-        return hybrid_rollout(student, student, prompts.student_ids, prompts.teacher_ids,
-                              teacher_context=executor.teacher_context, **gate)
+    def rollout() -> Any:  # no stop tokens: every rollout runs max_new_tokens, as generate() below is forced to
+        return draw_rollout(executor, prompts, hp, stop_ids=[], pad_id=pad)
 
     def generate() -> None:
         ids = torch.tensor([prompts.student_ids], device=device)

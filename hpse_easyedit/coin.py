@@ -43,32 +43,30 @@ Assumptions (the paper's method section was not available to us; see docs/EASYED
 from __future__ import annotations
 
 import copy as copy_module
-import logging
 import re
-import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from .editor import EditResult, RequestError, normalize_requests
-from .executors import make_executor
+from .editor import RequestError, normalize_requests
 from .hparams import ExecutorHParams, HParamsError, hp_field
 from .losses import sequence_nll
+from .padding import next_token_labels, pad_rows
 from .prompts import chat_prompt_ids, end_of_turn_id
 from .rollout import input_device
+from .training import EditResult, Terms, train_edit
 
 __all__ = [
     "COINHyperParams",
+    "COINObjective",
     "apply_coin_to_model",
     "coin_edit",
     "context_consistency_kl",
     "hidden_alignment",
     "sentence_chunks",
 ]
-
-logger = logging.getLogger(__name__)
 
 _SENTENCE_END = re.compile(r"[.!?][\"'\u201d\u2019)\]]*(?=\s)")
 
@@ -179,85 +177,77 @@ def _build_items(tok: Any, reqs: list[dict], hparams: COINHyperParams) -> list[_
     return items
 
 
-def _padded(rows: list[list[int]], label_from: list[int], pad_id: int, device: torch.device):
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    labels = torch.full_like(ids, -100)
-    for i, (r, start) in enumerate(zip(rows, label_from)):
-        ids[i, : len(r)] = torch.tensor(r)
-        mask[i, : len(r)] = 1
-        labels[i, start: len(r)] = torch.tensor(r[start:])
-    shifted = torch.cat([labels[:, 1:], torch.full_like(labels[:, :1], -100)], dim=1)  # logits[t] predicts token t+1
-    return ids.to(device), mask.to(device), shifted.to(device)
+def _batch(rows: list[list[int]], label_from: list[int], pad_id: int, device: torch.device):
+    ids, mask = pad_rows(rows, pad_id)
+    return ids.to(device), mask.to(device), next_token_labels(rows, label_from).to(device)
+
+
+class COINObjective:
+    """COIN*'s loss on the fixed long + short batch (the module docstring gives each term); one backward
+    per step over all terms, since the consistency and alignment terms share the two forwards."""
+
+    name = "COIN*"
+    terms = ("long", "short", "cons", "align")
+
+    def __init__(self, items: Sequence[_Item], hparams: COINHyperParams, pad_id: int, device: torch.device) -> None:
+        self.hp, self.n = hparams, len(items)
+        self.long = _batch([it.prompt_ids + it.passage_ids for it in items], [len(it.prompt_ids) for it in items],
+                           pad_id, device)
+        self.use_short = any(w > 0 for w in (hparams.short_weight, hparams.cons_weight, hparams.align_weight))
+        self.pairs: list[tuple[int, int, int, int]] = []  # (long row, long first position, short row, chunk length)
+        short_rows: list[list[int]] = []
+        self.short_from: list[int] = []
+        for r, it in enumerate(items):
+            for a, b in it.chunks:
+                self.pairs.append((r, len(it.prompt_ids) + a, len(short_rows), b - a))
+                short_rows.append(it.prompt_ids + it.passage_ids[a:b])
+                self.short_from.append(len(it.prompt_ids))
+        self.short = _batch(short_rows, self.short_from, pad_id, device) if self.use_short else None
+
+    def start_round(self, student: Any) -> dict:
+        return {"chunks": len(self.pairs)}
+
+    def step(self, student: Any) -> Iterator[Terms]:
+        hp, n, pairs, short_from = self.hp, self.n, self.pairs, self.short_from
+        need_hidden = hp.align_weight > 0
+        long_ids, long_mask, long_labels = self.long
+        out_long = student(input_ids=long_ids, attention_mask=long_mask, output_hidden_states=need_hidden)
+        # labels go to the logits (the last layer's device when the model spans several GPUs)
+        terms = {"long": (hp.long_weight, sequence_nll(out_long.logits, long_labels.to(out_long.logits.device)) / n)}
+        if self.use_short:
+            short_ids, short_mask, short_labels = self.short
+            out_short = student(input_ids=short_ids, attention_mask=short_mask, output_hidden_states=need_hidden)
+            terms["short"] = (hp.short_weight,
+                              sequence_nll(out_short.logits, short_labels.to(out_short.logits.device)) / n)
+            # logits at position p predict token p+1: a chunk starting at long position q is predicted
+            # from q-1 .. q+len-2 (long) and from prompt_len-1 .. prompt_len+len-2 (short).
+            lg_long = torch.cat([out_long.logits[r, q - 1: q - 1 + k] for r, q, _, k in pairs])
+            lg_short = torch.cat([out_short.logits[s, short_from[s] - 1: short_from[s] - 1 + k] for _, _, s, k in pairs])
+            terms["cons"] = (hp.cons_weight, context_consistency_kl(lg_long, lg_short) / n)
+            if need_hidden:
+                h_long_all = out_long.hidden_states[hp.align_layer]
+                h_short_all = out_short.hidden_states[hp.align_layer]
+                h_long = torch.cat([h_long_all[r, q: q + k] for r, q, _, k in pairs])
+                h_short = torch.cat([h_short_all[s, short_from[s]: short_from[s] + k] for _, _, s, k in pairs])
+                terms["align"] = (hp.align_weight, hidden_alignment(h_long, h_short) / n)
+        yield terms
+
+    def describe_round(self, stats: dict) -> str:
+        parts = [f"{t} {stats[t]:.4f} -> {stats[t + '_last']:.4f}" for t in self.terms if stats.get(t) is not None]
+        return f"{self.n} request(s), {stats['chunks']} chunk(s), " + ", ".join(parts)
 
 
 def coin_edit(
     model: Any, tok: Any, requests: Any, hparams: COINHyperParams, *, keep_original_weight: bool = False
 ) -> EditResult:
-    """Inject the passages of ``requests`` jointly with COIN*; returns the edited model and what restores it."""
-    start_time = time.perf_counter()
+    """Inject the passages of ``requests`` jointly with COIN*: ``hparams.steps`` Adam steps of ``COINObjective``
+    through the shared training loop (one round); returns the edited model and what restores it."""
     reqs = normalize_requests(requests, hparams)
     items = _build_items(tok, reqs, hparams)
-    executor = make_executor(model, hparams, keep_original_weight=keep_original_weight)
-    weights_copy = executor.weights_copy()
-    student = executor.model
-    device = input_device(student)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
-    n = len(items)
-
-    long_ids, long_mask, long_labels = _padded(
-        [it.prompt_ids + it.passage_ids for it in items], [len(it.prompt_ids) for it in items], pad_id, device)
-    use_short = any(w > 0 for w in (hparams.short_weight, hparams.cons_weight, hparams.align_weight))
-    pairs: list[tuple[int, int, int, int]] = []  # (long row, long first position, short row, chunk length)
-    short_rows, short_from = [], []
-    for r, it in enumerate(items):
-        for a, b in it.chunks:
-            pairs.append((r, len(it.prompt_ids) + a, len(short_rows), b - a))
-            short_rows.append(it.prompt_ids + it.passage_ids[a:b])
-            short_from.append(len(it.prompt_ids))
-    if use_short:
-        short_ids, short_mask, short_labels = _padded(short_rows, short_from, pad_id, device)
-    need_hidden = hparams.align_weight > 0
-
-    optimizer = executor.optimizer()
-    was_training = student.training
-    student.train(was_training or hparams.lora_dropout > 0)
-    first = last = None
-    for step in range(hparams.steps):
-        out_long = student(input_ids=long_ids, attention_mask=long_mask, output_hidden_states=need_hidden)
-        # labels go to the logits (the last layer's device when the model spans several GPUs)
-        terms = {"long": sequence_nll(out_long.logits, long_labels.to(out_long.logits.device)) / n}
-        if use_short:
-            out_short = student(input_ids=short_ids, attention_mask=short_mask, output_hidden_states=need_hidden)
-            terms["short"] = sequence_nll(out_short.logits, short_labels.to(out_short.logits.device)) / n
-            # logits at position p predict token p+1: a chunk starting at long position q is predicted
-            # from q-1 .. q+len-2 (long) and from prompt_len-1 .. prompt_len+len-2 (short).
-            lg_long = torch.cat([out_long.logits[r, q - 1: q - 1 + k] for r, q, _, k in pairs])
-            lg_short = torch.cat([out_short.logits[s, short_from[s] - 1: short_from[s] - 1 + k] for _, _, s, k in pairs])
-            terms["cons"] = context_consistency_kl(lg_long, lg_short) / n
-            if need_hidden:
-                h_long_all = out_long.hidden_states[hparams.align_layer]
-                h_short_all = out_short.hidden_states[hparams.align_layer]
-                h_long = torch.cat([h_long_all[r, q: q + k] for r, q, _, k in pairs])
-                h_short = torch.cat([h_short_all[s, short_from[s]: short_from[s] + k] for _, _, s, k in pairs])
-                terms["align"] = hidden_alignment(h_long, h_short) / n
-        weights = {"long": hparams.long_weight, "short": hparams.short_weight, "cons": hparams.cons_weight,
-                   "align": hparams.align_weight}
-        loss = sum(weights[k] * v for k, v in terms.items() if weights[k] > 0)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        values = {k: round(float(v.detach()), 4) for k, v in terms.items()}
-        first = values if first is None else first
-        last = values
-    student.train(was_training)
-    optimizer.zero_grad(set_to_none=True)
-    executor.finish()
-    seconds = time.perf_counter() - start_time
-    logger.info("COIN* %d request(s), %d chunk(s), %d steps in %.1fs: %s -> %s", n, len(pairs), hparams.steps,
-                seconds, first, last)
-    return EditResult(model=student, weights_copy=weights_copy, rounds=[], seconds=seconds)
+    objective = COINObjective(items, hparams, pad_id, input_device(model))
+    return train_edit(model, hparams, objective, rounds=1, inner_steps=hparams.steps,
+                      keep_original_weight=keep_original_weight)
 
 
 def apply_coin_to_model(

@@ -1,45 +1,32 @@
 """``apply_hpse_to_model``: R rounds of (one greedy hybrid rollout, then M Adam steps on it).
 
 Data flows one way: requests -> prompts (``prompts.py``) -> rollout (``rollout.py``) -> loss
-(``losses.py``) -> executor update (``executors/``) -> edited model.
+(``losses.py``, the ``HPSEObjective`` here) -> the training loop and its executor (``training.py``,
+``executors/``) -> edited model.
 """
 
 from __future__ import annotations
 
 import copy as copy_module
-import logging
 import time
-from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 
-from .executors import make_executor
+from .executors import Executor, make_executor
 from .hparams import HPSEHyperParams
 from .losses import sequence_nll, topk_forward_kl
+from .padding import next_token_labels, pad_rows
 from .prompts import EditPrompts, build_edit_prompts, stop_token_ids
-from .rollout import Rollout, batched_hybrid_rollout, hybrid_rollout, input_device
+from .rollout import Rollout, draw_rollout, input_device
+from .training import EditResult, Terms, train_edit
 
-__all__ = ["EditResult", "RequestError", "apply_hpse_to_model", "edit_prompts", "hpse_edit", "normalize_requests"]
-
-logger = logging.getLogger(__name__)
+__all__ = ["EditResult", "HPSEObjective", "RequestError", "apply_hpse_to_model", "edit_prompts", "hpse_edit",
+           "normalize_requests"]
 
 
 class RequestError(ValueError):
     """An edit request is malformed; the message names the request, the field and the fix."""
-
-
-@dataclass
-class EditResult:
-    """What one edit produced: the edited model, what restores it, and per-round statistics."""
-
-    model: Any
-    weights_copy: dict
-    rounds: list = field(default_factory=list)
-    seconds: float = 0.0
-    teacher_forward_tokens: int = 0
-    inner_step_teacher_passes: int = 0
-    rollouts: list = field(default_factory=list)  # per round: that round's Rollout per request, or None (no KL term)
 
 
 def normalize_requests(requests: Any, hparams: HPSEHyperParams) -> list[dict]:
@@ -112,26 +99,14 @@ def edit_prompts(model: Any, tok: Any, requests: Any, hparams: HPSEHyperParams) 
     return prompts
 
 
-def _pad_batch(sequences: list[list[int]], labels: list[list[int]], pad_id: int, device: torch.device):
-    width = max(len(s) for s in sequences)
-    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(sequences), width), dtype=torch.long)
-    lab = torch.full((len(sequences), width), -100, dtype=torch.long)
-    for row, (s, l) in enumerate(zip(sequences, labels)):
-        ids[row, : len(s)] = torch.tensor(s)
-        mask[row, : len(s)] = 1
-        lab[row, : len(l)] = torch.tensor(l)
-    return ids.to(device), mask.to(device), lab.to(device)
-
-
 class _NLLBatch:
     """Prompt + passage rows, labels on the passage tokens: the NLL anchor, fixed for the whole edit."""
 
     def __init__(self, prompts: Sequence[EditPrompts], pad_id: int, device: torch.device) -> None:
         seqs = [p.student_ids + p.passage_ids for p in prompts]
-        labels = [[-100] * len(p.student_ids) + p.passage_ids for p in prompts]
-        self.ids, self.mask, lab = _pad_batch(seqs, labels, pad_id, device)
-        self.labels = torch.cat([lab[:, 1:], torch.full_like(lab[:, :1], -100)], dim=1)  # logits[t] predicts t+1
+        ids, mask = pad_rows(seqs, pad_id)
+        self.ids, self.mask = ids.to(device), mask.to(device)
+        self.labels = next_token_labels(seqs, [len(p.student_ids) for p in prompts]).to(device)
 
     def loss(self, model: Any) -> torch.Tensor:
         logits = model(input_ids=self.ids, attention_mask=self.mask).logits
@@ -144,7 +119,8 @@ class _KLBatch:
     def __init__(self, prompts: Sequence[EditPrompts], rollouts: Sequence[Rollout], pad_id: int,
                  device: torch.device) -> None:
         seqs = [p.student_ids + r.tokens.tolist() for p, r in zip(prompts, rollouts)]
-        self.ids, self.mask, _ = _pad_batch(seqs, [[] for _ in seqs], pad_id, device)
+        ids, mask = pad_rows(seqs, pad_id)
+        self.ids, self.mask = ids.to(device), mask.to(device)
         self.spans = [(row, len(p.student_ids) - 1, len(r)) for row, (p, r) in enumerate(zip(prompts, rollouts))]
         # The rollout keeps the teacher's top-K beside the logits (the last layer's device under device_map);
         # the loss is computed there, so only these small [T, K] tensors ever move, never [T, V] logits.
@@ -157,6 +133,61 @@ class _KLBatch:
         return topk_forward_kl(picked, self.topk_ids.to(picked.device), self.topk_lp.to(picked.device), student=student)
 
 
+class HPSEObjective:
+    """HPSE's loss, per inner step and averaged over requests: ``kl_weight * sum_t KL_topK(pi* || pi_theta)``
+    over the round's rollout positions plus ``nll_weight * NLL(passage | editing prompt)``.
+
+    Each round starts with one hybrid rollout per request (none when ``kl_weight == 0``: the plain executor
+    baseline); its teacher top-K targets are cached, so the inner steps never run the teacher. The two
+    terms are separate forward/backward passes accumulating into one Adam step, so activation memory
+    peaks at the larger of the two rather than their sum.
+    """
+
+    name = "HPSE"
+    terms = ("kl", "nll")
+
+    def __init__(self, executor: Executor, prompts: Sequence[EditPrompts], hparams: HPSEHyperParams, *,
+                 stop_ids: Sequence[int], pad_id: int) -> None:
+        self.executor, self.prompts, self.hp = executor, prompts, hparams
+        self.stop_ids, self.pad_id = stop_ids, pad_id
+        self.device = input_device(executor.model)
+        self.nll_batch = _NLLBatch(prompts, pad_id, self.device) if hparams.nll_weight > 0 else None
+        self.kl_batch: _KLBatch | None = None
+        self.rollouts: list = []  # per round: that round's Rollout per request, or None (no KL term)
+        self.teacher_forward_tokens = 0
+
+    def start_round(self, student: Any) -> dict:
+        t0 = time.perf_counter()
+        rollouts = None
+        if self.hp.kl_weight > 0:
+            rollouts = [draw_rollout(self.executor, p, self.hp, stop_ids=self.stop_ids, pad_id=self.pad_id)
+                        for p in self.prompts]
+            self.teacher_forward_tokens += sum(ro.teacher_forward_tokens for ro in rollouts)
+        seconds = time.perf_counter() - t0
+        self.kl_batch = _KLBatch(self.prompts, rollouts, self.pad_id, self.device) if rollouts is not None else None
+        self.rollouts.append(rollouts)
+        n_tokens = sum(len(ro) for ro in rollouts) if rollouts else 0
+        return {
+            "stepin_rate": (sum(ro.stepin_count for ro in rollouts) / max(n_tokens, 1)) if rollouts else None,
+            "rollout_len": (n_tokens / len(rollouts)) if rollouts else 0.0,
+            "rollout_seconds": seconds,
+        }
+
+    def step(self, student: Any) -> Iterator[Terms]:
+        n = len(self.prompts)
+        if self.nll_batch is not None:
+            yield {"nll": (self.hp.nll_weight, self.nll_batch.loss(student) / n)}
+        if self.kl_batch is not None:
+            yield {"kl": (self.hp.kl_weight, self.kl_batch.loss(student, self.hp.kl_student) / n)}
+
+    def describe_round(self, stats: dict) -> str:
+        def fmt(v: float | None, spec: str) -> str:
+            return "n/a" if v is None else format(v, spec)
+
+        return (f"step-in {fmt(None if stats['stepin_rate'] is None else 100 * stats['stepin_rate'], '.1f')}%, "
+                f"rollout {stats['rollout_len']:.1f} tok, kl {fmt(stats['kl'], '.3f')}, nll {fmt(stats['nll'], '.3f')}")
+
+
 def hpse_edit(
     model: Any,
     tok: Any,
@@ -167,9 +198,9 @@ def hpse_edit(
 ) -> EditResult:
     """Inject the passages of ``requests`` jointly into ``model`` with HPSE (or one of its ablations).
 
-    Loss per inner step, averaged over requests: ``kl_weight * sum_t KL_topK(pi* || pi_theta)`` over
-    the round's rollout positions plus ``nll_weight * NLL(passage | editing prompt)``. With
-    ``kl_weight == 0`` no rollout is drawn at all: the plain executor baseline.
+    ``hparams.rounds`` x (one rollout, ``hparams.inner_steps`` Adam steps) of ``HPSEObjective`` through the
+    shared training loop (``training.train_edit``). With ``kl_weight == 0`` no rollout is drawn at all:
+    the plain executor baseline.
     """
     if hparams.kl_weight == 0 and hparams.nll_weight == 0:
         raise ValueError("kl_weight and nll_weight are both 0, so the edit would train nothing; set one of them > 0")
@@ -177,93 +208,12 @@ def hpse_edit(
     prompts = edit_prompts(model, tok, requests, hparams)
     stop_ids = stop_token_ids(model, tok)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else next(iter(stop_ids), 0)
-
     executor = make_executor(model, hparams, keep_original_weight=keep_original_weight)
-    weights_copy = executor.weights_copy()
-    student = executor.model
-    device = input_device(student)
-    optimizer = executor.optimizer()
-    use_kl = hparams.kl_weight > 0
-    use_nll = hparams.nll_weight > 0
-    nll_batch = _NLLBatch(prompts, pad_id, device) if use_nll else None
-    result = EditResult(model=student, weights_copy=weights_copy)
-    was_training = student.training
-    teacher_passes = [0]
-    inner_phase = [False]
-
-    def counted_teacher_context():
-        teacher_passes[0] += inner_phase[0]
-        return executor.teacher_context()
-
-    def counted_row_switch(rows: torch.Tensor):
-        teacher_passes[0] += inner_phase[0]
-        return executor.row_switch(rows)
-
-    batched = hparams.batched_rollout and hasattr(executor, "row_switch")
-
-    for r in range(1, hparams.rounds + 1):
-        t0 = time.perf_counter()
-        rollouts = None
-        if use_kl:
-            student.eval()
-            gate = dict(tau=hparams.tau, kappa=hparams.kappa, top_k=hparams.top_k,
-                        max_new_tokens=hparams.max_new_tokens, stop_ids=stop_ids, hybrid=hparams.rollout == "hybrid")
-            if batched:
-                rollouts = [batched_hybrid_rollout(student, counted_row_switch, p.student_ids, p.teacher_ids,
-                                                   pad_id=pad_id, **gate) for p in prompts]
-            else:
-                rollouts = [hybrid_rollout(student, student, p.student_ids, p.teacher_ids,
-                                           teacher_context=counted_teacher_context, **gate) for p in prompts]
-            result.teacher_forward_tokens += sum(ro.teacher_forward_tokens for ro in rollouts)
-        t_rollout = time.perf_counter() - t0
-        kl_batch = _KLBatch(prompts, rollouts, pad_id, device) if rollouts is not None else None
-        student.train(was_training or hparams.lora_dropout > 0)
-        history = []
-        inner_phase[0] = True
-        for _ in range(hparams.inner_steps):
-            # The two terms are separate forward/backward passes accumulating into one Adam step, so
-            # activation memory peaks at the larger of the two rather than their sum.
-            optimizer.zero_grad(set_to_none=True)
-            kl = nll = None
-            if use_nll:
-                nll = nll_batch.loss(student) / len(prompts)
-                (hparams.nll_weight * nll).backward()
-            if kl_batch is not None:
-                kl = kl_batch.loss(student, hparams.kl_student) / len(prompts)
-                (hparams.kl_weight * kl).backward()
-            optimizer.step()
-            kl_v = None if kl is None else kl.item()
-            nll_v = None if nll is None else nll.item()
-            history.append((hparams.kl_weight * (kl_v or 0.0) + hparams.nll_weight * (nll_v or 0.0), kl_v, nll_v))
-        inner_phase[0] = False
-        n_tokens = sum(len(ro) for ro in rollouts) if rollouts else 0
-        stats = {
-            "round": r,
-            "stepin_rate": (sum(ro.stepin_count for ro in rollouts) / max(n_tokens, 1)) if rollouts else None,
-            "rollout_len": (n_tokens / len(rollouts)) if rollouts else 0.0,
-            "loss": history[0][0],
-            "loss_last": history[-1][0],
-            "kl": history[0][1],
-            "kl_last": history[-1][1],
-            "nll": history[0][2],
-            "nll_last": history[-1][2],
-            "rollout_seconds": t_rollout,
-            "seconds": time.perf_counter() - t0,
-        }
-        result.rounds.append(stats)
-        result.rollouts.append(rollouts)
-        logger.info(
-            "HPSE round %d/%d: step-in %s, rollout %.1f tok, loss %.4f -> %.4f (kl %s, nll %s), %.1fs",
-            r, hparams.rounds,
-            "n/a" if stats["stepin_rate"] is None else f"{100 * stats['stepin_rate']:.1f}%",
-            stats["rollout_len"], stats["loss"], stats["loss_last"],
-            "n/a" if stats["kl"] is None else f"{stats['kl']:.3f}",
-            "n/a" if stats["nll"] is None else f"{stats['nll']:.3f}", stats["seconds"],
-        )
-    student.train(was_training)
-    optimizer.zero_grad(set_to_none=True)
-    executor.finish()
-    result.inner_step_teacher_passes = teacher_passes[0]
+    objective = HPSEObjective(executor, prompts, hparams, stop_ids=stop_ids, pad_id=pad_id)
+    result = train_edit(model, hparams, objective, rounds=hparams.rounds, inner_steps=hparams.inner_steps,
+                        executor=executor)
+    result.rollouts = objective.rollouts
+    result.teacher_forward_tokens = objective.teacher_forward_tokens
     result.seconds = time.perf_counter() - start
     return result
 

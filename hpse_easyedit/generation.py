@@ -6,6 +6,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from .padding import pad_rows
 from .prompts import chat_prompt_ids, has_system_role, stop_token_ids
 from .rollout import input_device
 
@@ -43,12 +44,8 @@ def generate_answers(
             chunk = questions[start: start + batch_size]
             rows = [chat_prompt_ids(tok, q, system, system_role=system_role, template_kwargs=template_kwargs)
                     for q in chunk]
-            width = max(len(r) for r in rows)
-            ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-            mask = torch.zeros((len(rows), width), dtype=torch.long)
-            for i, r in enumerate(rows):
-                ids[i, width - len(r):] = torch.tensor(r)
-                mask[i, width - len(r):] = 1
+            ids, mask = pad_rows(rows, pad_id, left=True)
+            width = ids.shape[1]
             out = model.generate(
                 input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new_tokens,
                 do_sample=False, eos_token_id=stops or None, pad_token_id=pad_id,

@@ -11,10 +11,13 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
-__all__ = ["KL_STUDENT_FORMS", "renormalise_topk", "topk_forward_kl", "sequence_nll", "stepin_gate"]
+__all__ = ["KL_STUDENT_FORMS", "StepIn", "renormalise_topk", "sequence_nll", "stepin_decision", "stepin_gate",
+           "topk_forward_kl"]
 
 # The student side of the top-K KL: "full" = the paper's (full-vocabulary log-probabilities of the
 # teacher's top-K tokens); "topk" = renormalised over those K tokens too (not the paper's).
@@ -67,18 +70,28 @@ def sequence_nll(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int =
     )
 
 
-def stepin_gate(
+class StepIn(NamedTuple):
+    """The step-in decision at one position (or a batch of positions), with the margin it compared."""
+
+    step_in: torch.Tensor  # bool: the teacher's token is emitted
+    y_star: torch.Tensor  # the teacher's argmax ids
+    gap: torch.Tensor  # log pi*(y*) - log pi_theta(y*), the margin compared with tau
+
+
+def stepin_decision(
     teacher_logprobs: torch.Tensor, student_logprobs: torch.Tensor, tau: float, kappa: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The step-in decision at one position (or a batch of positions).
-
-    The teacher steps in when ``log pi*(y*) - log pi_theta(y*) > tau`` and ``pi*(y*) > kappa``, with
-    ``y* = argmax pi*``. Inputs are full-vocabulary log-probabilities ``[..., V]``.
-
-    Returns:
-        ``(step_in, y_star)``: a bool tensor and the teacher's argmax ids, shaped ``[...]``.
-    """
+) -> StepIn:
+    """The step-in decision: the teacher steps in when ``log pi*(y*) - log pi_theta(y*) > tau`` and
+    ``pi*(y*) > kappa``, with ``y* = argmax pi*``. Inputs are full-vocabulary log-probabilities ``[..., V]``."""
     top_logprob, y_star = teacher_logprobs.max(dim=-1)
     gap = top_logprob - student_logprobs.gather(-1, y_star.unsqueeze(-1)).squeeze(-1)
     step_in = (gap > tau) & (top_logprob.exp() > kappa)
-    return step_in, y_star
+    return StepIn(step_in, y_star, gap)
+
+
+def stepin_gate(
+    teacher_logprobs: torch.Tensor, student_logprobs: torch.Tensor, tau: float, kappa: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(step_in, y_star)`` of ``stepin_decision``: a bool tensor and the teacher's argmax ids, shaped ``[...]``."""
+    decision = stepin_decision(teacher_logprobs, student_logprobs, tau, kappa)
+    return decision.step_in, decision.y_star

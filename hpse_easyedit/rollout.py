@@ -16,9 +16,10 @@ from typing import Any, Callable, ContextManager, Iterable, Sequence
 import torch
 import torch.nn.functional as F
 
-from .losses import stepin_gate
+from .losses import stepin_decision
+from .padding import pad_rows
 
-__all__ = ["Rollout", "batched_hybrid_rollout", "hybrid_rollout", "input_device"]
+__all__ = ["Rollout", "batched_hybrid_rollout", "draw_rollout", "hybrid_rollout", "input_device"]
 
 
 @dataclass
@@ -111,14 +112,14 @@ class _Recorder:
     def step(self, s_logp: torch.Tensor, t_logp: torch.Tensor) -> tuple[torch.Tensor, bool]:
         """Record position n from the two next-token log-prob vectors; return the emitted token and 'stop'."""
         s_logp, t_logp = s_logp.to(self.tokens.device), t_logp.to(self.tokens.device)
-        gate, y_star = stepin_gate(t_logp, s_logp, self.tau, self.kappa)
+        gate, y_star, gap = stepin_decision(t_logp, s_logp, self.tau, self.kappa)
         if not self.hybrid:
             gate = torch.zeros_like(gate)
         token = torch.where(gate, y_star, s_logp.argmax())
         values, ids = t_logp.topk(self.k)
         n = self.n
         self.tokens[n], self.stepped[n], self.topk_ids[n], self.topk_lp[n] = token, gate, ids, values
-        self.gap[n] = values[0] - s_logp[y_star]  # the margin the gate compares with tau
+        self.gap[n] = gap  # the margin the gate compared with tau
         self.n += 1
         return token, bool(torch.isin(token, self.stop)) or self.n == self.tokens.shape[0]
 
@@ -200,12 +201,7 @@ def batched_hybrid_rollout(
     """
     device = input_device(model)
     rows = [list(student_prompt_ids), list(teacher_prompt_ids)]
-    width = max(len(r) for r in rows)
-    ids = torch.full((2, width), pad_id, dtype=torch.long)
-    mask = torch.zeros((2, width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r):] = torch.tensor(r)
-        mask[i, width - len(r):] = 1
+    ids, mask = pad_rows(rows, pad_id, left=True)
     ids, mask = ids.to(device), mask.to(device)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     teacher_rows = torch.tensor([False, True], device=device)
@@ -232,3 +228,20 @@ def batched_hybrid_rollout(
             last_pos = last_pos + 1
             logp, cache = forward(token.to(device).view(1, 1).expand(2, 1), last_pos, cache)
             teacher_tokens += 1
+
+
+def draw_rollout(executor: Any, prompts: Any, hparams: Any, *, stop_ids: Iterable[int], pad_id: int) -> Rollout:
+    """One round's rollout of one request (``prompts``: its student and teacher prompt ids) as ``hparams`` choose.
+
+    ``batched_rollout`` (default): student and teacher advance in ONE batched forward of ``executor.model``
+    (the executor's ``row_switch``); otherwise two cached forwards, the teacher through ``teacher_context``.
+    Same tokens either way. ``rollout: on_policy`` switches the gate off (the "w/o HP" ablation).
+    """
+    gate = dict(tau=hparams.tau, kappa=hparams.kappa, top_k=hparams.top_k, max_new_tokens=hparams.max_new_tokens,
+                stop_ids=stop_ids, hybrid=hparams.rollout == "hybrid")
+    student = executor.model
+    if hparams.batched_rollout:
+        return batched_hybrid_rollout(student, executor.row_switch, prompts.student_ids, prompts.teacher_ids,
+                                      pad_id=pad_id, **gate)
+    return hybrid_rollout(student, student, prompts.student_ids, prompts.teacher_ids,
+                          teacher_context=executor.teacher_context, **gate)

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from hpse_easyedit import editor
+from hpse_easyedit import rollout as rollout_module
 from hpse_easyedit.rollout import Rollout
 from tiny_models import make_tiny_model_and_tokenizer, tiny_hparams
 
@@ -70,8 +71,9 @@ def _setup(executor_name, n_requests, monkeypatch):
         return Rollout(torch.tensor(tokens), torch.zeros(len(tokens), dtype=torch.bool), ids, values,
                        teacher_forward_tokens=len(t_ids) + len(tokens))
 
-    monkeypatch.setattr(editor, "hybrid_rollout", hand_set_rollout)
-    monkeypatch.setattr(editor, "batched_hybrid_rollout", hand_set_rollout)
+    # the rollout choice lives in rollout.draw_rollout, which calls one of these two
+    monkeypatch.setattr(rollout_module, "hybrid_rollout", hand_set_rollout)
+    monkeypatch.setattr(rollout_module, "batched_hybrid_rollout", hand_set_rollout)
     return model, tok, reference, requests, rollout_ids, student_ids, teacher_ids, hp, seen
 
 

@@ -1,0 +1,123 @@
+"""The one training loop of every gradient editor this project owns: HPSE (its ablations and the plain
+executor baselines with ``kl_weight: 0``) and COIN*.
+
+The loop owns what they share: the executor (what trains, ``weights_copy``, Adam, ``finish``), train
+and eval modes, R rounds x M inner steps, ``zero_grad`` / ``step``, the loss history, per-round
+statistics and timing. An ``Objective`` owns what differs:
+
+- ``start_round(student)``: what a round prepares before its inner steps (HPSE: that round's hybrid
+  rollout, drawn in eval mode); returns the round's statistics.
+- ``step(student)``: the loss terms of one inner step, as groups ``{name: (weight, value)}``; each group
+  is summed (terms of weight 0 are reported but not trained) and back-propagated on its own, so an
+  objective decides how much activation memory an inner step holds at once (HPSE: one group per term,
+  peak = the larger forward; COIN*: one group, its terms share forwards).
+
+    objective = MyObjective(...)
+    result = train_edit(model, hparams, objective, rounds=R, inner_steps=M)
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Protocol, Sequence
+
+import torch
+
+from .executors import Executor, make_executor
+
+__all__ = ["EditResult", "Objective", "train_edit"]
+
+logger = logging.getLogger(__name__)
+
+Terms = dict  # name -> (weight, scalar loss tensor)
+
+
+@dataclass
+class EditResult:
+    """What one edit produced: the edited model, what restores it, and per-round statistics."""
+
+    model: Any
+    weights_copy: dict
+    rounds: list = field(default_factory=list)
+    seconds: float = 0.0
+    teacher_forward_tokens: int = 0
+    inner_step_teacher_passes: int = 0  # times an inner step reached the teacher (0: the teacher's targets were cached)
+    rollouts: list = field(default_factory=list)  # per round: that round's Rollout per request, or None (no KL term)
+
+
+class Objective(Protocol):
+    """What an editor trains on; see the module docstring."""
+
+    #: the editor's name in log lines
+    name: str
+    #: every term ``step`` may report, in the order the per-step total adds them up
+    terms: Sequence[str]
+
+    def start_round(self, student: Any) -> dict: ...
+
+    def step(self, student: Any) -> Iterator[Terms]: ...
+
+    def describe_round(self, stats: dict) -> str: ...
+
+
+def train_edit(
+    model: Any,
+    hparams: Any,
+    objective: Objective,
+    *,
+    rounds: int,
+    inner_steps: int,
+    keep_original_weight: bool = False,
+    executor: Executor | None = None,
+) -> EditResult:
+    """Train ``objective`` into ``model`` through the executor ``hparams`` name: ``rounds`` x (``start_round``,
+    then ``inner_steps`` Adam steps on ``step``'s terms). Returns the edited model and what restores it.
+
+    ``executor``: one already built around ``model`` (an objective that needs it before training, e.g. to
+    reach the teacher); by default one is made here.
+    """
+    start = time.perf_counter()
+    executor = executor if executor is not None else make_executor(model, hparams, keep_original_weight=keep_original_weight)
+    result = EditResult(model=executor.model, weights_copy=executor.weights_copy())
+    student = executor.model
+    optimizer = executor.optimizer()
+    was_training = student.training
+    for r in range(1, rounds + 1):
+        t0 = time.perf_counter()
+        student.eval()
+        prepared = objective.start_round(student)
+        student.train(was_training or hparams.lora_dropout > 0)
+        teacher_before = executor.teacher_switches
+        history = []
+        for _ in range(inner_steps):
+            optimizer.zero_grad(set_to_none=True)
+            values: dict[str, float] = {}
+            weights: dict[str, float] = {}
+            for group in objective.step(student):
+                loss = None
+                for w, v in group.values():
+                    if w > 0:
+                        loss = w * v if loss is None else loss + w * v
+                if loss is not None:
+                    loss.backward()
+                for name, (w, v) in group.items():
+                    values[name], weights[name] = v.item(), w
+            optimizer.step()
+            total = sum(weights[n] * values[n] for n in objective.terms if n in values)
+            history.append((total, values))
+        result.inner_step_teacher_passes += executor.teacher_switches - teacher_before
+        stats = {"round": r, **prepared, "loss": history[0][0], "loss_last": history[-1][0]}
+        for name in objective.terms:
+            stats[name] = history[0][1].get(name)
+            stats[f"{name}_last"] = history[-1][1].get(name)
+        stats["seconds"] = time.perf_counter() - t0
+        result.rounds.append(stats)
+        logger.info("%s round %d/%d: %s, loss %.4f -> %.4f, %.1fs", objective.name, r, rounds,
+                    objective.describe_round(stats), stats["loss"], stats["loss_last"], stats["seconds"])
+    student.train(was_training)
+    optimizer.zero_grad(set_to_none=True)
+    executor.finish()
+    result.seconds = time.perf_counter() - start
+    return result
