@@ -1,0 +1,158 @@
+"""Continual editing, as the paper reports it: each executor without and with HPSE at each sequence length T.
+
+Reads finished run directories of ``--sequential T`` runs (no model time) given as pairs, the executor
+alone then the same executor with HPSE, at the same T on the same cases:
+
+    python -m benchmarks.continual runs/mq-seq10-lora runs/mq-seq10-hpse runs/mq-seq20-lora runs/mq-seq20-hpse \\
+        --name LoRA --png docs/img/continual.png
+
+Prints one markdown table: per run its T, sequences, cases, the task's metrics and Avg over all cases,
+Avg of each sequence (the spread between sequences), and for a +HPSE row its paired difference in Avg
+from the executor alone (per case, 95% bootstrap interval of the mean). ``--png`` draws the paper's
+layout: per metric and T, the executor's bar filled and the +HPSE bar outlined over it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from hpse_easyedit.cli import OneLineParser, UsageError, check_positive, run_cli
+
+from .tasks import TASKS
+
+__all__ = ["continual_rows", "continual_table", "main", "plot_continual"]
+
+
+def _run(path: str) -> tuple[str, int, dict[str, dict]]:
+    from .paired import load_run
+
+    benchmark, recs = load_run(path)
+    config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    T = config.get("sequential")
+    if not T:
+        raise UsageError(f"{path}: not a continual-editing run (config.json has no 'sequential'); pass runs written "
+                         "with --sequential T")
+    return benchmark, int(T), recs
+
+
+def _case_avg(task, rec: Mapping) -> float:
+    return 100.0 * sum(float(rec[m]) for m in task.metrics) / len(task.metrics)
+
+
+def continual_rows(pairs: Sequence[tuple[str, str]], names: Sequence[str], *, resamples: int = 10000,
+                   seed: int = 0) -> list[dict]:
+    """One dict per run of each (executor alone, executor + HPSE) pair: its label, T, sequences, cases,
+    metrics, Avg per sequence and, for the +HPSE run, the paired Avg difference with its interval."""
+    from .paired import bootstrap_ci
+
+    rows = []
+    for (base, hpse), name in zip(pairs, names):
+        (b_bench, b_T, b_recs), (h_bench, h_T, h_recs) = _run(base), _run(hpse)
+        if (b_bench, b_T) != (h_bench, h_T):
+            raise UsageError(f"{base} ({b_bench}, T={b_T}) and {hpse} ({h_bench}, T={h_T}) differ; a pair is one "
+                             "benchmark at one T")
+        if set(b_recs) != set(h_recs):
+            raise UsageError(f"{base} and {hpse} hold different cases ({len(b_recs)} vs {len(h_recs)}); "
+                             "finish both runs on the same --limit")
+        task = TASKS[b_bench]
+        ids = sorted(b_recs, key=lambda c: b_recs[c].get("index", 0))
+        for label, recs in ((name, b_recs), (f"{name} + HPSE", h_recs)):
+            summary = task.summarize([recs[c] for c in ids])
+            blocks: dict[int, list[float]] = {}
+            for c in ids:
+                blocks.setdefault(int(recs[c].get("block", 0)), []).append(_case_avg(task, recs[c]))
+            row = {"label": label, "benchmark": b_bench, "T": b_T, "sequences": len(blocks), "cases": len(ids),
+                   **{m: summary[m] for m in task.metrics}, "Avg": summary["Avg"],
+                   "per_sequence": [sum(v) / len(v) for _, v in sorted(blocks.items())], "hpse": recs is h_recs}
+            if recs is h_recs:
+                diff = [_case_avg(task, h_recs[c]) - _case_avg(task, b_recs[c]) for c in ids]
+                row["diff"] = sum(diff) / len(diff)
+                row["diff_ci"] = list(bootstrap_ci(diff, resamples=resamples, seed=seed))
+            rows.append(row)
+    return rows
+
+
+def continual_table(rows: Sequence[Mapping]) -> str:
+    metrics = TASKS[rows[0]["benchmark"]].metrics
+    head = ["method", "T", "sequences", "cases", *metrics, "Avg", "Avg per sequence", "paired Δ Avg vs executor [95% CI]"]
+    lines = ["| " + " | ".join(head) + " |", "|---|---:|---:|---:|" + "---:|" * (len(metrics) + 1) + "---|---|"]
+    for r in rows:
+        diff = (f"{r['diff']:+.1f} [{r['diff_ci'][0]:+.1f}, {r['diff_ci'][1]:+.1f}]" if "diff" in r else "")
+        cells = [r["label"], str(r["T"]), str(r["sequences"]), str(r["cases"]), *(f"{r[m]:.1f}" for m in metrics),
+                 f"{r['Avg']:.1f}", ", ".join(f"{v:.1f}" for v in r["per_sequence"]), diff]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot_continual(rows: Sequence[Mapping], path: str | os.PathLike) -> None:
+    """The paper's bar chart: per metric (one panel each) and T, the executor's bar filled, +HPSE outlined."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics = [*TASKS[rows[0]["benchmark"]].metrics, "Avg"]
+    executors = list(dict.fromkeys(r["label"] for r in rows if not r["hpse"]))
+    Ts = sorted({r["T"] for r in rows})
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    fig, axes = plt.subplots(1, len(metrics), figsize=(3.2 * len(metrics), 3.0), squeeze=False)
+    width = 0.8 / max(len(executors), 1)
+    for ax, metric in zip(axes[0], metrics):
+        for e, name in enumerate(executors):
+            for t, T in enumerate(Ts):
+                x = t + (e - (len(executors) - 1) / 2) * width
+                base = next((r for r in rows if r["label"] == name and r["T"] == T), None)
+                hpse = next((r for r in rows if r["label"] == f"{name} + HPSE" and r["T"] == T), None)
+                if base is not None:
+                    ax.bar(x, base[metric], width * 0.9, color=colours[e % len(colours)], alpha=0.8,
+                           label=name if t == 0 else None)
+                if hpse is not None:
+                    ax.bar(x, hpse[metric], width * 0.9, fill=False, edgecolor=colours[e % len(colours)], linewidth=2,
+                           label=f"{name} + HPSE" if t == 0 else None)
+        ax.set_xticks(range(len(Ts)), [f"T = {T}" for T in Ts])
+        ax.set_title(metric)
+        ax.set_ylim(0, 100)
+    axes[0][0].set_ylabel("score (%)")
+    axes[0][-1].legend(fontsize=8, loc="upper right")
+    fig.suptitle(f"Continual editing, {TASKS[rows[0]['benchmark']].title}: executor filled, + HPSE outlined", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_cli(_main, sys.argv[1:] if argv is None else argv)
+
+
+def _main(argv: Sequence[str]) -> int:
+    parser = OneLineParser(prog="python -m benchmarks.continual", description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", metavar="RUN",
+                        help="run directories in pairs: the executor alone, then the same executor with HPSE (same T, cases)")
+    parser.add_argument("--name", action="append", default=[],
+                        help="the executor of each pair, in order (default: LoRA for every pair)")
+    parser.add_argument("--png", metavar="FILE", help="write the bar chart here")
+    parser.add_argument("--resamples", type=int, default=10000, help="bootstrap resamples (default 10000)")
+    parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
+    args = parser.parse_args(argv)
+    check_positive("--resamples", args.resamples)
+    if len(args.runs) % 2:
+        raise UsageError(f"{len(args.runs)} run directories; give them in pairs (executor alone, executor + HPSE)")
+    pairs = list(zip(args.runs[::2], args.runs[1::2]))
+    names = args.name or ["LoRA"] * len(pairs)
+    if len(names) != len(pairs):
+        raise UsageError(f"{len(names)} --name for {len(pairs)} pairs; give one per pair or none")
+    rows = continual_rows(pairs, names, resamples=args.resamples)
+    if len({r["benchmark"] for r in rows}) > 1:
+        raise UsageError("the runs mix benchmarks; one table is one benchmark")
+    print(continual_table(rows))
+    if args.png:
+        plot_continual(rows, args.png)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""benchmarks.continual: the continual-editing table and bar chart from finished --sequential runs."""
+
+import json
+
+import pytest
+
+from benchmarks.continual import continual_rows, continual_table, main
+
+
+def _run(path, T, scores):
+    """A finished MQuAKE-uns --sequential T run: ``scores`` = [(Ind, Cmp), ...] in case order."""
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps({"benchmark": "mquake-uns", "sequential": T}))
+    with open(path / "results.jsonl", "w") as fh:
+        for i, (ind, cmp) in enumerate(scores):
+            fh.write(json.dumps({"case_id": str(i), "index": i, "block": i // T, "Ind": ind, "Cmp": cmp}) + "\n")
+    return str(path)
+
+
+def test_rows_hold_the_per_sequence_spread_and_the_paired_difference(tmp_path):
+    base = _run(tmp_path / "lora", 2, [(1.0, 0.0), (0.5, 0.0), (0.0, 0.0), (0.0, 0.0)])
+    hpse = _run(tmp_path / "hpse", 2, [(1.0, 1.0), (0.5, 0.0), (0.5, 0.0), (0.0, 0.0)])
+    rows = continual_rows([(base, hpse)], ["LoRA"], resamples=200)
+    lora, plus = rows
+    assert (lora["label"], plus["label"]) == ("LoRA", "LoRA + HPSE")
+    assert lora["T"] == 2 and lora["sequences"] == 2 and lora["cases"] == 4
+    assert lora["Ind"] == pytest.approx(37.5) and lora["Cmp"] == 0.0 and lora["Avg"] == pytest.approx(18.75)
+    # per case Avg: 50, 25, 0, 0 -> sequences 37.5 and 0
+    assert lora["per_sequence"] == pytest.approx([37.5, 0.0])
+    # per case differences: +50, 0, +25, 0
+    assert plus["diff"] == pytest.approx(18.75)
+    assert plus["diff_ci"][0] <= plus["diff"] <= plus["diff_ci"][1]
+    table = continual_table(rows)
+    assert "| LoRA + HPSE | 2 | 2 | 4 |" in table and "+18.8 [" in table
+
+
+def test_command_line_writes_the_png_and_refuses_bad_pairs(tmp_path, capsys):
+    base = _run(tmp_path / "a", 2, [(1.0, 0.0), (0.0, 0.0)])
+    hpse = _run(tmp_path / "b", 2, [(1.0, 1.0), (0.0, 0.0)])
+    other_T = _run(tmp_path / "c", 1, [(1.0, 1.0), (0.0, 0.0)])
+    png = tmp_path / "continual.png"
+    assert main([base, hpse, "--png", str(png), "--resamples", "100"]) == 0
+    assert png.stat().st_size > 1000 and "LoRA + HPSE" in capsys.readouterr().out
+    assert main([base]) == 2
+    assert "pairs" in capsys.readouterr().err
+    assert main([base, other_T]) == 2
+    assert "a pair is one benchmark at one T" in capsys.readouterr().err
