@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import copy as copy_module
 import logging
-import re
 import time
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -58,6 +57,7 @@ from .hparams import ExecutorHParams, HParamsError, hp_field
 from .losses import sequence_nll
 from .prompts import chat_prompt_ids, end_of_turn_id
 from .rollout import input_device
+from .text import sentence_spans
 
 __all__ = [
     "COINHyperParams",
@@ -69,8 +69,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-_SENTENCE_END = re.compile(r"[.!?][\"'\u201d\u2019)\]]*(?=\s)")
 
 
 @dataclass
@@ -110,7 +108,7 @@ def sentence_chunks(
     n = len(offsets)
     if n == 0:
         return []
-    ends = [m.end() for m in _SENTENCE_END.finditer(text)]
+    ends = [end for _, end in sentence_spans(text)]
     starts = [0]
     e = 0
     for i in range(1, n):
