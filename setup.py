@@ -21,6 +21,7 @@ setup(
         "tqdm>=4.60",
         "matplotlib>=3.7",
         "packaging>=20",  # version comparisons (hpse_easyedit.loading)
+        "numpy>=1.22",  # np.random.default_rng: the bootstrap intervals (benchmarks.paired.bootstrap_ci)
         "nltk>=3.8",  # SelfBLEU-4 (benchmarks.metrics.bleu): the sentence_bleu Texygen calls
     ],
     extras_require={

@@ -6,12 +6,13 @@ cases edit all their rewrites at once), and the evaluation questions with their 
 
 The data directory is read-only input: ``--data``, else ``$HPSE_DATA_DIR``, else ``../shared/data``
 relative to the repository root. Anything generated (LLM subjects, MQuAKE passages) goes to a cache
-directory, never into the data directory (both defined in ``benchmarks.paths``).
+directory, never into the data directory (both defined in ``benchmarks.paths``). The data files' names
+(``UNKE_FILE``, ``MQUAKE_FILE``, ...), the MMLU CSV reader and ``DataError`` come from the core package's
+``hpse_easyedit.data_files``.
 """
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import json
 import logging
@@ -23,6 +24,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from datasets import Dataset
+
+from hpse_easyedit.data_files import (MMLU_DIR, MQUAKE_FILE, UNKE_FILE, UNKE_SUBJECTS_FILE, DataError, mmlu_file,
+                                     mmlu_test_files, read_mmlu_csv)
 
 from .paths import default_cache_dir, default_data_dir
 
@@ -44,9 +48,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 EDIT_PROMPT = "Introduce {subject}."
-UNKE_FILE = "unkebench/final_data_v2.json"
-UNKE_SUBJECTS_FILE = "unkebench/subjects.json"
-MQUAKE_FILE = "akew/MQuAKE-CF.json"
 
 SUBJECT_PROMPT = (
     "Read the passage below and name its topic as a short phrase of 1 to 8 words, such as "
@@ -61,10 +62,6 @@ PASSAGE_PROMPT = (
     "contradicts what you know, state it explicitly, and do not mention that it is hypothetical.\n\n"
     "FACT: {fact}\n\nAnswer with the paragraph only."
 )
-
-
-class DataError(ValueError):
-    """A data file is missing or does not have the expected schema; the message names file, field and fix."""
 
 
 def file_sha256(path: str | os.PathLike) -> str:
@@ -416,33 +413,21 @@ class MMLUItem:
     shots: tuple[tuple[str, tuple[str, str, str, str], int], ...]
 
 
-_LETTERS = "ABCD"
-
-
-def _read_mmlu_csv(path: Path) -> list[tuple[str, tuple[str, str, str, str], int]]:
-    rows = []
-    with open(path, newline="", encoding="utf-8") as fh:
-        for n, row in enumerate(csv.reader(fh), 1):
-            if len(row) != 6 or row[5] not in _LETTERS:
-                raise DataError(f"{path}: row {n} must have 6 fields 'question,A,B,C,D,answer(A-D)', got {row[:1]}...")
-            rows.append((row[0], (row[1], row[2], row[3], row[4]), _LETTERS.index(row[5])))
-    return rows
-
-
 def load_mmlu_subset(
     data_dir: str | os.PathLike | None = None, n: int = 100, *, shots: int = 5, seed: int = 0,
-    subdir: str = "mmlu",
+    subdir: str = MMLU_DIR,
 ) -> list[MMLUItem]:
     """A fixed, subject-stratified subset of ``n`` MMLU test questions with ``shots`` dev examples each.
 
     Subjects are visited in sorted order, round-robin, each through a seeded permutation of its test
     rows, so the subset depends only on ``n`` and ``seed`` and spreads over all 57 subjects.
     """
-    root = Path(data_dir if data_dir is not None else default_data_dir()) / subdir
+    base = Path(data_dir if data_dir is not None else default_data_dir())
+    root = base / subdir
     test_dir, dev_dir = root / "test", root / "dev"
     if not test_dir.is_dir() or not dev_dir.is_dir():
         raise DataError(f"{root}: expected test/ and dev/ folders of MMLU csv files; pass --data DIR or --mmlu-n 0")
-    subjects = sorted(p.name[: -len("_test.csv")] for p in test_dir.glob("*_test.csv"))
+    subjects = sorted(p.name[: -len("_test.csv")] for p in mmlu_test_files(base, subdir))
     if not subjects:
         raise DataError(f"{test_dir}: no <subject>_test.csv files")
     if not 0 <= shots <= 5:
@@ -450,11 +435,11 @@ def load_mmlu_subset(
     rng = random.Random(seed)
     queues = {}
     for s in subjects:
-        rows = _read_mmlu_csv(test_dir / f"{s}_test.csv")
+        rows = read_mmlu_csv(mmlu_file(base, "test", s, subdir))
         order = list(range(len(rows)))
         rng.shuffle(order)
         queues[s] = [rows[i] for i in order]
-    dev = {s: tuple(_read_mmlu_csv(dev_dir / f"{s}_dev.csv")[:shots]) for s in subjects}
+    dev = {s: tuple(read_mmlu_csv(mmlu_file(base, "dev", s, subdir))[:shots]) for s in subjects}
     items: list[MMLUItem] = []
     depth = 0
     while len(items) < n and any(depth < len(q) for q in queues.values()):

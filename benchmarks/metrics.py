@@ -18,6 +18,8 @@ from __future__ import annotations
 import re
 from typing import Iterable, Sequence
 
+from hpse_easyedit.text import sentence_spans
+
 __all__ = [
     "answer_matches",
     "cut_to_tokens",
@@ -33,11 +35,6 @@ __all__ = [
 ]
 
 _WORD_RE = re.compile(r"\w+|[^\w\s]", re.UNICODE)
-# A candidate sentence end: . ! or ? (plus closing quotes/brackets) before whitespace and an upper-case
-# letter, digit or opening quote.
-_SENT_END_RE = re.compile(r"[.!?]+[\"')\]]*(?=\s+[\"'(\[]?[A-Z0-9])")
-# Words whose final dot is not a sentence end: initials ("J."), dotted acronyms ("U.S."), titles.
-_ABBREV_RE = re.compile(r"(?:^|\s)(?:[A-Z]|(?:[A-Za-z]\.)+[A-Za-z]|Mr|Mrs|Ms|Dr|Prof|St|Jr|Sr|vs|etc|No|Inc|Co|Ltd)\.$")
 
 
 def mean(values: Iterable[float | None]) -> float | None:
@@ -96,17 +93,9 @@ def supported_fraction(supported: Sequence[bool]) -> float:
 
 
 def split_sentences(text: str) -> list[str]:
-    """Split a model answer into sentences for atomic-fact decomposition (line breaks also split)."""
-    out: list[str] = []
-    for line in text.splitlines():
-        start = 0
-        for m in _SENT_END_RE.finditer(line):
-            if m.group().startswith(".") and _ABBREV_RE.search(line[start : m.start() + 1]):
-                continue
-            out.append(line[start : m.end()].strip())
-            start = m.end()
-        out.append(line[start:].strip())
-    return [s for s in out if s]
+    """Split a model answer into sentences for atomic-fact decomposition (line breaks also split):
+    ``hpse_easyedit.text.sentence_spans``, the one sentence splitter."""
+    return [text[a:b] for a, b in sentence_spans(text)]
 
 
 def word_tokens(text: str) -> list[str]:
@@ -151,8 +140,8 @@ def diversity(texts: Sequence[str]) -> float | None:
 
 def first_sentence(text: str) -> str:
     """The first sentence of an answer as ``split_sentences`` splits it (a line break also ends one); "" if none."""
-    sentences = split_sentences(text)
-    return sentences[0] if sentences else ""
+    spans = sentence_spans(text)
+    return text[spans[0][0] : spans[0][1]] if spans else ""
 
 
 def cut_to_tokens(text: str, n: int, token_spans=None) -> str:

@@ -24,8 +24,10 @@ Loss, summed over tokens and averaged over requests (the HPSE engine's conventio
 
 Assumptions (the paper's method section was not available to us; see docs/EASYEDIT.md):
 
-1. Short contexts are sentences (split at ``.``, ``!`` or ``?`` followed by whitespace, merged when
-   shorter than ``min_chunk_tokens``, split when longer than ``max_chunk_tokens``), each placed right
+1. Short contexts are sentences (as ``hpse_easyedit.text.sentence_spans`` splits them, the splitter the
+   benchmarks use: ``.``, ``!`` or ``?`` before an upper-case word, not after initials or titles, and at
+   line breaks; merged when shorter than ``min_chunk_tokens``, split when longer than
+   ``max_chunk_tokens``), each placed right
    after the editing prompt. Token ids are the passage's own ids (one tokenisation), so each chunk
    token is the same token in both contexts.
 2. Knowledge Consistency Loss: forward KL from the long-context next-token distribution (target, no
@@ -43,7 +45,6 @@ Assumptions (the paper's method section was not available to us; see docs/EASYED
 from __future__ import annotations
 
 import copy as copy_module
-import re
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
@@ -56,6 +57,7 @@ from .losses import sequence_nll
 from .padding import next_token_labels, pad_rows
 from .prompts import chat_prompt_ids, end_of_turn_id
 from .rollout import input_device
+from .text import sentence_spans
 from .training import EditResult, Terms, train_edit
 
 __all__ = [
@@ -68,7 +70,6 @@ __all__ = [
     "sentence_chunks",
 ]
 
-_SENTENCE_END = re.compile(r"[.!?][\"'\u201d\u2019)\]]*(?=\s)")
 
 
 @dataclass
@@ -108,7 +109,7 @@ def sentence_chunks(
     n = len(offsets)
     if n == 0:
         return []
-    ends = [m.end() for m in _SENTENCE_END.finditer(text)]
+    ends = [end for _, end in sentence_spans(text)]
     starts = [0]
     e = 0
     for i in range(1, n):

@@ -20,14 +20,13 @@ A JSON file next to each cache file records the corpus (sources, sha256, documen
 stale statistics are recomputed when the corpus behind a name changes, and every number can be traced.
 
 Corpora (``load_corpus``): built-in names read from the benchmark data directory
-(``$HPSE_DATA_DIR``, else ``../shared/data`` next to the repository) or paths to ``.txt`` files
-(documents separated by blank lines), ``.jsonl``/``.json`` files (strings or objects with a ``text``
-field) and directories of those.
+(``data_files.data_dir()``: ``$HPSE_DATA_DIR``, else ``../shared/data`` next to the repository; the
+files as ``data_files`` names them) or paths to ``.txt`` files (documents separated by blank lines),
+``.jsonl``/``.json`` files (strings or objects with a ``text`` field) and directories of those.
 """
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import json
 import logging
@@ -38,6 +37,9 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
+
+from .data_files import (EDITEVERY_FILE, MMLU_DIR, MQUAKE_FILE, UNKE_FILE, data_dir, mmlu_test_files, mmlu_text,
+                         read_mmlu_csv)
 
 __all__ = [
     "BUILTIN_CORPORA",
@@ -65,44 +67,32 @@ class CorpusError(ValueError):
     """A corpus source cannot be read; the message names the source and what to pass instead."""
 
 
-def data_dir() -> Path:
-    """The benchmark data directory: ``$HPSE_DATA_DIR``, else ``../shared/data`` next to the repository."""
-    env = os.environ.get("HPSE_DATA_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "data"
-
-
 def _editevery(root: Path) -> list[str]:
-    records = json.loads((root / "anyedit" / "editevery.json").read_text(encoding="utf-8"))
+    records = json.loads((root / EDITEVERY_FILE).read_text(encoding="utf-8"))
     return [f"{r['question']}\n\n{r['answer']}" for r in records]
 
 
 def _mmlu(root: Path) -> list[str]:
-    texts = []
-    for path in sorted((root / "mmlu" / "test").glob("*.csv")):
-        with open(path, encoding="utf-8", newline="") as fh:
-            for row in csv.reader(fh):
-                question, choices = row[0], row[1:5]
-                texts.append(question + "\n" + "\n".join(f"{l}. {c}" for l, c in zip("ABCD", choices)))
-    return texts
+    return [mmlu_text(question, choices) for path in mmlu_test_files(root) for question, choices, _ in read_mmlu_csv(path)]
 
 
 def _unkebench(root: Path) -> list[str]:
-    return [r["answer"] for r in json.loads((root / "unkebench" / "final_data_v2.json").read_text(encoding="utf-8"))]
+    return [r["answer"] for r in json.loads((root / UNKE_FILE).read_text(encoding="utf-8"))]
 
 
 def _mquake_uns(root: Path) -> list[str]:
-    cases = json.loads((root / "akew" / "MQuAKE-CF.json").read_text(encoding="utf-8"))
+    cases = json.loads((root / MQUAKE_FILE).read_text(encoding="utf-8"))
     return [rw["fact_new_uns"] for case in cases for rw in case["requested_rewrite"]]
 
 
 #: Built-in corpora: name -> (reader, what it is). The benchmark passages are offered for completeness;
 #: statistics meant to PRESERVE knowledge should not be taken over the passages being edited.
 BUILTIN_CORPORA: dict[str, tuple[Callable[[Path], list[str]], str]] = {
-    "editevery": (_editevery, "AnyEdit's EditEverything set (anyedit/editevery.json): 552 long-form question+answer "
+    "editevery": (_editevery, f"AnyEdit's EditEverything set ({EDITEVERY_FILE}): 552 long-form question+answer "
                               "texts on physics, biology, math, chemistry, code, poetry and news"),
-    "mmlu": (_mmlu, "MMLU test questions with their four choices (mmlu/test/*.csv, 14,042 texts)"),
-    "unkebench": (_unkebench, "UnKEBench edit passages (unkebench/final_data_v2.json)"),
-    "mquake-uns": (_mquake_uns, "MQuAKE-uns edit passages (akew/MQuAKE-CF.json, fact_new_uns)"),
+    "mmlu": (_mmlu, f"MMLU test questions with their four choices ({MMLU_DIR}/test/*_test.csv, 14,042 texts)"),
+    "unkebench": (_unkebench, f"UnKEBench edit passages ({UNKE_FILE})"),
+    "mquake-uns": (_mquake_uns, f"MQuAKE-uns edit passages ({MQUAKE_FILE}, fact_new_uns)"),
 }
 
 

@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 
 from benchmarks.paired import bootstrap_ci, main, multi_report, paired_report
@@ -42,8 +43,19 @@ def test_paired_mquake_by_hand(tmp_path):
 
 def test_bootstrap_ci_of_constant_and_spread():
     assert bootstrap_ci([3.0] * 5) == (3.0, 3.0)
+    assert bootstrap_ci([-2.5]) == (-2.5, -2.5)  # one case (a paired report on one common case)
     lo, hi = bootstrap_ci([0.0, 100.0] * 10, resamples=4000)
     assert 20 < lo < 50 < hi < 80
+    assert abs((50 - lo) - (hi - 50)) <= 2.5  # symmetric data: a symmetric interval, up to resampling noise
+
+
+def test_bootstrap_ci_is_the_percentile_interval_of_resample_means_drawn_with_the_seeded_generator():
+    values = [0.1, 0.9, 0.4, 0.4, 1.0, 0.0, 0.7]
+    rng = np.random.default_rng(7)
+    means = [np.mean([values[i] for i in rng.integers(0, len(values), size=len(values))]) for _ in range(500)]
+    assert bootstrap_ci(values, resamples=500, seed=7, level=0.9) == pytest.approx(tuple(np.percentile(means, [5, 95])))
+    lo, hi = bootstrap_ci(values, resamples=2000, seed=3)
+    assert lo < np.mean(values) < hi and bootstrap_ci(values, resamples=2000, seed=3) == (lo, hi)
 
 
 def test_paired_refuses_mixed_benchmarks_and_non_runs(tmp_path, capsys):

@@ -37,7 +37,6 @@ model's config, never changing the algorithm (``easyedit_model_name``):
 from __future__ import annotations
 
 import contextlib
-import csv
 import dataclasses
 import hashlib
 import importlib
@@ -52,7 +51,8 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 
-from ..covariance import BUILTIN_CORPORA, DOWNLOADED_DATASETS, CorpusError, data_dir, ensure_layer_stats, load_corpus
+from ..covariance import BUILTIN_CORPORA, DOWNLOADED_DATASETS, CorpusError, ensure_layer_stats, load_corpus
+from ..data_files import EDITEVERY_FILE, MMLU_LETTERS, data_dir, mmlu_test_files, mmlu_text, read_mmlu_csv
 from ..editor import RequestError, normalize_requests
 from ..executors import restore_weights
 from ..hparams import EditorHParams, HParamsError, YamlHParams, hp_field, parse_overrides, read_hparams_file
@@ -144,16 +144,10 @@ def _pairs_from_records(records: Sequence[Any], where: str) -> list[tuple[str, s
 
 def _instruction_pairs(source: str, root: Path) -> list[tuple[str, str | None]]:
     if source == "editevery":
-        return _pairs_from_records(json.loads((root / "anyedit" / "editevery.json").read_text(encoding="utf-8")), source)
+        return _pairs_from_records(json.loads((root / EDITEVERY_FILE).read_text(encoding="utf-8")), source)
     if source == "mmlu":
-        pairs = []
-        for path in sorted((root / "mmlu" / "test").glob("*.csv")):
-            with open(path, encoding="utf-8", newline="") as fh:
-                for row in csv.reader(fh):
-                    choices = "\n".join(f"{l}. {c}" for l, c in zip("ABCD", row[1:5]))
-                    answer = row[5]
-                    pairs.append((f"{row[0]}\n{choices}", f"{answer}. {row[1 + 'ABCD'.index(answer)]}"))
-        return pairs
+        return [(mmlu_text(question, choices), f"{MMLU_LETTERS[answer]}. {choices[answer]}")
+                for path in mmlu_test_files(root) for question, choices, answer in read_mmlu_csv(path)]
     path = Path(os.path.expandvars(os.path.expanduser(source)))
     if path.suffix.lower() in (".json", ".jsonl") and path.is_file():
         text = path.read_text(encoding="utf-8")
