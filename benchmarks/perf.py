@@ -391,6 +391,9 @@ def measure(args: argparse.Namespace) -> dict:
                             "hpse_extra": peaks["hpse"], "nll_only_extra": peaks["nll_only"],
                             "ratio": peaks["hpse_total"] / peaks["nll_only_total"]}
 
+    # 4b. COIN* on the same passage, with the same Adam-step budget as the HPSE edit (R x M steps).
+    report["coin"], model = _coin(model, tok, hp, passage, args)
+
     # 5. memory after N sequential edits (cut-down edits: growth, not training, is what is measured).
     if args.sequential:
         seq_hp = hp.with_overrides(list(args.sequential_set))
@@ -419,6 +422,33 @@ def measure(args: argparse.Namespace) -> dict:
     return report
 
 
+def _coin(model: Any, tok: Any, hp: Any, passage: str, args: argparse.Namespace) -> tuple[dict, Any]:
+    """Time a COIN* edit of the same passage on the same model (its file ``hparams/COIN/<the HPSE file's name>``
+    or ``--coin``), with ``steps`` = the HPSE edit's rounds x inner steps; the median of ``--repeats``."""
+    from hpse_easyedit import restore_weights
+    from hpse_easyedit.coin import COINHyperParams, coin_edit
+
+    if args.no_coin:
+        return {"skipped": "--no-coin"}, model
+    path = Path(args.coin) if args.coin else REPO / "hparams" / "COIN" / Path(args.hparams).name
+    if not path.is_file():
+        return {"skipped": f"no COIN* file {path} (pass --coin FILE)"}, model
+    chp = COINHyperParams.from_hparams(path).with_overrides(
+        {"steps": hp.rounds * hp.inner_steps, "model_name": hp.model_name, "device": hp.device, "dtype": hp.dtype})
+    device = input_device(model)
+    seconds = []
+    for _ in range(args.repeats):
+        gc.collect()
+        _sync(device); t0 = time.perf_counter()
+        res = coin_edit(model, tok, _requests(passage), chp)
+        _sync(device); seconds.append(time.perf_counter() - t0)
+        chunks = res.rounds[0].get("chunks")
+        model = restore_weights(res.model, res.weights_copy)
+        del res
+    return {"seconds": statistics.median(seconds), "hparams": str(path.relative_to(REPO) if path.is_relative_to(REPO) else path),
+            "steps": chp.steps, "chunks": chunks}, model
+
+
 def _headline(report: dict) -> dict:
     """The flat keys the issue and docs/PERFORMANCE.md quote (null where a part was skipped)."""
     floors, mem, seq = report["floors"], report.get("memory", {}), report.get("sequential", {})
@@ -433,6 +463,7 @@ def _headline(report: dict) -> dict:
         "edit_seconds_hpse": report["edit"]["hpse_seconds"],
         "edit_seconds_nll_only": report["edit"]["nll_only_seconds"],
         "edit_seconds_easyedit_lora": report["easyedit_lora"].get("seconds"),
+        "edit_seconds_coin": report["coin"].get("seconds"),
         "mmlu_seconds": report["mmlu"].get("seconds"),
         "mmlu_seconds_before": report["mmlu"].get("seconds_before"),
         "peak_rss_ratio": mem.get("ratio"),
@@ -470,6 +501,10 @@ def table(report: dict) -> str:
     rows.append(("HPSE edit / EasyEdit LoRA", "n/a (" + lora["skipped"] + ")" if "skipped" in lora else
                  f"{report['edit']['hpse_seconds'] / lora['seconds']:.2f}  ({lora['seconds']:.1f} s, "
                  f"{lora['num_steps']} steps, r{lora['rank']} on {'/'.join(lora['target_modules'])})"))
+    coin = report["coin"]
+    rows.append(("COIN* edit / HPSE edit", "n/a (" + coin["skipped"] + ")" if "skipped" in coin else
+                 f"{coin['seconds'] / report['edit']['hpse_seconds']:.2f}  ({coin['seconds']:.1f} s, {coin['steps']} steps, "
+                 f"{coin['chunks']} sentence chunks)"))
     mm = report["mmlu"]
     rows.append(("MMLU whole prompts / shared prefix", "n/a (" + mm["skipped"] + ")" if "skipped" in mm else
                  f"{mm['speedup']:.2f}  ({mm['seconds_before']:.1f} s vs {mm['seconds']:.1f} s, {mm['questions']} "
@@ -513,6 +548,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--easyedit-lora-steps", type=int, default=None,
                         help="override num_steps of EasyEdit's LoRA file (default: the file's 70)")
     parser.add_argument("--no-easyedit", action="store_true", help="skip timing EasyEdit's LoRA editor")
+    parser.add_argument("--coin", metavar="FILE",
+                        help="COIN* hparams to time on the same passage (default: hparams/COIN/<the --hparams file's name>)")
+    parser.add_argument("--no-coin", action="store_true", help="skip timing COIN*")
     parser.add_argument("--quick", action="store_true",
                         help=f"same keys in minutes: --set {' --set '.join(QUICK['overrides'])}, one rollout repeat, "
                              f"sequential {QUICK['sequential']}, MMLU of {QUICK['mmlu_subjects']} subjects, EasyEdit "

@@ -55,3 +55,25 @@ def test_perf_report_on_tiny_model(tmp_path, capsys):
     assert "rollout / generate()" in text and "HPSE edit / NLL-only edit" in text and "of which HPSE rollouts" in text
     with pytest.raises(SystemExit):
         perf_main(args)  # never overwrites a report
+
+
+def test_perf_report_times_coin_on_the_same_passage_with_the_same_step_budget(tmp_path, capsys):
+    from hpse_easyedit.coin import COINHyperParams
+
+    make_tiny_model_and_tokenizer("llama", tmp_path=tmp_path / "m")
+    hp_path = tmp_path / "hp.yaml"
+    tiny_hparams(model_name=str(tmp_path / "m"), rounds=2, inner_steps=2).to_yaml(hp_path)
+    coin_path = tmp_path / "coin.yaml"
+    COINHyperParams(model_name=str(tmp_path / "m"), steps=99, min_chunk_tokens=2, max_length=1024).to_yaml(coin_path)
+    passage = tmp_path / "p.txt"
+    passage.write_text("AJ Lee is a wrestler. She speaks Russian fluently. She lives in Moscow.")
+    out = tmp_path / "perf.json"
+    args = ["--hparams", str(hp_path), "--passage", str(passage), "--sequential", "--out", str(out), "--mmlu-n", "0",
+            "--no-easyedit", "--rollout-repeats", "1", "--coin", str(coin_path)]
+    assert perf_main(args) == 0
+    report = json.loads(out.read_text())
+    assert report["coin"]["steps"] == 4  # the HPSE edit's rounds x inner steps, not the file's 99
+    assert report["coin"]["chunks"] >= 2 and report["edit_seconds_coin"] == report["coin"]["seconds"] > 0
+    assert "COIN* edit / HPSE edit" in capsys.readouterr().out
+    assert perf_main(args[:-2] + ["--out", str(tmp_path / "b.json"), "--no-coin"]) == 0
+    assert json.loads((tmp_path / "b.json").read_text())["coin"] == {"skipped": "--no-coin"}
