@@ -44,7 +44,6 @@ Assumptions (the paper's method section was not available to us; see docs/EASYED
 
 from __future__ import annotations
 
-import copy as copy_module
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
@@ -58,7 +57,7 @@ from .padding import next_token_labels, pad_rows
 from .prompts import chat_prompt_ids, end_of_turn_id
 from .rollout import input_device
 from .text import sentence_spans
-from .training import EditResult, Terms, train_edit
+from .training import EditResult, Terms, easyedit_apply, train_edit
 
 __all__ = [
     "COINHyperParams",
@@ -251,18 +250,5 @@ def coin_edit(
                       keep_original_weight=keep_original_weight)
 
 
-def apply_coin_to_model(
-    model: Any,
-    tok: Any,
-    requests: Any,
-    hparams: COINHyperParams,
-    copy: bool = False,
-    return_orig_weights: bool = False,
-    keep_original_weight: bool = False,
-    **kwargs: Any,
-) -> tuple[Any, dict]:
-    """EasyEdit's editor contract: ``(edited_model, weights_copy)``; ``restore_weights`` undoes the edit exactly."""
-    if copy:
-        model = copy_module.deepcopy(model)
-    result = coin_edit(model, tok, requests, hparams, keep_original_weight=keep_original_weight)
-    return result.model, result.weights_copy
+#: COIN* under EasyEdit's editor contract, ``(edited_model, weights_copy)`` (see ``training.easyedit_apply``).
+apply_coin_to_model = easyedit_apply(coin_edit, "apply_coin_to_model")

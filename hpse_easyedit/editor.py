@@ -7,7 +7,6 @@ Data flows one way: requests -> prompts (``prompts.py``) -> rollout (``rollout.p
 
 from __future__ import annotations
 
-import copy as copy_module
 import time
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -19,7 +18,7 @@ from .losses import sequence_nll, topk_forward_kl
 from .padding import next_token_labels, pad_rows
 from .prompts import EditPrompts, build_edit_prompts, stop_token_ids
 from .rollout import Rollout, draw_rollout, input_device
-from .training import EditResult, Terms, train_edit
+from .training import EditResult, Terms, easyedit_apply, train_edit
 
 __all__ = ["EditResult", "HPSEObjective", "RequestError", "apply_hpse_to_model", "edit_prompts", "hpse_edit",
            "normalize_requests"]
@@ -218,28 +217,5 @@ def hpse_edit(
     return result
 
 
-def apply_hpse_to_model(
-    model: Any,
-    tok: Any,
-    requests: Any,
-    hparams: HPSEHyperParams,
-    copy: bool = False,
-    return_orig_weights: bool = False,
-    keep_original_weight: bool = False,
-    **kwargs: Any,
-) -> tuple[Any, dict]:
-    """EasyEdit's editor contract: ``(edited_model, weights_copy)``.
-
-    ``weights_copy`` holds, for the tensors this edit changed only (LoRA adapter weights or the one
-    FT-M matrix), their values before the edit; ``restore_weights(edited_model, weights_copy)``
-    brings back the unedited model bit for bit. It is returned whatever ``return_orig_weights`` says,
-    since it costs only those tensors. Per-round statistics are on ``edited_model.hpse_last_edit``.
-    """
-    if copy:
-        model = copy_module.deepcopy(model)
-    result = hpse_edit(model, tok, requests, hparams, keep_original_weight=keep_original_weight)
-    try:
-        result.model.hpse_last_edit = {"rounds": result.rounds, "seconds": result.seconds}
-    except Exception:  # pragma: no cover - exotic module types
-        pass
-    return result.model, result.weights_copy
+#: HPSE under EasyEdit's editor contract, ``(edited_model, weights_copy)`` (see ``training.easyedit_apply``).
+apply_hpse_to_model = easyedit_apply(hpse_edit, "apply_hpse_to_model")
