@@ -108,7 +108,8 @@ def _compare(argv: Sequence[str]) -> int:
     except argparse.ArgumentTypeError as err:
         parser.error(str(err))
     if args.cases and len(args.benchmark) > 1:
-        parser.error("--cases names case ids of one benchmark; pass --benchmark mquake-uns or --benchmark unkebench with it")
+        parser.error("--cases names case ids of one benchmark; pass "
+                     + " or ".join(f"--benchmark {b}" for b in sorted(BENCHMARKS)) + " with it")
     labels = [m[0] for m in methods]
     if len(set(map(_slug, labels))) != len(labels):
         parser.error(f"method labels must be distinct, got {labels}")

@@ -26,6 +26,8 @@ from typing import Any, Sequence
 
 from hpse_easyedit.cli import OneLineParser  # argparse errors: one line, exit 2
 
+from .tasks import TASKS, MQuAKEUns
+
 __all__ = ["inspect_case", "main"]
 
 _WORD = re.compile(r"^[A-Za-z\u00C0-\u024F]{3,}$")
@@ -84,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--hparams", required=True, help="HPSE YAML (its model, prompts and gates)")
     parser.add_argument("--gates", action="append", default=[], metavar="K=V[,K=V]",
                         help="a group of overrides to compare, e.g. tau=1,kappa=0.1 (repeat; default: the file as it is)")
-    parser.add_argument("--benchmark", default="mquake-uns", choices=["mquake-uns", "unkebench"])
+    parser.add_argument("--benchmark", default=MQuAKEUns.name, choices=sorted(TASKS))
     parser.add_argument("--data", help="data directory (default: $HPSE_DATA_DIR or ../shared/data)")
     parser.add_argument("--limit", type=int, help="first N cases (default 5; with --cases: all of the file)")
     parser.add_argument("--cases", metavar="ID,ID,...",
@@ -98,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from hpse_easyedit import HPSEHyperParams, load_model
 
-    from .datasets import default_data_dir, load_mquake_uns, load_unkebench
+    from .datasets import default_data_dir
     from .store import write_new_json
 
     data = args.data or default_data_dir()
@@ -106,8 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cases is not None and not wanted:
         parser.error("--cases names no case id; give comma-separated ids, e.g. --cases 6,24,68")
     limit = args.limit if args.limit is not None else (None if wanted else 5)
-    cases = (load_mquake_uns(data, limit=limit) if args.benchmark == "mquake-uns"
-             else load_unkebench(data, limit=limit, subjects="auto"))
+    cases = TASKS[args.benchmark].load_cases(data, limit=limit, subjects="auto")
     if wanted:
         by_id = {str(c["case_id"]): c for c in cases}
         missing = [c for c in wanted if c not in by_id]

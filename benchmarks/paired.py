@@ -52,8 +52,8 @@ from hpse_easyedit.cli import OneLineParser  # argparse errors: one line, exit 2
 from .store import IncompleteRunError, merge_results, write_new_json
 from .tasks import TASKS
 
-__all__ = ["CUTS", "bootstrap_ci", "composition_given_hops", "load_run", "model_token_spans", "multi_report", "multi_table",
-           "paired_report", "paired_table", "recitation_report", "recitation_table", "rescore_mquake", "rescore_unkebench"]
+__all__ = ["CUTS", "bootstrap_ci", "load_run", "model_token_spans", "multi_report", "multi_table",
+           "paired_report", "paired_table", "recitation_report", "recitation_table"]
 
 METRICS = {name: task.metrics for name, task in TASKS.items()}
 
@@ -71,63 +71,6 @@ def load_run(run_dir: str | Path) -> tuple[str, dict[str, dict]]:
         return benchmark, merge_results(run_dir, None)
     except IncompleteRunError as err:  # a case recorded twice
         raise ValueError(str(err)) from None
-
-
-def rescore_mquake(recs: Mapping[str, Mapping], cases: Mapping[str, Mapping], whole_word_max: int,
-                   cut: Callable[[str], str] | None = None) -> dict[str, dict]:
-    """Copies of MQuAKE-uns records whose Ind and Cmp are recomputed from their stored answers with
-    ``mquake_case_scores(..., whole_word_max=...)``; ``cases`` maps case id to the loaded case.
-    ``cut``: applied to every answer first (a recitation diagnostic); the copies keep the cut answers."""
-    from .metrics import mquake_case_scores
-
-    out = {}
-    for cid, rec in recs.items():
-        case = cases.get(cid)
-        if case is None:
-            raise ValueError(f"case {cid} is not in the MQuAKE-uns data given; pass the --data directory the runs used")
-        answers = rec.get("answers") or {}
-        if "single_hop" not in answers or "multi_hop" not in answers:
-            raise ValueError(f"case {cid}: the record keeps no single_hop/multi_hop answers, so it cannot be rescored")
-        single, multi = list(answers["single_hop"]), list(answers["multi_hop"])
-        if cut is not None:
-            single, multi = [cut(a) for a in single], [cut(a) for a in multi]
-        out[cid] = {**rec, "answers": {**answers, "single_hop": single, "multi_hop": multi},
-                    **mquake_case_scores(single, case["single_hop_answers"], multi, case["multi_hop_answers"],
-                                         whole_word_max=whole_word_max)}
-    return out
-
-
-def rescore_unkebench(recs: Mapping[str, Mapping], cases: Mapping[str, Mapping],
-                      cut: Callable[[str], str] | None = None) -> dict[str, dict]:
-    """Copies of UnKEBench records rescored from their stored answers, each cut by ``cut`` first.
-
-    Div (1 - SelfBLEU-4 of the sub-question answers) is recomputed for every record. Jnt and Dmp are
-    recomputed only where the record was scored by the offline lexical judge, by running that judge
-    again on the cut answers (the passage and gold sub-answers come from ``cases``, case id -> loaded
-    case); a record scored by an LLM judge gets Jnt and Dmp None, since that judge cannot be rerun offline.
-    """
-    from .judge import LEXICAL_JUDGE_NAME, LexicalJudge
-    from .metrics import diversity
-
-    task, lexical = TASKS["unkebench"], LexicalJudge()
-    out = {}
-    for cid, rec in recs.items():
-        answers = rec.get("answers") or {}
-        if not all(k in answers for k in ("question", "para_question", "sub_questions")):
-            raise ValueError(f"case {cid}: the record keeps no question/para_question/sub_questions answers, "
-                             "so it cannot be rescored")
-        texts = [answers["question"], answers["para_question"], *answers["sub_questions"]]
-        if cut is not None:
-            texts = [cut(a) for a in texts]
-        if rec.get("judge") == LEXICAL_JUDGE_NAME:
-            case = cases.get(cid)
-            if case is None:
-                raise ValueError(f"case {cid} is not in the UnKEBench data given; pass the --data directory the runs used")
-            out[cid] = {**rec, **task.score(case, texts, lexical)}
-        else:
-            out[cid] = {**rec, "answers": {"question": texts[0], "para_question": texts[1], "sub_questions": texts[2:]},
-                        "Jnt": None, "Dmp": None, "Div": diversity(texts[2:])}
-    return out
 
 
 def _mean(xs: Sequence[float]) -> float:
@@ -154,13 +97,6 @@ def bootstrap_ci(values: Sequence[float], *, resamples: int = 10000, seed: int =
 # Not a paper metric: 1 - SelfBLEU-4 among ALL of a MQuAKE-uns case's answers. An editor that answers
 # every question by reciting the passage scores near 0 here, and can still pass the substring check.
 ANSWER_DIVERSITY = "AnsDiv"
-
-
-def composition_given_hops(recs: Sequence[Mapping[str, Any]]) -> dict[str, int]:
-    """MQuAKE-uns: ``cases`` given, ``all_hops`` (cases with every single hop answered, Ind = 1) and
-    ``composed`` (of those, the ones whose multi-hop question was answered too, Cmp = 1)."""
-    full = [r for r in recs if float(r["Ind"]) >= 1.0 - 1e-9]
-    return {"cases": len(recs), "all_hops": len(full), "composed": sum(float(r["Cmp"]) >= 0.5 for r in full)}
 
 
 def _composition_line(label: str, comp: Mapping[str, int]) -> str:
@@ -206,9 +142,10 @@ def paired_report(dir_a: str | Path, dir_b: str | Path, *, resamples: int = 1000
 
     out["stepin_rate_by_round"] = {"a": stepin_rate_by_round([recs_a[c] for c in common]),
                                    "b": stepin_rate_by_round([recs_b[c] for c in common])}
-    if bench_a == "mquake-uns":
-        out["composition_given_hops"] = {"a": composition_given_hops([recs_a[c] for c in common]),
-                                         "b": composition_given_hops([recs_b[c] for c in common])}
+    task = TASKS[bench_a]
+    comp_a, comp_b = task.composition([recs_a[c] for c in common]), task.composition([recs_b[c] for c in common])
+    if comp_a is not None:
+        out["composition_given_hops"] = {"a": comp_a, "b": comp_b}
     extra = [ANSWER_DIVERSITY] if all(ANSWER_DIVERSITY in v for v in (*a, *b)) else []
     for m in (*metrics, "Avg", *extra):
         xa, xb = [100 * v[m] for v in a], [100 * v[m] for v in b]
@@ -366,15 +303,12 @@ def recitation_report(dirs: Sequence[str | Path], loaded: Sequence[tuple[str, di
     cuts: dict[str, Callable[[str], str] | None] = {
         CUTS[0]: None, CUTS[1]: first_sentence, CUTS[2].format(n=tokens): lambda t: cut_to_tokens(t, tokens, token_spans)}
     metrics = (*METRICS[benchmark], "Avg")
+    task = TASKS[benchmark]
     per_cut: dict[str, list[list[dict]]] = {}
     for name, cut in cuts.items():
         runs = []
         for _, recs in loaded:
-            kept = {c: recs[c] for c in common}
-            if benchmark == "mquake-uns":
-                kept = rescore_mquake(kept, cases, whole_word_max, cut) if (cut or whole_word_max) else kept
-            else:
-                kept = rescore_unkebench(kept, cases, cut) if cut else kept
+            kept = task.rescore({c: recs[c] for c in common}, cases, cut=cut, whole_word_max=whole_word_max)
             runs.append([_recitation_values(benchmark, kept[c]) for c in common])
         per_cut[name] = runs
     out: dict[str, Any] = {"benchmark": benchmark, "runs": [str(d) for d in dirs], "n_cases": len(common),
@@ -427,29 +361,16 @@ def recitation_table(report: Mapping[str, Any], labels: Sequence[str]) -> str:
             d = row.get("Avg_diff")
             diff = "" if d is None else f" {d['diff']:+.1f} [{d['ci95'][0]:+.1f}, {d['ci95'][1]:+.1f}] | {d['wins']} / {d['ties']} / {d['losses']} "
             lines.append(f"| {label} | {name} | " + " | ".join(cells) + f" |{diff or ' | '}|")
-    if report["benchmark"] == "unkebench":
-        lines.append("\nUnKEBench: Div is recomputed on the cut answers; Jnt and Dmp by rerunning the offline lexical "
-                     "judge on them (n/a for runs scored by an LLM judge, which cannot be rerun offline).")
+    note = TASKS[report["benchmark"]].recitation_note
+    if note:
+        lines.append("\n" + note)
     return "\n".join(lines) + "\n"
 
 
 def _qa_rows(benchmark: str, case: Mapping[str, Any], recs: Sequence[Mapping]) -> list[tuple[str, str, list[str]]]:
-    """(question, expected, [answer of each record]) for every question of one case."""
-    answers = [r.get("answers") or {} for r in recs]
-
-    def pick(key: str, i: int) -> list[str]:
-        return [((a.get(key) or [])[i:i + 1] or [""])[0] for a in answers]
-
-    if benchmark == "mquake-uns":
-        rows = [(q, " / ".join(g[:3]), pick("single_hop", i))
-                for i, (q, g) in enumerate(zip(case["single_hop_questions"], case["single_hop_answers"]))]
-        # the multi-hop questions share one answer list: new_answer + new_answer_alias
-        rows += [(q, " / ".join(case["multi_hop_answers"][:3]), pick("multi_hop", i))
-                 for i, q in enumerate(case["multi_hop_questions"])]
-        return rows
-    rows = [(case["question"], "(the passage)", [a.get("question", "") for a in answers])]
-    rows += [(q, g, pick("sub_questions", i)) for i, (q, g) in enumerate(zip(case["sub_questions"], case["sub_answers"]))]
-    return rows
+    """(question, expected, [answer of each record]) for every question of one case the case studies show."""
+    return [(q.text, "(the passage)" if q.expected is None else " / ".join(q.expected[:3]), [q.answer(r) for r in recs])
+            for q in TASKS[benchmark].case_questions(case) if q.in_case_studies]
 
 
 def case_studies(report: Mapping[str, Any], data_dir: str | Path, n: int, *, label_a: str = "A", label_b: str = "B",
@@ -461,19 +382,13 @@ def case_studies(report: Mapping[str, Any], data_dir: str | Path, n: int, *, lab
     ``records``: both runs' ``{case_id: record}`` when the caller already read them. ``before``:
     (label, records) of a third run, e.g. the UNEDITED reference, shown as the first answer column.
     """
-    from .datasets import load_mquake_uns, load_unkebench
-
     benchmark = report["benchmark"]
     recs_a, recs_b = records or (load_run(report["a"])[1], load_run(report["b"])[1])
     metrics = METRICS[benchmark]
     common = sorted(set(recs_a) & set(recs_b), key=lambda c: (len(c), c))
     gap = {c: _case_values(recs_b[c], metrics)["Avg"] - _case_values(recs_a[c], metrics)["Avg"] for c in common}
     chosen = sorted(common, key=lambda c: -abs(gap[c]))[:n]
-    if benchmark == "mquake-uns":
-        cases = load_mquake_uns(data_dir)
-    else:
-        cases = load_unkebench(data_dir, subjects="heuristic")
-    by_id = {str(c["case_id"]): c for c in cases}
+    by_id = {str(c["case_id"]): c for c in TASKS[benchmark].load_cases(data_dir)}
 
     def cut(text: str) -> str:
         text = " ".join(str(text).split()).replace("|", "/")
@@ -500,25 +415,28 @@ def case_studies(report: Mapping[str, Any], data_dir: str | Path, n: int, *, lab
 
 
 def _rescored(loaded: list[tuple[str, dict]], data_dir: str | None, whole_word_max: int) -> list[tuple[str, dict]]:
-    """``loaded`` with every MQuAKE-uns record rescored by ``rescore_mquake`` against the data under ``data_dir``."""
-    from .datasets import DataError, default_data_dir, load_mquake_uns
+    """``loaded`` with every record rescored by its task's ``rescore(..., whole_word_max=...)`` against the data
+    under ``data_dir``; only tasks that ``rescores_aliases`` (MQuAKE-uns) have aliases to rescore."""
+    from .datasets import DataError, default_data_dir
 
-    if any(bench != "mquake-uns" for bench, _ in loaded):
-        raise ValueError("--whole-word-aliases rescores MQuAKE-uns answers; these runs are not all mquake-uns runs")
+    if any(not TASKS[bench].rescores_aliases for bench, _ in loaded):
+        able = [t for t in TASKS.values() if t.rescores_aliases]
+        raise ValueError(f"--whole-word-aliases rescores {' / '.join(t.title for t in able)} answers; these runs are not "
+                         f"all {' / '.join(t.name for t in able)} runs")
+    task = TASKS[loaded[0][0]]
     try:
-        cases = {str(c["case_id"]): c for c in load_mquake_uns(data_dir or default_data_dir())}
+        cases = {str(c["case_id"]): c for c in task.load_cases(data_dir or default_data_dir())}
     except DataError as err:
-        raise ValueError(f"--whole-word-aliases needs the MQuAKE-uns data the runs used: {err}") from None
-    return [(bench, rescore_mquake(recs, cases, whole_word_max)) for bench, recs in loaded]
+        raise ValueError(f"--whole-word-aliases needs the {task.title} data the runs used: {err}") from None
+    return [(bench, task.rescore(recs, cases, whole_word_max=whole_word_max)) for bench, recs in loaded]
 
 
 def load_cases(benchmark: str, data_dir: str | Path | None, why: str) -> dict[str, dict]:
     """{case id: case} of the benchmark's data under ``data_dir`` (default: the default data directory)."""
-    from .datasets import DataError, default_data_dir, load_mquake_uns, load_unkebench
+    from .datasets import DataError, default_data_dir
 
     try:
-        data = data_dir or default_data_dir()
-        cases = load_mquake_uns(data) if benchmark == "mquake-uns" else load_unkebench(data, subjects="heuristic")
+        cases = TASKS[benchmark].load_cases(data_dir or default_data_dir())
     except DataError as err:
         raise ValueError(f"{why} needs the {benchmark} data the runs used (--data): {err}") from None
     return {str(c["case_id"]): c for c in cases}

@@ -7,14 +7,18 @@ numbers (in percent, like the paper's tables).
 
 from __future__ import annotations
 
+import argparse
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from .datasets import MQUAKE_FILE, UNKE_FILE, UNKE_SUBJECTS_FILE, load_mquake_uns, load_unkebench
-from .judge import CoverageItem, Judge, JudgeError
+from .judge import LEXICAL_JUDGE_NAME, CoverageItem, Judge, JudgeError, LexicalJudge
 from .metrics import diversity, mean, mquake_case_scores
 
-__all__ = ["MQuAKEUns", "TASKS", "Task", "UnKEBench", "unjudged_metrics"]
+__all__ = ["MQuAKEUns", "Question", "TASKS", "Task", "UnKEBench", "composition_given_hops", "unjudged_metrics"]
+
+Cut = Callable[[str], str]
 
 
 def _pct(value: float | None) -> float | None:
@@ -25,9 +29,38 @@ def _data_path(data_dir: Path, file: str | Path) -> Path:
     return Path(file) if Path(file).is_absolute() else data_dir / file
 
 
+@dataclass(frozen=True)
+class Question:
+    """One question of a case as the reports show it: where its answer is kept in a record and how it is checked.
+
+    ``key`` (and ``index`` for a list) locate the answer in ``record["answers"]``. ``expected``: the gold
+    answer and its aliases (None: judged against the passage). ``check``: ``"alias"`` (the official
+    substring check against ``expected``), ``"coverage"`` (the judge's verdict, ``record["dmp_scores"][index]``)
+    or ``"facts"`` (the judge's FActScore facts, ``record["factscore"][facts]``). ``in_case_studies``: shown by
+    ``benchmarks.paired --show`` too (the HTML report shows every question).
+    """
+
+    kind: str
+    text: str
+    expected: tuple[str, ...] | None
+    key: str
+    index: int | None = None
+    check: str = "alias"
+    facts: int | None = None
+    in_case_studies: bool = True
+
+    def answer(self, record: Mapping[str, Any] | None) -> str:
+        """This question's answer in ``record`` ('' when the record keeps none)."""
+        stored = (record or {}).get("answers") or {}
+        if self.index is None:
+            return stored.get(self.key, "")
+        return ((stored.get(self.key) or [])[self.index:self.index + 1] or [""])[0]
+
+
 class Task:
     """A benchmark: its data file and loader, its questions, generation limit, per-case scoring and summary,
-    and whether it needs a judge and measures MMLU (locality) around each edit."""
+    whether it needs a judge and measures MMLU (locality) around each edit, its command-line options, its
+    columns in the paper's table, and how the offline reports load its cases and rescore stored answers."""
 
     name: str
     title: str
@@ -35,16 +68,58 @@ class Task:
     file_option: str
     default_max_new_tokens: int
     metrics: tuple[str, ...]
+    #: (header label, summary key) of the task's columns in the paper's table, in the paper's order
+    table_columns: tuple[tuple[str, str], ...]
     needs_judge: bool = False
     measures_mmlu: bool = False
+    #: ``benchmarks.paired --whole-word-aliases`` can rescore this task's answers (an alias check to make stricter)
+    rescores_aliases: bool = False
+    #: a line under the recitation table saying how this task's cut answers are rescored ("" for none)
+    recitation_note: str = ""
 
     def data_path(self, data_dir: Path, file: str | None) -> Path:
         """The data file a run reads: ``file`` (the task's ``file_option``) or the default, relative to ``data_dir``."""
         return _data_path(data_dir, file or self.data_file)
 
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """This task's own command-line options, as one argument group (``benchmarks.cli.add_run_arguments``)."""
+
     def load(self, data_dir: Path, opts: Any, client: Any, cache_dir: Path, template: str) -> tuple[Any, list[Path]]:
         """The cases (``opts``: a ``RunOptions``) and the input files their results depend on (hashed into config.json)."""
         raise NotImplementedError
+
+    def load_cases(self, data_dir: str | Path, file: str | Path | None = None, *, limit: int | None = None,
+                   subjects: str = "heuristic") -> list[dict]:
+        """The cases of ``file`` (default: the task's data file) under ``data_dir``, offline (no judge, no model),
+        for the reports: ``benchmarks.paired``, ``benchmarks.report.html``, ``benchmarks.inspect_rollout``.
+        ``subjects``: how a task with subject phrases finds them (``datasets.load_unkebench``)."""
+        raise NotImplementedError
+
+    def rescore(self, records: Mapping[str, Mapping], cases: Mapping[str, Mapping], *, cut: Cut | None = None,
+                whole_word_max: int = 0) -> Mapping[str, Mapping]:
+        """``records`` (case id -> record) rescored from their stored answers, each cut by ``cut`` first, with
+        ``whole_word_max`` for a task that ``rescores_aliases``; ``records`` themselves when nothing changes them.
+        ``cases``: case id -> loaded case (``load_cases``)."""
+        return records
+
+    def composition(self, records: Sequence[Mapping[str, Any]]) -> dict[str, int] | None:
+        """A count ``benchmarks.paired`` adds under the table for this task (MQuAKE-uns: composition given the
+        hops), or None."""
+        return None
+
+    def case_questions(self, case: Mapping[str, Any]) -> list[Question]:
+        """Every question of a case as the reports show it, in the order they list them."""
+        raise NotImplementedError
+
+    def partial_summary(self, records: Sequence[Mapping[str, Any]]) -> dict:
+        """The summary of the records there are (a run whose summary.json is not written yet), with the
+        table's extra keys (MMLU, judge) for a task that has them."""
+        out = self.summarize(records)
+        if self.measures_mmlu:
+            out["MMLU_after"] = mean(r.get("MMLU_after") for r in records)
+        if self.needs_judge:
+            out["judge"] = next((r.get("judge") for r in records if r.get("judge")), None)
+        return out
 
     def run_config(self, opts: Any, judge: Judge | None, mmlu: bool) -> dict:
         """What this task adds to a run's config.json (the judge, the subjects, the MMLU subset)."""
@@ -72,6 +147,13 @@ class MQuAKEUns(Task):
     file_option = "--mquake-file"
     default_max_new_tokens = 128
     metrics = ("Ind", "Cmp")
+    table_columns = (("Ind", "Ind"), ("Cmp", "Cmp"), ("Avg", "Avg"))
+    rescores_aliases = True
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        m = parser.add_argument_group(self.title)
+        m.add_argument(self.file_option, metavar="FILE",
+                       help=f"MQuAKE file, relative to --data (default {MQUAKE_FILE}; CF-3k/Remastered files get generated passages)")
 
     def load(self, data_dir: Path, opts: Any, client: Any, cache_dir: Path, template: str) -> tuple[Any, list[Path]]:
         file = opts.data_file or self.data_file
@@ -79,8 +161,45 @@ class MQuAKEUns(Task):
                                 prompt_template=template)
         return cases, [_data_path(data_dir, file)]
 
+    def load_cases(self, data_dir: str | Path, file: str | Path | None = None, *, limit: int | None = None,
+                   subjects: str = "heuristic") -> list[dict]:
+        return load_mquake_uns(data_dir, file=file or self.data_file, limit=limit)
+
     def questions(self, case: Mapping[str, Any]) -> list[str]:
         return list(case["single_hop_questions"]) + list(case["multi_hop_questions"])
+
+    def case_questions(self, case: Mapping[str, Any]) -> list[Question]:
+        single = [Question("single hop", q, tuple(g), "single_hop", i)
+                  for i, (q, g) in enumerate(zip(case["single_hop_questions"], case["single_hop_answers"]))]
+        # the multi-hop questions share one answer list: new_answer + new_answer_alias
+        multi = [Question("multi-hop", q, tuple(case["multi_hop_answers"]), "multi_hop", i)
+                 for i, q in enumerate(case["multi_hop_questions"])]
+        return single + multi
+
+    def rescore(self, records: Mapping[str, Mapping], cases: Mapping[str, Mapping], *, cut: Cut | None = None,
+                whole_word_max: int = 0) -> Mapping[str, Mapping]:
+        """Copies of the records whose Ind and Cmp are recomputed from their stored answers with
+        ``mquake_case_scores(..., whole_word_max=...)``; the copies keep the cut answers."""
+        if not (cut or whole_word_max):
+            return records
+        out = {}
+        for cid, rec in records.items():
+            case = cases.get(cid)
+            if case is None:
+                raise ValueError(f"case {cid} is not in the MQuAKE-uns data given; pass the --data directory the runs used")
+            answers = rec.get("answers") or {}
+            if "single_hop" not in answers or "multi_hop" not in answers:
+                raise ValueError(f"case {cid}: the record keeps no single_hop/multi_hop answers, so it cannot be rescored")
+            single, multi = list(answers["single_hop"]), list(answers["multi_hop"])
+            if cut is not None:
+                single, multi = [cut(a) for a in single], [cut(a) for a in multi]
+            out[cid] = {**rec, "answers": {**answers, "single_hop": single, "multi_hop": multi},
+                        **mquake_case_scores(single, case["single_hop_answers"], multi, case["multi_hop_answers"],
+                                             whole_word_max=whole_word_max)}
+        return out
+
+    def composition(self, records: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+        return composition_given_hops(records)
 
     def score(self, case: Mapping[str, Any], answers: Sequence[str], judge: Judge | None = None) -> dict:
         n = len(case["single_hop_questions"])
@@ -99,8 +218,25 @@ class UnKEBench(Task):
     file_option = "--unke-file"
     default_max_new_tokens = 200
     metrics = ("Jnt", "Dmp", "Div")
+    table_columns = (("Jnt", "Jnt"), ("Dmp", "Dmp"), ("Div", "Div"), ("Avg", "Avg"), ("MMLU", "MMLU_after"))
     needs_judge = True
     measures_mmlu = True
+    recitation_note = ("UnKEBench: Div is recomputed on the cut answers; Jnt and Dmp by rerunning the offline lexical "
+                       "judge on them (n/a for runs scored by an LLM judge, which cannot be rerun offline).")
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        u = parser.add_argument_group(self.title)
+        u.add_argument(self.file_option, metavar="FILE", help=f"UnKEBench file, relative to --data (default {UNKE_FILE}; v3 works too)")
+        u.add_argument("--subjects", default="auto", choices=["auto", "file", "llm", "heuristic"],
+                       help="subject phrases for 'Introduce {s}.': file, generated by the judge model, or heuristic; "
+                            "auto = file, then judge model, then a logged heuristic fallback")
+        u.add_argument("--subjects-file", metavar="FILE", help=f"id -> subject JSON (default --data/{UNKE_SUBJECTS_FILE})")
+        u.add_argument("--mmlu-n", type=int, default=100, help="MMLU subset size for locality (0 skips it; default 100)")
+        u.add_argument("--mmlu-shots", type=int, default=5, help="dev examples per MMLU prompt (default 5)")
+        u.add_argument("--mmlu-seed", type=int, default=0, help="seed of the fixed MMLU subset (default 0)")
+        u.add_argument("--mmlu-every", type=int, default=1, metavar="K",
+                       help="MMLU after every K-th edit only (cases or blocks 0, K, 2K, ...; default 1 = every edit): "
+                            "on a CPU the 5-shot subset costs more than the edit")
 
     def load(self, data_dir: Path, opts: Any, client: Any, cache_dir: Path, template: str) -> tuple[Any, list[Path]]:
         file = opts.data_file or self.data_file
@@ -114,6 +250,10 @@ class UnKEBench(Task):
             paths.append(subjects_file)
         return cases, paths
 
+    def load_cases(self, data_dir: str | Path, file: str | Path | None = None, *, limit: int | None = None,
+                   subjects: str = "heuristic") -> list[dict]:
+        return load_unkebench(data_dir, file=file or self.data_file, limit=limit, subjects=subjects)
+
     def run_config(self, opts: Any, judge: Judge | None, mmlu: bool) -> dict:
         config: dict[str, Any] = {
             "judge": judge.name if judge else None,
@@ -126,6 +266,42 @@ class UnKEBench(Task):
 
     def questions(self, case: Mapping[str, Any]) -> list[str]:
         return [case["question"], case["para_question"], *case["sub_questions"]]
+
+    def case_questions(self, case: Mapping[str, Any]) -> list[Question]:
+        joint = [Question(f"{key} (Jnt)", case[key], None, key, check="facts", facts=j, in_case_studies=not j)
+                 for j, key in enumerate(("question", "para_question"))]
+        return joint + [Question("sub-question (Dmp)", q, (g,), "sub_questions", i, check="coverage")
+                        for i, (q, g) in enumerate(zip(case["sub_questions"], case["sub_answers"]))]
+
+    def rescore(self, records: Mapping[str, Mapping], cases: Mapping[str, Mapping], *, cut: Cut | None = None,
+                whole_word_max: int = 0) -> Mapping[str, Mapping]:
+        """Copies of the records rescored from their stored answers, each cut by ``cut`` first.
+
+        Div (1 - SelfBLEU-4 of the sub-question answers) is recomputed for every record. Jnt and Dmp are
+        recomputed only where the record was scored by the offline lexical judge, by running that judge
+        again on the cut answers (the passage and gold sub-answers come from ``cases``); a record scored by
+        an LLM judge gets Jnt and Dmp None, since that judge cannot be rerun offline. No aliases to rescore:
+        ``whole_word_max`` is not used.
+        """
+        if cut is None:
+            return records
+        lexical = LexicalJudge()
+        out = {}
+        for cid, rec in records.items():
+            answers = rec.get("answers") or {}
+            if not all(k in answers for k in ("question", "para_question", "sub_questions")):
+                raise ValueError(f"case {cid}: the record keeps no question/para_question/sub_questions answers, "
+                                 "so it cannot be rescored")
+            texts = [cut(a) for a in self.answers_of(rec)]
+            if rec.get("judge") == LEXICAL_JUDGE_NAME:
+                case = cases.get(cid)
+                if case is None:
+                    raise ValueError(f"case {cid} is not in the UnKEBench data given; pass the --data directory the runs used")
+                out[cid] = {**rec, **self.score(case, texts, lexical)}
+            else:
+                out[cid] = {**rec, "answers": {"question": texts[0], "para_question": texts[1], "sub_questions": texts[2:]},
+                            "Jnt": None, "Dmp": None, "Div": diversity(texts[2:])}
+        return out
 
     def score(self, case: Mapping[str, Any], answers: Sequence[str], judge: Judge | None) -> dict:
         if judge is None:
@@ -173,6 +349,13 @@ class UnKEBench(Task):
         out["judge_incomplete_cases"] = sum(not r.get("judge_complete", True) for r in records)
         out["unjudged_cases"] = sum(bool(unjudged_metrics(r)) for r in records)
         return out
+
+
+def composition_given_hops(recs: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """MQuAKE-uns: ``cases`` given, ``all_hops`` (cases with every single hop answered, Ind = 1) and
+    ``composed`` (of those, the ones whose multi-hop question was answered too, Cmp = 1)."""
+    full = [r for r in recs if float(r["Ind"]) >= 1.0 - 1e-9]
+    return {"cases": len(recs), "all_hops": len(full), "composed": sum(float(r["Cmp"]) >= 0.5 for r in full)}
 
 
 def unjudged_metrics(record: Mapping[str, Any]) -> list[str]:

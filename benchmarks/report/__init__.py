@@ -17,15 +17,9 @@ import os
 from typing import IO, Mapping, Sequence
 
 from ..judge import LEXICAL_JUDGE_NAME
+from ..tasks import TASKS
 
-__all__ = ["COLUMNS", "judge_note", "paper_cells", "paper_table", "plot_stepin_rates"]
-
-# benchmark -> (header label, summary key) in the paper's order
-COLUMNS: dict[str, list[tuple[str, str]]] = {
-    "unkebench": [("Jnt", "Jnt"), ("Dmp", "Dmp"), ("Div", "Div"), ("Avg", "Avg"), ("MMLU", "MMLU_after")],
-    "mquake-uns": [("Ind", "Ind"), ("Cmp", "Cmp"), ("Avg", "Avg")],
-}
-TITLES = {"unkebench": "UnKEBench", "mquake-uns": "MQuAKE-uns"}
+__all__ = ["judge_note", "paper_cells", "paper_table", "plot_stepin_rates"]
 
 
 def _fmt(value: object) -> str:
@@ -39,17 +33,17 @@ def paper_cells(rows: Sequence[tuple[str, Mapping[str, Mapping | None]]]) -> tup
     one decimal and dashes where a row has no summary for a benchmark. ``paper_table`` renders these
     as markdown, ``benchmarks.report.html`` as HTML.
     """
-    present = [b for b in COLUMNS if any(s.get(b) for _, s in rows)]
+    present = [t for t in TASKS.values() if any(s.get(t.name) for _, s in rows)]
     if not present:
         raise ValueError("no summaries to tabulate")
-    groups = [(TITLES[b], len(COLUMNS[b])) for b in present]
-    metric_names = ["method"] + [label for b in present for label, _ in COLUMNS[b]]
+    groups = [(t.title, len(t.table_columns)) for t in present]
+    metric_names = ["method"] + [label for t in present for label, _ in t.table_columns]
     body = []
     for label, summaries in rows:
         cells = [label]
-        for b in present:
-            summary = summaries.get(b) or {}
-            cells += [_fmt(summary.get(key)) for _, key in COLUMNS[b]]
+        for t in present:
+            summary = summaries.get(t.name) or {}
+            cells += [_fmt(summary.get(key)) for _, key in t.table_columns]
         body.append(cells)
     return groups, metric_names, body
 

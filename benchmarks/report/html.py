@@ -32,11 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from ..metrics import answer_matches, mean
+from ..metrics import answer_matches
 from ..paired import ANSWER_DIVERSITY, METRICS, load_run, multi_report, paired_report
 from . import judge_note, paper_cells, plot_stepin_rates
 from ..rollouts import unpack_gaps, unpack_rollout
-from ..tasks import TASKS
+from ..tasks import TASKS, Question
 
 __all__ = ["RunData", "load_tokenizer", "read_run", "write_html_report"]
 
@@ -115,12 +115,7 @@ def _paper_table_html(runs: Sequence[RunData]) -> str:
 
 def _summary_from_records(run: RunData) -> dict:
     """The task's summary of the records there are (a run whose summary.json is not written yet)."""
-    recs = list(run.records.values())
-    out = TASKS[run.benchmark].summarize(recs)
-    if run.benchmark == "unkebench":
-        out["MMLU_after"] = mean(r.get("MMLU_after") for r in recs)
-        out["judge"] = next((r.get("judge") for r in recs if r.get("judge")), None)
-    return out
+    return TASKS[run.benchmark].partial_summary(list(run.records.values()))
 
 
 def _comparison_html(runs: Sequence[RunData], resamples: int) -> tuple[str, dict[str, list[float | None]], int]:
@@ -191,27 +186,6 @@ def _verdict(ok: bool | None, text: str = "") -> str:
     return f'<span class="v {"ok" if ok else "no"}">{"&#10003;" if ok else "&#10007;"}{(" " + _e(text)) if text else ""}</span>'
 
 
-def _mquake_rows(case: Mapping[str, Any], recs: Sequence[dict | None]) -> list[str]:
-    rows = []
-    questions = ([("single hop", q, g, "single_hop", i)
-                  for i, (q, g) in enumerate(zip(case["single_hop_questions"], case["single_hop_answers"]))]
-                 + [("multi-hop", q, case["multi_hop_answers"], "multi_hop", i)
-                    for i, q in enumerate(case["multi_hop_questions"])])
-    for kind, q, gold, key, i in questions:
-        cells = []
-        for rec in recs:
-            if rec is None:
-                cells.append('<td class="missing">not run</td>')
-                continue
-            answers = (rec.get("answers") or {}).get(key) or []
-            answer = answers[i] if i < len(answers) else ""
-            text, ok = _mark_match(answer, gold)
-            cells.append(f"<td>{_verdict(ok)} {text}</td>")
-        expected = f"<b>{_e(gold[0])}</b>" + (f'<br><small>also: {_e(", ".join(gold[1:]))}</small>' if len(gold) > 1 else "")
-        rows.append(f'<tr><td><small>{kind}</small><br>{_e(q)}</td><td>{expected}</td>{"".join(cells)}</tr>')
-    return rows
-
-
 def _facts_html(fs: Mapping[str, Any] | None) -> str:
     if not fs:
         return ""
@@ -224,28 +198,33 @@ def _facts_html(fs: Mapping[str, Any] | None) -> str:
             f"<ul>{items}</ul></details>")
 
 
-def _unke_rows(case: Mapping[str, Any], recs: Sequence[dict | None]) -> list[str]:
+def _answer_cell(q: Question, rec: Mapping[str, Any] | None) -> str:
+    """One run's answer to ``q`` with its verdict: the alias found (``alias``), the judge's verdict
+    (``coverage``) or the judge's facts (``facts``)."""
+    if rec is None:
+        return '<td class="missing">not run</td>'
+    answer = q.answer(rec)
+    if q.check == "facts":
+        fs = (rec.get("factscore") or [None, None])[q.facts] if len(rec.get("factscore") or []) > q.facts else None
+        return f"<td>{_e(answer)}{_facts_html(fs)}</td>"
+    if q.check == "coverage":
+        dmp = rec.get("dmp_scores") or []
+        ok = bool(dmp[q.index]) if q.index < len(dmp) and dmp[q.index] is not None else None
+        return f"<td>{_verdict(ok)} {_e(answer)}</td>"
+    text, ok = _mark_match(answer, q.expected)
+    return f"<td>{_verdict(ok)} {text}</td>"
+
+
+def _qa_rows(questions: Sequence[Question], recs: Sequence[dict | None]) -> list[str]:
+    """One table row per question of a case (``Task.case_questions``): the question, the expected answer
+    (with its aliases; the passage for a question judged against it) and every run's answer."""
     rows = []
-    for j, (key, q) in enumerate((("question", case["question"]), ("para_question", case["para_question"]))):
-        cells = []
-        for rec in recs:
-            if rec is None:
-                cells.append('<td class="missing">not run</td>')
-                continue
-            fs = (rec.get("factscore") or [None, None])[j] if len(rec.get("factscore") or []) > j else None
-            cells.append(f"<td>{_e((rec.get('answers') or {}).get(key, ''))}{_facts_html(fs)}</td>")
-        rows.append(f"<tr><td><small>{key} (Jnt)</small><br>{_e(q)}</td><td><small>the passage</small></td>{''.join(cells)}</tr>")
-    for i, (q, gold) in enumerate(zip(case["sub_questions"], case["sub_answers"])):
-        cells = []
-        for rec in recs:
-            if rec is None:
-                cells.append('<td class="missing">not run</td>')
-                continue
-            subs = (rec.get("answers") or {}).get("sub_questions") or []
-            dmp = rec.get("dmp_scores") or []
-            ok = bool(dmp[i]) if i < len(dmp) and dmp[i] is not None else None
-            cells.append(f"<td>{_verdict(ok)} {_e(subs[i] if i < len(subs) else '')}</td>")
-        rows.append(f"<tr><td><small>sub-question (Dmp)</small><br>{_e(q)}</td><td><b>{_e(gold)}</b></td>{''.join(cells)}</tr>")
+    for q in questions:
+        gold = q.expected
+        expected = ("<small>the passage</small>" if gold is None else f"<b>{_e(gold[0])}</b>"
+                    + (f'<br><small>also: {_e(", ".join(gold[1:]))}</small>' if len(gold) > 1 else ""))
+        cells = "".join(_answer_cell(q, rec) for rec in recs)
+        rows.append(f"<tr><td><small>{q.kind}</small><br>{_e(q.text)}</td><td>{expected}</td>{cells}</tr>")
     return rows
 
 
@@ -328,7 +307,7 @@ def _case_html(cid: str, case: Mapping[str, Any] | None, runs: Sequence[RunData]
     if case is not None:
         passages = "".join(f"<p><b>{_e(r['subject'])}</b>: {_e(r['target_new'])}</p>" for r in case["requests"])
         body.append(f'<details class="passages"><summary>edited passage(s)</summary>{passages}</details>')
-        rows = _mquake_rows(case, recs) if runs[0].benchmark == "mquake-uns" else _unke_rows(case, recs)
+        rows = _qa_rows(TASKS[runs[0].benchmark].case_questions(case), recs)
         header = "<tr><th>question</th><th>expected</th>" + "".join(f"<th>{_e(r.label)}</th>" for r in runs) + "</tr>"
         body.append(f'<table class="qa">{header}{"".join(rows)}</table>')
     else:
@@ -440,11 +419,11 @@ def _load_cases(runs: Sequence[RunData], data_dir: str | os.PathLike | None, dat
     None, with a warning, when the file is absent (unless ``strict``: the user named ``--data``) or is
     not the file a run used: its questions would then not be the ones the run answered.
     """
-    from ..datasets import MQUAKE_FILE, UNKE_FILE, DataError, default_data_dir, file_sha256, load_mquake_uns, load_unkebench
+    from ..datasets import DataError, default_data_dir, file_sha256
 
-    benchmark = runs[0].benchmark
+    task = TASKS[runs[0].benchmark]
     where = Path(data_dir or default_data_dir())
-    file = data_file or (MQUAKE_FILE if benchmark == "mquake-uns" else UNKE_FILE)
+    file = data_file or task.data_file
     path = Path(file) if Path(file).is_absolute() else where / file
     try:
         if not path.is_file():
@@ -454,8 +433,7 @@ def _load_cases(runs: Sequence[RunData], data_dir: str | os.PathLike | None, dat
         if strangers:
             raise DataError(f"{path} is not the data file that {', '.join(strangers)} recorded in config.json (its "
                             "sha256 differs); pass --data DIR and --data-file FILE naming the file the runs used")
-        cases = load_mquake_uns(where, file=file) if benchmark == "mquake-uns" else load_unkebench(where, file=file,
-                                                                                                  subjects="heuristic")
+        cases = task.load_cases(where, file)
     except DataError:
         if strict:
             raise
@@ -501,7 +479,7 @@ def write_html_report(run_dirs: Sequence[str | os.PathLike], out: str | os.PathL
     order = [c for c in cases if c in ids] if cases else []
     order += sorted(ids - set(order), key=lambda c: (len(c), c))
     names = " vs ".join(r.label for r in runs) if len(runs) <= 3 else f"{len(runs)} runs against {runs[0].label}"
-    title = title or f"{'MQuAKE-uns' if benchmark == 'mquake-uns' else 'UnKEBench'}: {names}"
+    title = title or f"{TASKS[benchmark].title}: {names}"
     parts = [
         f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{_e(title)}</title>"
         f"<style>{_CSS}</style></head><body>",
