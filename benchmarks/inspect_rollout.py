@@ -147,6 +147,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 if __name__ == "__main__":
     from hpse_easyedit.cli import run_cli  # bad input: one line on stderr, exit 2 (--debug: traceback)
 
-    from .runner import benchmark_errors
+    from .cli import benchmark_errors
 
     sys.exit(run_cli(main, extra=benchmark_errors()))

@@ -138,7 +138,7 @@ def paired_report(dir_a: str | Path, dir_b: str | Path, *, resamples: int = 1000
                            "only_in_a": len(recs_a) - len(common), "only_in_b": len(recs_b) - len(common),
                            "cases": common,
                            "metrics": {}}
-    from .runner import stepin_rate_by_round
+    from .rollouts import stepin_rate_by_round
 
     out["stepin_rate_by_round"] = {"a": stepin_rate_by_round([recs_a[c] for c in common]),
                                    "b": stepin_rate_by_round([recs_b[c] for c in common])}
@@ -540,7 +540,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if args.plot:
-        from .report import plot_stepin_rates
+        from .rollouts import plot_stepin_rates
 
         Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
         plot_stepin_rates(series, args.plot, title=f"Step-in rate per round, {report['benchmark']}, "

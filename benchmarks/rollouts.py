@@ -15,15 +15,20 @@ A record's ``rollouts`` holds one entry per round (``None`` for a round without 
 
 Ids rather than decoded text: a round of a 96-token rollout costs about 800 bytes, and the text
 is decoded by ``benchmarks.report.html`` with the run's tokenizer when a report is written.
+
+Across records: ``stepin_rate_by_round`` (the mean step-in rate per round) and ``plot_stepin_rates``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+import os
+from typing import IO, Any, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["pack_rollout", "pack_rounds", "unpack_gaps", "unpack_rollout"]
+from .metrics import mean
+
+__all__ = ["pack_rollout", "pack_rounds", "plot_stepin_rates", "stepin_rate_by_round", "unpack_gaps", "unpack_rollout"]
 
 GAP_STEP = 8  # the stored margin is round(gap * GAP_STEP) as a signed byte
 
@@ -84,3 +89,45 @@ def pack_rounds(rollouts: Sequence[Sequence[Any] | None] | None) -> list[list[di
                             None if gap is None else gap.float().tolist())
 
     return [None if rnd is None else [pack(ro) for ro in rnd] for rnd in rollouts]
+
+
+def stepin_rate_by_round(records: Sequence[Mapping[str, Any]]) -> list[float | None]:
+    """Mean step-in rate per round index over the records (rounds without a rollout are left out)."""
+    n_rounds = max((len(r.get("rounds") or []) for r in records), default=0)
+    return [
+        mean((r.get("rounds") or [])[i].get("stepin_rate") for r in records if len(r.get("rounds") or []) > i)
+        for i in range(n_rounds)
+    ]
+
+
+def plot_stepin_rates(series: Mapping[str, Sequence[float | None]], path: str | os.PathLike | IO[bytes],
+                      title: str = "") -> None:
+    """PNG line plot of the mean step-in rate (percent) per round, one line per method (to a path or a binary file)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.0, 3.4), dpi=120)
+    plotted, without = 0, []
+    for label, rates in series.items():
+        points = [(r + 1, 100.0 * v) for r, v in enumerate(rates) if v is not None]
+        if points:
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
+            plotted += 1
+        else:
+            without.append(label)
+    ax.set_xlabel("round")
+    ax.set_ylabel("step-in rate (%)")
+    ax.set_title(title or "Teacher step-in rate per round")
+    ax.grid(alpha=0.3)
+    if plotted:
+        ax.legend(fontsize=8)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.set_ylim(bottom=0)
+    if without:
+        ax.text(0.5, 0.5 if not plotted else 0.02, "no rollouts (no step-in rate): " + ", ".join(without),
+                ha="center", va="center" if not plotted else "bottom", fontsize=7, transform=ax.transAxes)
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    plt.close(fig)

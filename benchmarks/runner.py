@@ -15,7 +15,7 @@ process writes ``summary.json`` and ``table.md`` only if every case is there exa
 
 What differs between benchmarks (data file and loader, generation limit, judge, MMLU) is the ``Task``'s
 (``benchmarks.tasks``); what a rerun may change is ``store.config_policy``; the command line is
-``benchmarks.cli`` (its names stay importable from here).
+``benchmarks.cli``, which imports this module (never the reverse).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from .judge import LEXICAL_JUDGE_NAME, ChatClient, Judge, JudgeError, JudgeRefus
 from .metrics import mean
 from .paths import JUDGE_CACHE, default_cache_dir, default_data_dir
 from .report import judge_note, paper_table
-from .rollouts import pack_rounds
+from .rollouts import pack_rounds, stepin_rate_by_round
 from .store import (
     CONFIG,
     PLACEMENT_KEYS,
@@ -130,15 +130,6 @@ class RunOptions:
             raise UsageError(f"--judge must be auto, llm or lexical, got {self.judge!r}")
         check_new_dir("--out", self.out_dir, may_hold_files=True)
         check_new_dir("--cache-dir", self.cache_dir, may_hold_files=True)
-
-
-def stepin_rate_by_round(records: Sequence[Mapping[str, Any]]) -> list[float | None]:
-    """Mean step-in rate per round index over the records (rounds without a rollout are left out)."""
-    n_rounds = max((len(r.get("rounds") or []) for r in records), default=0)
-    return [
-        mean((r.get("rounds") or [])[i].get("stepin_rate") for r in records if len(r.get("rounds") or []) > i)
-        for i in range(n_rounds)
-    ]
 
 
 def _computing(overrides: Sequence[str]) -> list[str]:
@@ -580,16 +571,3 @@ def unjudged_note(summaries: Sequence[Mapping]) -> str:
     total = sum(int(s.get("n_cases") or 0) for s in summaries if s and "unjudged_cases" in s)
     return (f"\nUNJUDGED: {n} of {total} UnKEBench case(s) have no Jnt/Dmp yet (the judge could not judge them; they "
             "are left out of Jnt/Dmp, not counted as 0). Rerun the same command to judge them; nothing is edited again.\n")
-
-
-#: the command line's names, importable from here as before; they live in ``benchmarks.cli``
-_CLI_NAMES = ("add_run_arguments", "benchmark_errors", "cli_main", "configure_logging", "is_main_process",
-              "options_from_args", "user_errors")
-
-
-def __getattr__(name: str) -> Any:
-    if name in _CLI_NAMES:
-        from . import cli
-
-        return getattr(cli, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

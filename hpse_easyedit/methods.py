@@ -39,8 +39,8 @@ from .integrations.baselines import (
     apply_unke_family,
     restore_copied_weights,
 )
+from .integrations.entries import apply_coin_for_easyedit, apply_hpse_for_easyedit, apply_unke_for_easyedit
 from .integrations.factory import load_checked_model
-from .integrations.registration import apply_coin_for_easyedit, apply_hpse_for_easyedit, apply_unke_for_easyedit
 from .loading import load_model
 
 __all__ = [

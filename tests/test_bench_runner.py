@@ -16,7 +16,8 @@ from bench_helpers import DATA_DIR, ChatServer, isolate_judge_env, judge_like_re
 from benchmarks.compare import compare_main
 from benchmarks.editors import Editor, get_editor, register_editor
 from benchmarks.judge import JudgeSettings
-from benchmarks.runner import RunOptions, cli_main, run_benchmark
+from benchmarks.cli import cli_main
+from benchmarks.runner import RunOptions, run_benchmark
 from benchmarks.store import ConfigMismatchError
 from tiny_models import make_tiny_model_and_tokenizer
 

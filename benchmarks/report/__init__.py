@@ -13,10 +13,10 @@ with intervals, the step-in plot, and every case with its questions, answers, ve
 
 from __future__ import annotations
 
-import os
-from typing import IO, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from ..judge import LEXICAL_JUDGE_NAME
+from ..rollouts import plot_stepin_rates
 from ..tasks import TASKS
 
 __all__ = ["judge_note", "paper_cells", "paper_table", "plot_stepin_rates"]
@@ -74,37 +74,3 @@ def judge_note(summaries: Sequence[Mapping]) -> str:
     if LEXICAL_JUDGE_NAME in judges:
         note += " lexical-fallback is an offline word-overlap stand-in, NOT the paper's LLM judge."
     return note + "\n"
-
-
-def plot_stepin_rates(series: Mapping[str, Sequence[float | None]], path: str | os.PathLike | IO[bytes],
-                      title: str = "") -> None:
-    """PNG line plot of the mean step-in rate (percent) per round, one line per method (to a path or a binary file)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5.0, 3.4), dpi=120)
-    plotted, without = 0, []
-    for label, rates in series.items():
-        points = [(r + 1, 100.0 * v) for r, v in enumerate(rates) if v is not None]
-        if points:
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
-            plotted += 1
-        else:
-            without.append(label)
-    ax.set_xlabel("round")
-    ax.set_ylabel("step-in rate (%)")
-    ax.set_title(title or "Teacher step-in rate per round")
-    ax.grid(alpha=0.3)
-    if plotted:
-        ax.legend(fontsize=8)
-        ax.xaxis.get_major_locator().set_params(integer=True)
-        ax.set_ylim(bottom=0)
-    if without:
-        ax.text(0.5, 0.5 if not plotted else 0.02, "no rollouts (no step-in rate): " + ", ".join(without),
-                ha="center", va="center" if not plotted else "bottom", fontsize=7, transform=ax.transAxes)
-    fig.tight_layout()
-    fig.savefig(path, format="png")
-    plt.close(fig)
-

@@ -1,22 +1,18 @@
-"""``BaseEditor`` for any method's hparams, on a model ``hpse_easyedit.load_model`` loaded (``make_editor``).
+"""The model of any method's hparams, loaded the project's way and checked before any edit.
 
-- ``make_editor(hparams)`` builds EasyEdit's ``BaseEditor`` for it, with the model loaded by
-  ``hpse_easyedit.load_model`` (dtype from the file, the embedded SmolLM2 offline, no remote code), which
-  EasyEdit's name-based loader cannot do for SmolLM2 or Gemma2.
-- ``load_checked_model(hparams)``: that model, with the layers the hparams name checked against it before
-  any edit (the ``load_model`` of the registry's COIN*, UnKE, AnyEdit, MEMIT and AlphaEdit specs).
+- ``load_checked_model(hparams)``: the model ``hpse_easyedit.load_model`` loads for it (dtype from the file,
+  the embedded SmolLM2 offline, no remote code), which EasyEdit's name-based loader cannot do for SmolLM2 or
+  Gemma2, with the layers the hparams name checked against it (the ``load_model`` of the registry's COIN*,
+  UnKE, AnyEdit, MEMIT and AlphaEdit specs; ``registration.make_editor`` builds ``BaseEditor`` on it).
+- ``check_model``, ``is_project_hparams``: the check alone, and which hparams objects are this package's.
 """
 
 from __future__ import annotations
 
-import copy as copy_module
 from types import SimpleNamespace
 from typing import Any
 
-__all__ = ["check_model", "is_project_hparams", "load_checked_model", "make_editor"]
-
-# EasyEdit's BaseEditor pads right for these methods and left for every other (editors/editor.py).
-_RIGHT_PADDED = ("ROME", "MEMIT", "EMMET", "EAMET", "R-ROME", "AlphaEdit", "CORE", "SPHERE")
+__all__ = ["check_model", "is_project_hparams", "load_checked_model"]
 
 
 def _model_spec(hp: Any) -> Any:
@@ -64,35 +60,3 @@ def is_project_hparams(hparams: Any) -> bool:
     if isinstance(getattr(hparams, "model_name", None), tuple):  # already a (model, tokenizer) pair
         return False
     return isinstance(hparams, (YamlHParams, LocateThenEditHParams, easyedit_locate_then_edit_classes()))
-
-
-def make_editor(hparams: Any, model: Any = None, tok: Any = None, editor_cls: Any = None) -> Any:
-    """EasyEdit's ``BaseEditor`` for ``hparams`` (any method), on ``model``/``tok`` or on the model the file names.
-
-    The model comes from ``hpse_easyedit.load_model`` (dtype from the file, ``trust_remote_code`` only when
-    the file asks, ``model_parallel``, the embedded SmolLM2 offline, the tokenizer's own end-of-turn tokens)
-    and is handed to ``BaseEditor`` as the ``(model, tokenizer)`` pair it accepts in place of a name.
-    After ``import hpse_easyedit.easyedit``, ``BaseEditor.from_hparams(hparams)`` comes here too.
-    ``editor_cls``: a ``BaseEditor`` subclass to build (default ``BaseEditor``).
-    """
-    from .baselines import LocateThenEditHParams, as_locate_then_edit, prepare_locate_then_edit
-    from .registration import register
-
-    register()
-    from easyeditor import BaseEditor
-
-    hparams = as_locate_then_edit(hparams)
-    if model is None:
-        model, tok = load_checked_model(hparams)
-    elif tok is None:
-        raise ValueError("pass the tokenizer with the model: make_editor(hparams, model, tok)")
-    else:
-        check_model(model, hparams)
-    call = prepare_locate_then_edit(model, tok, hparams) if isinstance(hparams, LocateThenEditHParams) else hparams
-    proxy = copy_module.copy(call)
-    proxy.model_name = (model, tok)  # BaseEditor takes a (model, tokenizer) pair instead of a name
-    editor = (editor_cls or BaseEditor)(proxy)
-    editor.model_name = call.model_name  # EasyEdit's evaluation reads the name as a string
-    editor.hparams = call
-    tok.padding_side = "right" if call.alg_name in _RIGHT_PADDED else "left"
-    return editor

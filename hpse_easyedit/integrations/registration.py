@@ -8,15 +8,12 @@ non-sequential edit restores ``editor.model`` in ``restore_after_edit``: methods
 parameter name. ``register`` adds every method of the registry (``hpse_easyedit.methods``) that has an
 ``easyedit_apply`` to ``ALG_DICT``, extends the batchable check to them (wrapping EasyEdit's own, which
 keeps answering for its methods), and puts those with ``callable_restore`` (HPSE and COIN*) in
-``CALLABLE_RESTORE_ALGS``: their ``weights_copy`` is an ``EditHandle``, a dict of the changed tensors that,
-called, restores the edited model exactly (copies the tensors back, unloads a LoRA adapter this
-package created, gives back ``requires_grad`` flags). UnKE and AnyEdit change the weights of whole
-decoder layers in place and are restored by EasyEdit's own copy-back.
+``CALLABLE_RESTORE_ALGS``: their ``weights_copy`` is an ``EditHandle`` (``entries``) that, called, restores the
+edited model exactly.
 
-Sequential editing with the LoRA executor: ``BaseEditor.edit(..., sequential_edit=True)`` passes its
-unwrapped ``editor.model`` to every edit, while the adapter of the previous edit lives inside it
-(peft injects LoRA layers in place). The edited ``PeftModel`` is therefore remembered on the model it
-wraps and reused, so the edits accumulate in one adapter as they do when the ``PeftModel`` is passed in.
+``make_editor(hparams)`` builds EasyEdit's ``BaseEditor`` for any method's hparams on the model
+``factory.load_checked_model`` loads; after ``register``, ``BaseEditor.from_hparams`` of this package's
+hparams comes here too.
 """
 
 from __future__ import annotations
@@ -26,115 +23,24 @@ import importlib
 import logging
 from typing import Any, Callable
 
-import torch
-
-from ..executors import restore_weights
-from ..executors.lora import ADAPTER_NAME
+from ..methods import method_specs
 from .easyedit_import import import_easyedit
+from .entries import EditHandle, apply_coin_for_easyedit, apply_hpse_for_easyedit, apply_unke_for_easyedit
+from .factory import check_model, is_project_hparams, load_checked_model
 
 __all__ = [
-    "EditHandle", "apply_coin_for_easyedit", "apply_hpse_for_easyedit", "apply_unke_for_easyedit", "plugin_methods",
-    "register",
+    "EditHandle", "apply_coin_for_easyedit", "apply_hpse_for_easyedit", "apply_unke_for_easyedit", "make_editor",
+    "plugin_methods", "register",
 ]
 
 logger = logging.getLogger(__name__)
 
-_WRAPPER_ATTR = "_hpse_easyedit_peft"
-
-
-class EditHandle(dict):
-    """``weights_copy`` for EasyEdit: the pre-edit tensors (a dict) that, called, restore the edited model.
-
-    ``restore_weights(model, handle)`` works as with the plain dict; ``handle()`` restores the model
-    the edit returned (EasyEdit calls it for methods in ``CALLABLE_RESTORE_ALGS``).
-    """
-
-    def __init__(self, model: Any, weights: dict[str, torch.Tensor]) -> None:
-        super().__init__(weights)
-        self.model = model
-
-    def __call__(self) -> Any:
-        restored = restore_weights(self.model, dict(self))
-        if restored is not self.model:  # the adapter was unloaded: forget the wrapper
-            restored.__dict__.pop(_WRAPPER_ATTR, None)
-        return restored
-
-
-def _has_injected_adapter(model: Any) -> bool:
-    from peft.tuners.lora import LoraLayer
-
-    return any(isinstance(m, LoraLayer) and ADAPTER_NAME in getattr(m, "lora_A", {}) for m in model.modules())
-
-
-def _live_model(model: Any) -> Any:
-    """The model an edit must start from: the remembered ``PeftModel`` when ``model`` carries its adapter."""
-    from peft import PeftModel
-
-    if isinstance(model, PeftModel):
-        return model
-    wrapper = model.__dict__.get(_WRAPPER_ATTR)
-    injected = _has_injected_adapter(model)
-    if wrapper is not None and injected and wrapper.get_base_model() is model:
-        return wrapper
-    if injected:
-        raise RuntimeError(
-            f"this model carries an '{ADAPTER_NAME}' LoRA adapter from an earlier edit but not its PeftModel; pass the "
-            "edited model that edit returned, or restore it first (hpse_easyedit.restore_weights)"
-        )
-    model.__dict__.pop(_WRAPPER_ATTR, None)
-    return model
-
-
-def _remember(edited: Any) -> None:
-    from peft import PeftModel
-
-    if isinstance(edited, PeftModel):
-        edited.get_base_model().__dict__[_WRAPPER_ATTR] = edited  # plain attribute, not a registered submodule
-
-
-def _plugin(edit: Callable[..., tuple[Any, dict]]) -> Callable[..., tuple[Any, EditHandle]]:
-    def apply(model: Any, tok: Any, requests: Any, hparams: Any, copy: bool = False, return_orig_weights: bool = False,
-              keep_original_weight: bool = False, **kwargs: Any) -> tuple[Any, EditHandle]:
-        if copy:
-            model = copy_module.deepcopy(model)
-        model = _live_model(model) if not keep_original_weight else model
-        edited, weights = edit(model, tok, requests, hparams, keep_original_weight=keep_original_weight)
-        _remember(edited)
-        return edited, EditHandle(edited, weights)
-
-    apply.__doc__ = f"EasyEdit entry for {edit.__module__}.{edit.__name__}: ``(edited_model, EditHandle)``."
-    return apply
-
-
-def _hpse(model: Any, tok: Any, requests: Any, hparams: Any, keep_original_weight: bool) -> tuple[Any, dict]:
-    from ..editor import apply_hpse_to_model
-
-    return apply_hpse_to_model(model, tok, requests, hparams, keep_original_weight=keep_original_weight)
-
-
-def _coin(model: Any, tok: Any, requests: Any, hparams: Any, keep_original_weight: bool) -> tuple[Any, dict]:
-    from ..coin import apply_coin_to_model
-
-    return apply_coin_to_model(model, tok, requests, hparams, keep_original_weight=keep_original_weight)
-
-
-apply_hpse_for_easyedit = _plugin(_hpse)
-apply_coin_for_easyedit = _plugin(_coin)
-
-
-def apply_unke_for_easyedit(model: Any, tok: Any, requests: Any, hparams: Any, copy: bool = False,
-                            return_orig_weights: bool = False, keep_original_weight: bool = False,
-                            **kwargs: Any) -> tuple[Any, dict]:
-    """EasyEdit entry for UnKE and AnyEdit (EasyEdit's own code, through the adapter): ``(model, weights_copy)``."""
-    from .baselines import apply_unke_family
-
-    return apply_unke_family(model, tok, requests, hparams, copy=copy)
+# EasyEdit's BaseEditor pads right for these methods and left for every other (editors/editor.py).
+_RIGHT_PADDED = ("ROME", "MEMIT", "EMMET", "EAMET", "R-ROME", "AlphaEdit", "CORE", "SPHERE")
 
 
 def plugin_methods() -> dict[str, Callable[..., tuple[Any, Any]]]:
     """alg_name -> the ``apply_X_to_model`` EasyEdit calls, for every registered method that has one."""
-    from ..methods import method_specs
-
     return {spec.name: spec.easyedit_apply for spec in method_specs() if spec.easyedit_apply is not None}
 
 
@@ -151,8 +57,6 @@ def _from_hparams_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
     def from_hparams(cls: Any, hparams: Any) -> Any:
         """``BaseEditor.from_hparams``: hpse_easyedit's hparams get their model from ``hpse_easyedit.load_model``
         (``make_editor``); any other hparams go to EasyEdit's own loader."""
-        from .factory import is_project_hparams, make_editor
-
         if is_project_hparams(hparams):
             return make_editor(hparams, editor_cls=cls)
         return original(cls, hparams)
@@ -179,8 +83,6 @@ def register() -> None:
         if current is not None and current is not fn:
             logger.warning("EasyEdit's ALG_DICT already has %r (%r); hpse_easyedit replaces it", name, current)
         alg_dict[name] = fn
-    from ..methods import method_specs
-
     utils.CALLABLE_RESTORE_ALGS.update(spec.name for spec in method_specs() if spec.callable_restore)
     current = batch_editor.is_batchable_method
     if not hasattr(current, "_hpse_original"):
@@ -189,3 +91,34 @@ def register() -> None:
     factory = base_editor.__dict__.get("from_hparams")
     if isinstance(factory, classmethod) and not hasattr(factory.__func__, "_hpse_original"):
         base_editor.from_hparams = classmethod(_from_hparams_wrapper(factory.__func__))
+
+
+def make_editor(hparams: Any, model: Any = None, tok: Any = None, editor_cls: Any = None) -> Any:
+    """EasyEdit's ``BaseEditor`` for ``hparams`` (any method), on ``model``/``tok`` or on the model the file names.
+
+    The model comes from ``hpse_easyedit.load_model`` (dtype from the file, ``trust_remote_code`` only when
+    the file asks, ``model_parallel``, the embedded SmolLM2 offline, the tokenizer's own end-of-turn tokens)
+    and is handed to ``BaseEditor`` as the ``(model, tokenizer)`` pair it accepts in place of a name.
+    After ``import hpse_easyedit.easyedit``, ``BaseEditor.from_hparams(hparams)`` comes here too.
+    ``editor_cls``: a ``BaseEditor`` subclass to build (default ``BaseEditor``).
+    """
+    from .baselines import LocateThenEditHParams, as_locate_then_edit, prepare_locate_then_edit
+
+    register()
+    from easyeditor import BaseEditor
+
+    hparams = as_locate_then_edit(hparams)
+    if model is None:
+        model, tok = load_checked_model(hparams)
+    elif tok is None:
+        raise ValueError("pass the tokenizer with the model: make_editor(hparams, model, tok)")
+    else:
+        check_model(model, hparams)
+    call = prepare_locate_then_edit(model, tok, hparams) if isinstance(hparams, LocateThenEditHParams) else hparams
+    proxy = copy_module.copy(call)
+    proxy.model_name = (model, tok)  # BaseEditor takes a (model, tokenizer) pair instead of a name
+    editor = (editor_cls or BaseEditor)(proxy)
+    editor.model_name = call.model_name  # EasyEdit's evaluation reads the name as a string
+    editor.hparams = call
+    tok.padding_side = "right" if call.alg_name in _RIGHT_PADDED else "left"
+    return editor
