@@ -1,7 +1,8 @@
 """Continual editing, as the paper reports it: each executor without and with HPSE at each sequence length T.
 
 Reads finished run directories of ``--sequential T`` runs (no model time) given as pairs, the executor
-alone then the same executor with HPSE, at the same T on the same cases:
+alone then the same executor with HPSE, at the same T on the same cases (a single-editing run is T = 1,
+the reference the paper's figure starts from):
 
     python -m benchmarks.continual runs/mq-seq10-lora runs/mq-seq10-hpse runs/mq-seq20-lora runs/mq-seq20-hpse \\
         --name LoRA --png docs/img/continual.png
@@ -32,11 +33,7 @@ def _run(path: str) -> tuple[str, int, dict[str, dict]]:
 
     benchmark, recs = load_run(path)
     config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
-    T = config.get("sequential")
-    if not T:
-        raise UsageError(f"{path}: not a continual-editing run (config.json has no 'sequential'); pass runs written "
-                         "with --sequential T")
-    return benchmark, int(T), recs
+    return benchmark, int(config.get("sequential") or 1), recs  # a single-editing run is T = 1
 
 
 def _case_avg(task, rec: Mapping) -> float:
@@ -63,8 +60,8 @@ def continual_rows(pairs: Sequence[tuple[str, str]], names: Sequence[str], *, re
         for label, recs in ((name, b_recs), (f"{name} + HPSE", h_recs)):
             summary = task.summarize([recs[c] for c in ids])
             blocks: dict[int, list[float]] = {}
-            for c in ids:
-                blocks.setdefault(int(recs[c].get("block", 0)), []).append(_case_avg(task, recs[c]))
+            for i, c in enumerate(ids):
+                blocks.setdefault(i // b_T, []).append(_case_avg(task, recs[c]))
             row = {"label": label, "benchmark": b_bench, "T": b_T, "sequences": len(blocks), "cases": len(ids),
                    **{m: summary[m] for m in task.metrics}, "Avg": summary["Avg"],
                    "per_sequence": [sum(v) / len(v) for _, v in sorted(blocks.items())], "hpse": recs is h_recs}
@@ -82,8 +79,9 @@ def continual_table(rows: Sequence[Mapping]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|---|---:|---:|---:|" + "---:|" * (len(metrics) + 1) + "---|---|"]
     for r in rows:
         diff = (f"{r['diff']:+.1f} [{r['diff_ci'][0]:+.1f}, {r['diff_ci'][1]:+.1f}]" if "diff" in r else "")
+        per_sequence = ", ".join(f"{v:.1f}" for v in r["per_sequence"]) if r["T"] > 1 else "(single editing)"
         cells = [r["label"], str(r["T"]), str(r["sequences"]), str(r["cases"]), *(f"{r[m]:.1f}" for m in metrics),
-                 f"{r['Avg']:.1f}", ", ".join(f"{v:.1f}" for v in r["per_sequence"]), diff]
+                 f"{r['Avg']:.1f}", per_sequence, diff]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -100,7 +98,7 @@ def plot_continual(rows: Sequence[Mapping], path: str | os.PathLike) -> None:
     Ts = sorted({r["T"] for r in rows})
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     fig, axes = plt.subplots(1, len(metrics), figsize=(3.2 * len(metrics), 3.0), squeeze=False)
-    width = 0.8 / max(len(executors), 1)
+    width = 0.5 / max(len(executors), 1)
     for ax, metric in zip(axes[0], metrics):
         for e, name in enumerate(executors):
             for t, T in enumerate(Ts):
@@ -113,7 +111,8 @@ def plot_continual(rows: Sequence[Mapping], path: str | os.PathLike) -> None:
                 if hpse is not None:
                     ax.bar(x, hpse[metric], width * 0.9, fill=False, edgecolor=colours[e % len(colours)], linewidth=2,
                            label=f"{name} + HPSE" if t == 0 else None)
-        ax.set_xticks(range(len(Ts)), [f"T = {T}" for T in Ts])
+        ax.set_xticks(range(len(Ts)), [f"T = {T}" if T > 1 else "single" for T in Ts])
+        ax.set_xlim(-0.6, len(Ts) - 0.4)
         ax.set_title(metric)
         ax.set_ylim(0, 100)
     axes[0][0].set_ylabel("score (%)")

@@ -45,3 +45,8 @@ def test_command_line_writes_the_png_and_refuses_bad_pairs(tmp_path, capsys):
     assert "pairs" in capsys.readouterr().err
     assert main([base, other_T]) == 2
     assert "a pair is one benchmark at one T" in capsys.readouterr().err
+    single = _run(tmp_path / "d", 1, [(1.0, 1.0), (0.0, 0.0)])
+    single_hpse = _run(tmp_path / "e", 1, [(1.0, 1.0), (1.0, 0.0)])
+    assert main([single, single_hpse, base, hpse, "--resamples", "100"]) == 0  # single editing is T = 1
+    out = capsys.readouterr().out
+    assert "| LoRA | 1 | 2 | 2 |" in out and "(single editing)" in out
