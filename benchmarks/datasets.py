@@ -92,6 +92,14 @@ def _read_json(path: Path) -> Any:
         raise DataError(f"{path}: not valid JSON ({err}); use the unmodified benchmark file") from None
 
 
+def _read_list(path: Path, what: str, limit: int | None) -> list:
+    """The JSON list of ``path`` (its first ``limit`` entries when given); DataError naming ``what`` otherwise."""
+    items = _read_json(path)
+    if not isinstance(items, list):
+        raise DataError(f"{path}: expected a JSON list of {what}, got {type(items).__name__}")
+    return items if limit is None else items[: max(0, limit)]
+
+
 def _require(record: dict, key: str, kind: type | tuple, path: Path, where: str) -> Any:
     if key not in record:
         raise DataError(f"{path}: {where} has no field '{key}'; this is not the expected schema (see data/SOURCES.md)")
@@ -248,11 +256,7 @@ def load_unkebench(
     logged heuristic fallback.
     """
     path = _resolve(data_dir, file)
-    records = _read_json(path)
-    if not isinstance(records, list):
-        raise DataError(f"{path}: expected a JSON list of records, got {type(records).__name__}")
-    if limit is not None:
-        records = records[: max(0, limit)]
+    records = _read_list(path, "records", limit)
     is_v3 = bool(records) and all("mmlu_questions" in r for r in records if isinstance(r, dict))
     seen: set[str] = set()
     for n, r in enumerate(records):
@@ -339,11 +343,7 @@ def load_mquake_uns(
     (the 3 ``questions``), ``multi_hop_answers`` (``new_answer`` + ``new_answer_alias``).
     """
     path = _resolve(data_dir, file)
-    cases = _read_json(path)
-    if not isinstance(cases, list):
-        raise DataError(f"{path}: expected a JSON list of MQuAKE cases, got {type(cases).__name__}")
-    if limit is not None:
-        cases = cases[: max(0, limit)]
+    cases = _read_list(path, "MQuAKE cases", limit)
     need_passage: list[str] = []
     for n, c in enumerate(cases):
         where = f"case #{n}"

@@ -497,18 +497,18 @@ def table(report: dict) -> str:
     rows.append(("training / FLOP floor", f"{report['train']['ratio']:.2f}  ({report['train']['seconds']:.1f} s vs "
                                           f"{report['train']['flop_floor_seconds']:.1f} s, "
                                           f"{report['train']['flops'] / 1e12:.2f} TFLOP)"))
-    lora = report["easyedit_lora"]
-    rows.append(("HPSE edit / EasyEdit LoRA", "n/a (" + lora["skipped"] + ")" if "skipped" in lora else
-                 f"{report['edit']['hpse_seconds'] / lora['seconds']:.2f}  ({lora['seconds']:.1f} s, "
-                 f"{lora['num_steps']} steps, r{lora['rank']} on {'/'.join(lora['target_modules'])})"))
-    coin = report["coin"]
-    rows.append(("COIN* edit / HPSE edit", "n/a (" + coin["skipped"] + ")" if "skipped" in coin else
-                 f"{coin['seconds'] / report['edit']['hpse_seconds']:.2f}  ({coin['seconds']:.1f} s, {coin['steps']} steps, "
-                 f"{coin['chunks']} sentence chunks)"))
-    mm = report["mmlu"]
-    rows.append(("MMLU whole prompts / shared prefix", "n/a (" + mm["skipped"] + ")" if "skipped" in mm else
-                 f"{mm['speedup']:.2f}  ({mm['seconds_before']:.1f} s vs {mm['seconds']:.1f} s, {mm['questions']} "
-                 f"questions, {mm['subjects']} subjects, identical predictions: {mm['identical_predictions']})"))
+    hpse = report["edit"]["hpse_seconds"]
+    for name, part, text in (
+        ("HPSE edit / EasyEdit LoRA", report["easyedit_lora"],
+         lambda p: f"{hpse / p['seconds']:.2f}  ({p['seconds']:.1f} s, {p['num_steps']} steps, r{p['rank']} on "
+                   f"{'/'.join(p['target_modules'])})"),
+        ("COIN* edit / HPSE edit", report.get("coin", {"skipped": "not measured in this report"}),
+         lambda p: f"{p['seconds'] / hpse:.2f}  ({p['seconds']:.1f} s, {p['steps']} steps, {p['chunks']} sentence chunks)"),
+        ("MMLU whole prompts / shared prefix", report["mmlu"],
+         lambda p: f"{p['speedup']:.2f}  ({p['seconds_before']:.1f} s vs {p['seconds']:.1f} s, {p['questions']} "
+                   f"questions, {p['subjects']} subjects, identical predictions: {p['identical_predictions']})"),
+    ):  # a part that did not run says why
+        rows.append((name, f"n/a ({part['skipped']})" if "skipped" in part else text(part)))
     if "hpse_rollout_seconds" in report:
         rows.append(("  of which HPSE rollouts", f"{report['hpse_rollout_seconds']:.1f} s for "
                                                  f"{report['hpse_rollout_tokens']:.0f} tokens over {report['rounds']} rounds"))
