@@ -176,7 +176,9 @@ def _study_answer_sets():
     sets = []
     for path in sorted(glob.glob(str(STUDY / "**" / "results*.jsonl"), recursive=True)):
         with open(path, encoding="utf-8") as f:
-            sets += [json.loads(line)["answers"]["sub_questions"] for line in f if line.strip()]
+            records = [json.loads(line) for line in f if line.strip()]
+        # UnKEBench records (MQuAKE-uns runs are committed beside them; their answers have no sub-questions)
+        sets += [r["answers"]["sub_questions"] for r in records if "sub_questions" in r["answers"]]
     return sets
 
 
