@@ -51,6 +51,7 @@ import torch
 import torch.nn.functional as F
 
 from .editor import RequestError, normalize_requests
+from .executors import make_executor
 from .hparams import ExecutorHParams, HParamsError, hp_field
 from .losses import sequence_nll
 from .padding import next_token_labels, pad_rows
@@ -245,9 +246,9 @@ def coin_edit(
     reqs = normalize_requests(requests, hparams)
     items = _build_items(tok, reqs, hparams)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
-    objective = COINObjective(items, hparams, pad_id, input_device(model))
-    return train_edit(model, hparams, objective, rounds=1, inner_steps=hparams.steps,
-                      keep_original_weight=keep_original_weight)
+    executor = make_executor(model, hparams, keep_original_weight=keep_original_weight)
+    objective = COINObjective(items, hparams, pad_id, input_device(executor.model))
+    return train_edit(executor, hparams, objective, rounds=1, inner_steps=hparams.steps)
 
 
 #: COIN* under EasyEdit's editor contract, ``(edited_model, weights_copy)`` (see ``training.easyedit_apply``).

@@ -209,8 +209,7 @@ def hpse_edit(
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else next(iter(stop_ids), 0)
     executor = make_executor(model, hparams, keep_original_weight=keep_original_weight)
     objective = HPSEObjective(executor, prompts, hparams, stop_ids=stop_ids, pad_id=pad_id)
-    result = train_edit(model, hparams, objective, rounds=hparams.rounds, inner_steps=hparams.inner_steps,
-                        executor=executor)
+    result = train_edit(executor, hparams, objective, rounds=hparams.rounds, inner_steps=hparams.inner_steps)
     result.rollouts = objective.rollouts
     result.teacher_forward_tokens = objective.teacher_forward_tokens
     result.seconds = time.perf_counter() - start

@@ -12,8 +12,8 @@ statistics and timing. An ``Objective`` owns what differs:
   objective decides how much activation memory an inner step holds at once (HPSE: one group per term,
   peak = the larger forward; COIN*: one group, its terms share forwards).
 
-    objective = MyObjective(...)
-    result = train_edit(model, hparams, objective, rounds=R, inner_steps=M)
+    executor = make_executor(model, hparams)
+    result = train_edit(executor, hparams, MyObjective(executor, ...), rounds=R, inner_steps=M)
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import torch
 
-from .executors import Executor, make_executor
+from .executors import Executor
 
 __all__ = ["EditResult", "Objective", "easyedit_apply", "train_edit"]
 
@@ -63,24 +63,11 @@ class Objective(Protocol):
     def describe_round(self, stats: dict) -> str: ...
 
 
-def train_edit(
-    model: Any,
-    hparams: Any,
-    objective: Objective,
-    *,
-    rounds: int,
-    inner_steps: int,
-    keep_original_weight: bool = False,
-    executor: Executor | None = None,
-) -> EditResult:
-    """Train ``objective`` into ``model`` through the executor ``hparams`` name: ``rounds`` x (``start_round``,
-    then ``inner_steps`` Adam steps on ``step``'s terms). Returns the edited model and what restores it.
-
-    ``executor``: one already built around ``model`` (an objective that needs it before training, e.g. to
-    reach the teacher); by default one is made here.
-    """
+def train_edit(executor: Executor, hparams: Any, objective: Objective, *, rounds: int, inner_steps: int) -> EditResult:
+    """Train ``objective`` into ``executor.model`` (``executors.make_executor`` around the caller's model):
+    ``rounds`` x (``start_round``, then ``inner_steps`` Adam steps on ``step``'s terms). Returns the edited
+    model and what restores it."""
     start = time.perf_counter()
-    executor = executor if executor is not None else make_executor(model, hparams, keep_original_weight=keep_original_weight)
     result = EditResult(model=executor.model, weights_copy=executor.weights_copy())
     student = executor.model
     optimizer = executor.optimizer()
