@@ -1,7 +1,11 @@
 """Several methods (hparams files plus overrides) over the same cases: one side-by-side table and a plot.
 
 Each (method, benchmark) pair is an ordinary resumable run in ``OUT/<benchmark>/<label>/``, so an
-interrupted comparison resumes, and adding a method later reruns nothing that is done. Under
+interrupted comparison resumes, and adding a method later reruns nothing that is done. Beside the
+paper-layout table (``compare.md``), ``paired.md`` holds, per benchmark, every row's means with 95% bootstrap
+intervals and its paired Avg difference from the reference row (``--reference``, default the first
+``--method``) on the cases all rows finished (``benchmarks.paired.multi_report``), and the mean wall
+time of an edit per row. Under
 ``accelerate launch --num_processes N`` every process walks the same (method, benchmark) list and runs
 its share of each; the main process writes the table, the JSON and the plot.
 """
@@ -16,13 +20,14 @@ from typing import Sequence
 
 from hpse_easyedit.cli import OneLineParser, run_cli
 
+from .paired import multi_report, multi_table
 from .report import judge_note, paper_table, plot_stepin_rates
 from .cli import add_run_arguments, benchmark_errors, configure_logging, is_main_process, options_from_args
 from .runner import RunOptions, run_benchmark, unjudged_note
 from .store import write_json_atomic
 from .tasks import TASKS
 
-__all__ = ["compare_main", "overrides_for", "parse_method", "preflight"]
+__all__ = ["compare_main", "overrides_for", "paired_tables", "parse_method", "preflight", "seconds_table"]
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +75,9 @@ def _slug(label: str) -> str:
 
 def preflight(runs: Sequence[RunOptions]) -> None:
     """Check every method of a comparison before its first row runs: each hparams file (with its overrides) is
-    valid, and EasyEdit is importable for the methods that run EasyEdit's code. Raises the user error of the
-    first that is not."""
+    valid, EasyEdit is importable for the methods that run EasyEdit's code, and what a method needs on this
+    machine is there (its registry ``preflight``: MEMIT's and AlphaEdit's covariance statistics present or
+    computable offline). Raises the user error of the first that is not."""
     from .editors import editor_for_hparams_file
 
     checked: set[tuple[str, tuple[str, ...]]] = set()
@@ -85,7 +91,47 @@ def preflight(runs: Sequence[RunOptions]) -> None:
             from hpse_easyedit.integrations.easyedit_import import import_easyedit
 
             import_easyedit()
-        editor.load_hparams(opts.hparams, opts.overrides)
+        hparams = editor.load_hparams(opts.hparams, opts.overrides)
+        if editor.preflight is not None:
+            editor.preflight(hparams)
+
+
+def seconds_table(rows: Sequence[tuple[str, dict]], benchmarks: Sequence[str]) -> str:
+    """Markdown: the mean wall time of one edit per row and benchmark (``edit_seconds_mean`` of its summary).
+
+    Under ``--sequential T`` an 'edit' is one case's edit inside its sequence; the reference rows
+    (unedited, in-context) edit nothing and show 0.
+    """
+    lines = ["| method | " + " | ".join(f"s/edit ({b})" for b in benchmarks) + " |", "|---|" + "---:|" * len(benchmarks)]
+    for label, summaries in rows:
+        cells = []
+        for b in benchmarks:
+            value = (summaries.get(b) or {}).get("edit_seconds_mean")
+            cells.append("-" if value is None else f"{value:.1f}")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def paired_tables(out: Path, labels: Sequence[str], reference: str, benchmarks: Sequence[str], *,
+                  resamples: int = 10000) -> tuple[str, dict]:
+    """Per benchmark, every row against ``reference`` on the cases all rows finished: markdown and the reports.
+
+    A benchmark where some row has no finished case (or only one row ran) gets a line saying so instead.
+    """
+    order = [reference] + [label for label in labels if label != reference]
+    parts, reports = [], {}
+    for bench in benchmarks:
+        if len(order) < 2:
+            break
+        dirs = [out / bench / _slug(label) for label in order]
+        try:
+            report = multi_report(dirs, resamples=resamples)
+        except (ValueError, FileNotFoundError) as err:
+            parts.append(f"{bench}: no paired comparison with {reference} ({' '.join(str(err).split())}).\n")
+            continue
+        reports[bench] = report
+        parts.append(multi_table(report, order))
+    return "\n".join(parts), reports
 
 
 def _compare(argv: Sequence[str]) -> int:
@@ -100,6 +146,11 @@ def _compare(argv: Sequence[str]) -> int:
     parser.add_argument("--benchmark", nargs="+", default=list(BENCHMARKS),
                         choices=BENCHMARKS, help="benchmarks to run (default both)")
     parser.add_argument("--out", default="runs/compare", metavar="DIR", help="output directory (default runs/compare)")
+    parser.add_argument("--reference", metavar="LABEL",
+                        help="the row every other row is paired with (Avg difference, 95%% interval, wins/ties/losses); "
+                             "default the first --method")
+    parser.add_argument("--resamples", type=int, default=10000, metavar="N",
+                        help="bootstrap resamples of the intervals (default 10000)")
     add_run_arguments(parser, None)
     args = parser.parse_args(argv)
     configure_logging(args.log_level)
@@ -113,6 +164,11 @@ def _compare(argv: Sequence[str]) -> int:
     labels = [m[0] for m in methods]
     if len(set(map(_slug, labels))) != len(labels):
         parser.error(f"method labels must be distinct, got {labels}")
+    reference = labels[0] if args.reference is None else args.reference
+    if reference not in labels:
+        parser.error(f"--reference {reference!r}: no --method has that label; choose one of {labels}")
+    if args.resamples < 1:
+        parser.error(f"--resamples {args.resamples}: must be >= 1")
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         parser.error(f"--out {out}: is a file, not a directory; give a directory path")
@@ -132,12 +188,18 @@ def _compare(argv: Sequence[str]) -> int:
         return 0
     every = [s for _, ss in rows for s in ss.values()]
     table = paper_table(rows) + judge_note(every) + unjudged_note(every)
+    paired, reports = paired_tables(out, labels, reference, args.benchmark, resamples=args.resamples)
+    details = ("Wall time per edit (mean over the row's cases):\n\n" + seconds_table(rows, args.benchmark)
+               + (f"\nPaired with {reference}, per benchmark:\n\n" + paired if paired else ""))
     out.mkdir(parents=True, exist_ok=True)
     (out / "compare.md").write_text(table, encoding="utf-8")
+    (out / "paired.md").write_text(details, encoding="utf-8")
     write_json_atomic(out / "compare.json", everything)
+    write_json_atomic(out / "paired.json", {"reference": reference, "benchmarks": reports})
     plot_stepin_rates(series, out / "stepin_by_round.png")
-    print(table, end="")
-    print(f"\ntable: {out / 'compare.md'}; step-in plot: {out / 'stepin_by_round.png'}")
+    print(table + "\n" + details, end="")
+    print(f"\ntables: {out / 'compare.md'} (paper layout), {out / 'paired.md'} (times, intervals, paired with "
+          f"{reference}); step-in plot: {out / 'stepin_by_round.png'}")
     return 1 if any(s.get("unjudged_cases") for s in every) else 0
 
 

@@ -172,6 +172,8 @@ class _Run:
         self._check_data_paths()
         self.editor: Editor = editor_for_hparams_file(opts.hparams)
         requested = self.editor.load_hparams(opts.hparams, opts.overrides)
+        if self.editor.preflight is not None:  # e.g. covariance statistics that cannot be had: refused before loading
+            self.editor.preflight(requested)
         self.hp_dict = json_plain(self.editor.hparams_dict(requested))
         self.ctx = context or process_context(
             model_parallel=bool(self.hp_dict.get("model_parallel")), timeout=timedelta(hours=opts.dist_timeout_hours),

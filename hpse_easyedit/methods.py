@@ -37,6 +37,7 @@ from .integrations.baselines import (
     UnKEHyperParams,
     apply_locate_then_edit,
     apply_unke_family,
+    check_statistics_obtainable,
     restore_copied_weights,
 )
 from .integrations.entries import apply_coin_for_easyedit, apply_hpse_for_easyedit, apply_unke_for_easyedit
@@ -62,6 +63,7 @@ class MethodSpec:
     needs_easyedit: bool = False  # runs EasyEdit's own code (checked by run_compare before its first row)
     easyedit_apply: Callable[..., tuple[Any, Any]] | None = None  # its ALG_DICT entry; None: EasyEdit's own or none
     callable_restore: bool = False  # EasyEdit restores it by calling weights_copy() (CALLABLE_RESTORE_ALGS)
+    preflight: Callable[[Any], None] | None = None  # hparams -> raises the user error when it cannot run here (before loading)
 
     @property
     def hparams_class(self) -> type | None:
@@ -140,6 +142,8 @@ register_method(MethodSpec("AnyEdit", AnyEditHyperParams.load, hparams_dict, loa
                            timed_edit(apply_unke_family), restore_copied_weights, needs_easyedit=True,
                            easyedit_apply=apply_unke_for_easyedit))
 register_method(MethodSpec("MEMIT", LocateThenEditHParams.load, hparams_dict, load_checked_model,
-                           timed_edit(apply_locate_then_edit), restore_copied_weights, needs_easyedit=True))
+                           timed_edit(apply_locate_then_edit), restore_copied_weights, needs_easyedit=True,
+                           preflight=check_statistics_obtainable))
 register_method(MethodSpec("AlphaEdit", LocateThenEditHParams.load, hparams_dict, load_checked_model,
-                           timed_edit(apply_locate_then_edit), restore_copied_weights, needs_easyedit=True))
+                           timed_edit(apply_locate_then_edit), restore_copied_weights, needs_easyedit=True,
+                           preflight=check_statistics_obtainable))

@@ -254,6 +254,40 @@ def test_unkebench_with_llm_judge_endpoint_and_free_rerun(tiny, tmp_path):
     assert written and not any(b"sk-SECRET-never-written" in p.read_bytes() for p in written)
 
 
+def test_run_compare_pairs_every_row_with_the_reference_and_times_each_edit(tiny, tmp_path, capsys):
+    out = tmp_path / "cmp"
+    argv = ["--benchmark", "mquake-uns", "--limit", "2", "--max-new-tokens", "4", "--out", str(out),
+            "--data", str(DATA_DIR), "--log-level", "WARNING", "--resamples", "200",
+            "--method", "LoRA", str(tiny / "hpse.yaml"), "kl_weight=0",
+            "--method", "LoRA + HPSE", str(tiny / "hpse.yaml"),
+            "--reference", "LoRA + HPSE"]
+    with pytest.raises(SystemExit) as exc:  # an unknown reference is refused before any edit
+        compare_main([*argv[:-1], "HPSE"])
+    assert exc.value.code == 2 and not out.exists()
+    assert compare_main(argv) == 0
+    assert (out / "compare.md").read_text().splitlines()[0] == "| method | Ind | Cmp | Avg |"  # the paper's layout
+    table = (out / "paired.md").read_text()
+    assert table in capsys.readouterr().out
+    summaries = json.loads((out / "compare.json").read_text())
+    seconds = {label: summaries[label]["mquake-uns"]["edit_seconds_mean"] for label in ("LoRA", "LoRA + HPSE")}
+    assert all(v > 0 for v in seconds.values())
+    for label, value in seconds.items():
+        assert f"| {label} | {value:.1f} |" in table  # the wall-time table, one row per method
+    paired = json.loads((out / "paired.json").read_text())
+    assert paired["reference"] == "LoRA + HPSE"
+    report = paired["benchmarks"]["mquake-uns"]
+    assert report["n_cases"] == 2
+    assert report["runs"] == [str(out / "mquake-uns" / "LoRA_+_HPSE"), str(out / "mquake-uns" / "LoRA")]
+    avg = report["pairs"][0]["metrics"]["Avg"]
+    lora = {r["case_id"]: r for r in map(json.loads, (out / "mquake-uns" / "LoRA" / "results.jsonl").open())}
+    hpse = {r["case_id"]: r for r in map(json.loads, (out / "mquake-uns" / "LoRA_+_HPSE" / "results.jsonl").open())}
+    expected = sum(((lora[c]["Ind"] + lora[c]["Cmp"]) - (hpse[c]["Ind"] + hpse[c]["Cmp"])) / 2 for c in lora) / 2
+    assert avg["diff"] == pytest.approx(expected)  # LoRA - reference, per case, averaged
+    assert "Paired with LoRA + HPSE" in table and f"Avg - LoRA + HPSE (95% CI)" in table
+    row = next(line for line in table.splitlines() if line.startswith("| LoRA |") and "/" in line)
+    assert f"{avg['diff']:+.1f} [" in row and f"{avg['b_wins']} / {avg['ties']} / {avg['b_losses']}" in row
+
+
 def test_run_compare_table_and_plot(tiny, tmp_path, capsys):
     out = tmp_path / "cmp"
     argv = ["--benchmark", "mquake-uns", "--limit", "2", "--max-new-tokens", "4", "--out", str(out),

@@ -193,3 +193,32 @@ def test_sequential_plugin_edits_on_the_bare_model_accumulate_and_handles_restor
     # a dict like any weights_copy: restore_weights takes it too
     e3, h3 = apply_hpse_for_easyedit(model, tok, [{"subject": "AJ Lee", "target_new": "AJ Lee speaks Russian."}], hp)
     assert same_weights(restore_weights(e3, h3), snap)
+
+
+def test_covariance_statistics_that_cannot_be_had_are_refused_before_any_model_loads(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    stats = tmp_path / "stats"
+    ee = SimpleNamespace(mom2_dataset="wikipedia", mom2_n_samples=100000, mom2_dtype="float32", layers=[4, 5],
+                         rewrite_module_tmp="model.layers.{}.mlp.down_proj", stats_dir=str(stats))
+    hp = B.LocateThenEditHParams("MEMIT", ee, B.AdapterOptions.from_dict({}, source="memit.yaml"), source="memit.yaml")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # EasyEdit could not download Wikipedia
+    with pytest.raises(HParamsError, match=r"memit\.yaml: no covariance statistics for layers \[4, 5\] .*stats_corpus"):
+        B.check_statistics_obtainable(hp)
+    folder = stats / "Some-Model" / "wikipedia_stats"
+    folder.mkdir(parents=True)
+    (folder / "model.layers.4.mlp.down_proj_float32_mom2_100000.npz").write_bytes(b"")
+    with pytest.raises(HParamsError, match=r"layers \[5\]"):
+        B.check_statistics_obtainable(hp)
+    (folder / "model.layers.5.mlp.down_proj_float32_mom2_100000.npz").write_bytes(b"")
+    B.check_statistics_obtainable(hp)  # computed earlier (on a machine that could download): accepted offline
+
+    texts = tmp_path / "corpus.txt"
+    texts.write_text("A local text to compute statistics from.\n")
+    local = B.LocateThenEditHParams(
+        "MEMIT", SimpleNamespace(**{**vars(ee), "stats_dir": str(tmp_path / "empty")}),
+        B.AdapterOptions.from_dict({"stats_corpus": [str(texts)]}, source="memit.yaml"), source="memit.yaml")
+    B.check_statistics_obtainable(local)  # computable offline from the local corpus
+    local.options.stats_corpus = [str(tmp_path / "absent.txt")]
+    with pytest.raises(HParamsError, match=r"memit\.yaml: the covariance statistics cannot be computed offline: .*absent\.txt"):
+        B.check_statistics_obtainable(local)

@@ -7,6 +7,7 @@ that fail when used; the text-editing chain needs ``higher einops hydra-core nlt
 """
 
 import importlib
+import logging
 from pathlib import Path
 
 import pytest
@@ -203,6 +204,27 @@ def test_the_benchmark_runner_takes_every_method_by_its_hparams_file(he):
         editor = editor_for_hparams_file(path)
         hp = editor.load_hparams(str(path), [])
         assert editor.name == name and editor.hparams_dict(hp)["model_name"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def test_run_compare_refuses_statistics_it_cannot_have_before_the_first_row(he, workdir, data_dir, monkeypatch, caplog):
+    """MEMIT on a dataset EasyEdit downloads, no statistics in stats_dir, offline: one line, exit 2, nothing edited."""
+    from benchmarks.compare import compare_main
+
+    make_tiny_model_and_tokenizer("llama", tmp_path=workdir / "tiny-llama")
+    config = yaml.safe_load(_locate_then_edit_file("MEMIT", workdir).read_text())
+    config.pop("stats_corpus")
+    (workdir / "wiki.yaml").write_text(yaml.safe_dump({**config, "model_name": str(workdir / "tiny-llama"),
+                                                       "mom2_dataset": "wikipedia"}))
+    hpse = {"alg_name": "HPSE", "model_name": str(workdir / "tiny-llama"), "device": "cpu", "rounds": 1, "inner_steps": 1}
+    (workdir / "hpse.yaml").write_text(yaml.safe_dump(hpse))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    argv = ["--benchmark", "mquake-uns", "--limit", "1", "--data", str(data_dir), "--out", str(workdir / "cmp"),
+            "--method", "LoRA", str(workdir / "hpse.yaml"), "kl_weight=0", "--method", "MEMIT", str(workdir / "wiki.yaml")]
+    caplog.clear()
+    assert compare_main(argv) == 2
+    err = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(err) == 1 and "wiki.yaml: no covariance statistics for layers [0, 1]" in err[0] and "stats_corpus" in err[0]
+    assert not list((workdir / "cmp").rglob("results.jsonl"))  # the LoRA row did not run either
 
 
 def test_side_by_side_comparison_of_every_method_on_a_tiny_model(he, workdir, data_dir, capsys):

@@ -68,6 +68,7 @@ __all__ = [
     "as_locate_then_edit",
     "chat_text",
     "check_depth",
+    "check_statistics_obtainable",
     "easyedit_locate_then_edit_classes",
     "easyedit_model_name",
     "load_instruction_texts",
@@ -519,6 +520,51 @@ def _projection(model: Any, tok: Any, hp: LocateThenEditHParams, call_hparams: A
     torch.save(P, p_loc)
     meta_path.write_text(json.dumps({**meta, "null_space_dims": kept}, indent=1), encoding="utf-8")
     alpha.P_loaded = False
+
+
+def _hub_reachable(timeout: float = 5.0) -> bool:
+    """Whether EasyEdit could download its statistics dataset now: not in offline mode, and the Hub answers."""
+    if any(os.environ.get(v, "").lower() in ("1", "true", "yes")
+           for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")):
+        return False
+    import socket
+
+    try:
+        socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def check_statistics_obtainable(hp: LocateThenEditHParams) -> None:
+    """Before any model is loaded: MEMIT's / AlphaEdit's covariance statistics can be had on this machine.
+
+    A local corpus (``stats_corpus``, or a built-in ``mom2_dataset``) must be readable; a dataset EasyEdit
+    downloads needs either statistics already in ``stats_dir`` (for every edited layer, any model folder)
+    or a reachable Hub. Otherwise ``HParamsError`` names the file, the key and the fix.
+    """
+    ee = hp.easyedit
+    corpus = hp.corpus
+    if corpus is not None:
+        try:
+            load_corpus(corpus)
+        except CorpusError as err:
+            raise HParamsError(f"{hp.source}: the covariance statistics cannot be computed offline: {err}") from None
+        return
+    if ee.mom2_dataset not in DOWNLOADED_DATASETS:
+        raise HParamsError(
+            f"{hp.source}: mom2_dataset {ee.mom2_dataset!r} is neither a built-in local corpus ({sorted(BUILTIN_CORPORA)}) "
+            f"nor one EasyEdit downloads ({list(DOWNLOADED_DATASETS)}); add stats_corpus: [FILES] to compute it offline"
+        )
+    suffix = "" if ee.mom2_n_samples is None else f"_{ee.mom2_n_samples}"
+    missing = [layer for layer in ee.layers if not any(Path(ee.stats_dir).glob(
+        f"*/{ee.mom2_dataset}_stats/{ee.rewrite_module_tmp.format(layer)}_{ee.mom2_dtype}_mom2{suffix}.npz"))]
+    if missing and not _hub_reachable():
+        raise HParamsError(
+            f"{hp.source}: no covariance statistics for layers {missing} in stats_dir {ee.stats_dir!r}, and "
+            f"mom2_dataset {ee.mom2_dataset!r} must be downloaded but the Hugging Face Hub cannot be reached (or offline "
+            "mode is set); add stats_corpus: [editevery] to compute them offline, or copy the statistics into stats_dir"
+        )
 
 
 def prepare_locate_then_edit(model: Any, tok: Any, hp: LocateThenEditHParams) -> Any:
