@@ -100,14 +100,20 @@ def seconds_table(rows: Sequence[tuple[str, dict]], benchmarks: Sequence[str]) -
     """Markdown: the mean wall time of one edit per row and benchmark (``edit_seconds_mean`` of its summary).
 
     Under ``--sequential T`` an 'edit' is one case's edit inside its sequence; the reference rows
-    (unedited, in-context) edit nothing and show 0.
+    (unedited, in-context) edit nothing and show 0. For methods that run EasyEdit's own algorithm the
+    cell adds the share of that time spent inside EasyEdit's function (``algorithm_seconds_mean``); the
+    rest is what this project's integration adds.
     """
     lines = ["| method | " + " | ".join(f"s/edit ({b})" for b in benchmarks) + " |", "|---|" + "---:|" * len(benchmarks)]
     for label, summaries in rows:
         cells = []
         for b in benchmarks:
-            value = (summaries.get(b) or {}).get("edit_seconds_mean")
-            cells.append("-" if value is None else f"{value:.1f}")
+            summary = summaries.get(b) or {}
+            value, inside = summary.get("edit_seconds_mean"), summary.get("algorithm_seconds_mean")
+            cell = "-" if value is None else f"{value:.1f}"
+            if value and inside is not None:
+                cell += f" ({100 * inside / value:.0f}% in EasyEdit's algorithm)"
+            cells.append(cell)
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

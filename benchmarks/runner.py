@@ -370,6 +370,8 @@ class _Run:
             "edit_seconds": round(seconds, 3),
             "rounds": json_plain(list(getattr(res, "rounds", None) or [])),
         }
+        if getattr(res, "algorithm_seconds", None) is not None:  # EasyEdit's own algorithm, the rest is integration
+            rec["algorithm_seconds"] = round(res.algorithm_seconds, 3)
         rollouts = pack_rounds(getattr(res, "rollouts", None)) if self.opts.store_rollouts else None
         if rollouts is not None:
             rec["rollouts"] = rollouts
@@ -530,6 +532,8 @@ class _Run:
             n_cases=len(records),
             stepin_rate_by_round=stepin_rate_by_round(records),
             edit_seconds_mean=mean(r["edit_seconds"] for r in records),
+            **({"algorithm_seconds_mean": mean(r["algorithm_seconds"] for r in records)}
+               if records and all("algorithm_seconds" in r for r in records) else {}),
             label=self.label,
             benchmark=self.task.name,
             editor=self.editor.name,

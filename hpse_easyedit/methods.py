@@ -119,14 +119,20 @@ def hparams_dict(hparams: Any) -> dict:
     return hparams.to_dict()
 
 
-def timed_edit(apply: Callable[..., tuple[Any, Any]]) -> Callable[..., EditResult]:
-    """The runner's ``edit`` for an ``apply_X_to_model(model, tok, requests, hparams) -> (model, weights_copy)``."""
+def timed_edit(apply: Callable[..., tuple[Any, Any]], *, timer: bool = False) -> Callable[..., EditResult]:
+    """The runner's ``edit`` for an ``apply_X_to_model(model, tok, requests, hparams) -> (model, weights_copy)``.
+
+    ``timer=True``: ``apply`` takes ``timer=dict`` and puts the seconds of EasyEdit's own algorithm under
+    ``"algorithm_seconds"`` (``EditResult.algorithm_seconds``; the rest of the edit is our integration).
+    """
 
     @functools.wraps(apply)
     def edit(model: Any, tok: Any, requests: list[dict], hparams: Any) -> EditResult:
         start = time.perf_counter()
-        edited, weights_copy = apply(model, tok, requests, hparams)
-        return EditResult(model=edited, weights_copy=weights_copy, rounds=[], seconds=time.perf_counter() - start)
+        clock: dict = {}
+        edited, weights_copy = apply(model, tok, requests, hparams, **({"timer": clock} if timer else {}))
+        return EditResult(model=edited, weights_copy=weights_copy, rounds=[], seconds=time.perf_counter() - start,
+                          algorithm_seconds=clock.get("algorithm_seconds"))
 
     return edit
 
@@ -136,14 +142,14 @@ register_method(MethodSpec("HPSE", HPSEHyperParams.load, hparams_dict, load_mode
 register_method(MethodSpec("COIN", COINHyperParams.load, hparams_dict, load_checked_model, coin_edit, restore_weights,
                            easyedit_apply=apply_coin_for_easyedit, callable_restore=True))
 register_method(MethodSpec("UnKE", UnKEHyperParams.load, hparams_dict, load_checked_model,
-                           timed_edit(apply_unke_family), restore_copied_weights, needs_easyedit=True,
+                           timed_edit(apply_unke_family, timer=True), restore_copied_weights, needs_easyedit=True,
                            easyedit_apply=apply_unke_for_easyedit))
 register_method(MethodSpec("AnyEdit", AnyEditHyperParams.load, hparams_dict, load_checked_model,
-                           timed_edit(apply_unke_family), restore_copied_weights, needs_easyedit=True,
+                           timed_edit(apply_unke_family, timer=True), restore_copied_weights, needs_easyedit=True,
                            easyedit_apply=apply_unke_for_easyedit))
 register_method(MethodSpec("MEMIT", LocateThenEditHParams.load, hparams_dict, load_checked_model,
-                           timed_edit(apply_locate_then_edit), restore_copied_weights, needs_easyedit=True,
+                           timed_edit(apply_locate_then_edit, timer=True), restore_copied_weights, needs_easyedit=True,
                            preflight=check_statistics_obtainable))
 register_method(MethodSpec("AlphaEdit", LocateThenEditHParams.load, hparams_dict, load_checked_model,
-                           timed_edit(apply_locate_then_edit), restore_copied_weights, needs_easyedit=True,
+                           timed_edit(apply_locate_then_edit, timer=True), restore_copied_weights, needs_easyedit=True,
                            preflight=check_statistics_obtainable))

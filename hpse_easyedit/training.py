@@ -46,6 +46,9 @@ class EditResult:
     teacher_forward_tokens: int = 0
     inner_step_teacher_passes: int = 0  # times an inner step reached the teacher (0: the teacher's targets were cached)
     rollouts: list = field(default_factory=list)  # per round: that round's Rollout per request, or None (no KL term)
+    #: seconds inside EasyEdit's own algorithm function, for a method whose edit is EasyEdit's code (MEMIT,
+    #: AlphaEdit, UnKE, AnyEdit); the rest of ``seconds`` is what this project's integration adds. None otherwise.
+    algorithm_seconds: float | None = None
 
 
 class Objective(Protocol):

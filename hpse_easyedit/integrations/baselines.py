@@ -44,6 +44,7 @@ import json
 import logging
 import os
 import random
+import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -319,8 +320,17 @@ def _cut(tok: Any, text: str, max_tokens: int) -> str:
 _EX_CACHE: dict[tuple, list[str]] = {}
 
 
-def apply_unke_family(model: Any, tok: Any, requests: Any, hparams: UnKEHyperParams, copy: bool = False) -> tuple[Any, dict]:
-    """Edit with EasyEdit's ``apply_unke_to_model`` / ``apply_unke_ARE_to_model``; returns ``(model, weights_copy)``."""
+def _record_algorithm_time(timer: dict | None, start: float) -> None:
+    if timer is not None:
+        timer["algorithm_seconds"] = time.perf_counter() - start
+
+
+def apply_unke_family(model: Any, tok: Any, requests: Any, hparams: UnKEHyperParams, copy: bool = False,
+                      timer: dict | None = None) -> tuple[Any, dict]:
+    """Edit with EasyEdit's ``apply_unke_to_model`` / ``apply_unke_ARE_to_model``; returns ``(model, weights_copy)``.
+
+    ``timer``: a dict that receives ``"algorithm_seconds"``, the time spent inside EasyEdit's function.
+    """
     if copy:
         import copy as copy_module
 
@@ -345,7 +355,9 @@ def apply_unke_family(model: Any, tok: Any, requests: Any, hparams: UnKEHyperPar
         raise RequestError("the tokenizer has no pad token; UnKE pads its batches (set tok.pad_token = tok.eos_token)")
     layer_names = [hparams.layer_module_tmp.format(l) for l in hparams.layers]
     with _grad_flags_kept(model), _padding_side(tok, "right"), _tuple_layer_outputs(model, layer_names):
+        start = time.perf_counter()
         weights_copy = ee_apply(model, tok, ee_hparams, batch, ex_data)
+        _record_algorithm_time(timer, start)
     return model, weights_copy
 
 
@@ -618,8 +630,13 @@ def easyedit_requests(tok: Any, requests: Any, hp: LocateThenEditHParams) -> lis
     return out
 
 
-def apply_locate_then_edit(model: Any, tok: Any, requests: Any, hp: LocateThenEditHParams) -> tuple[Any, dict]:
-    """One MEMIT/AlphaEdit edit through EasyEdit's own ``ALG_DICT`` entry; returns ``(model, weights_copy)``."""
+def apply_locate_then_edit(model: Any, tok: Any, requests: Any, hp: LocateThenEditHParams,
+                           timer: dict | None = None) -> tuple[Any, dict]:
+    """One MEMIT/AlphaEdit edit through EasyEdit's own ``ALG_DICT`` entry; returns ``(model, weights_copy)``.
+
+    ``timer``: a dict that receives ``"algorithm_seconds"``, the time spent inside EasyEdit's function (the
+    statistics and AlphaEdit's projection, computed once per model by ``prepare_locate_then_edit``, are not in it).
+    """
     call = prepare_locate_then_edit(model, tok, hp)
     ee_requests = easyedit_requests(tok, requests, hp)
     apply = importlib.import_module("easyeditor.util.alg_dict").ALG_DICT[hp.alg_name]
@@ -628,8 +645,10 @@ def apply_locate_then_edit(model: Any, tok: Any, requests: Any, hp: LocateThenEd
         kwargs["reset_cache"] = _ModuleState.alphaedit_fresh
         _ModuleState.alphaedit_fresh = False
     with _grad_flags_kept(model), _padding_side(tok, "right"):
+        start = time.perf_counter()
         edited, weights_copy = apply(model, tok, ee_requests, call, copy=False, return_orig_weights=True,
                                      keep_original_weight=False, **kwargs)
+        _record_algorithm_time(timer, start)
     return edited, weights_copy
 
 
