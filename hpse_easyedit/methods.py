@@ -141,15 +141,11 @@ register_method(MethodSpec("HPSE", HPSEHyperParams.load, hparams_dict, load_mode
                            easyedit_apply=apply_hpse_for_easyedit, callable_restore=True))
 register_method(MethodSpec("COIN", COINHyperParams.load, hparams_dict, load_checked_model, coin_edit, restore_weights,
                            easyedit_apply=apply_coin_for_easyedit, callable_restore=True))
-register_method(MethodSpec("UnKE", UnKEHyperParams.load, hparams_dict, load_checked_model,
-                           timed_edit(apply_unke_family, timer=True), restore_copied_weights, needs_easyedit=True,
-                           easyedit_apply=apply_unke_for_easyedit))
-register_method(MethodSpec("AnyEdit", AnyEditHyperParams.load, hparams_dict, load_checked_model,
-                           timed_edit(apply_unke_family, timer=True), restore_copied_weights, needs_easyedit=True,
-                           easyedit_apply=apply_unke_for_easyedit))
-register_method(MethodSpec("MEMIT", LocateThenEditHParams.load, hparams_dict, load_checked_model,
-                           timed_edit(apply_locate_then_edit, timer=True), restore_copied_weights, needs_easyedit=True,
-                           preflight=check_statistics_obtainable))
-register_method(MethodSpec("AlphaEdit", LocateThenEditHParams.load, hparams_dict, load_checked_model,
-                           timed_edit(apply_locate_then_edit, timer=True), restore_copied_weights, needs_easyedit=True,
-                           preflight=check_statistics_obtainable))
+for _name, _hparams in (("UnKE", UnKEHyperParams), ("AnyEdit", AnyEditHyperParams)):  # EasyEdit's unke / unke_ARE
+    register_method(MethodSpec(_name, _hparams.load, hparams_dict, load_checked_model,
+                               timed_edit(apply_unke_family, timer=True), restore_copied_weights, needs_easyedit=True,
+                               easyedit_apply=apply_unke_for_easyedit))
+for _name in ("MEMIT", "AlphaEdit"):  # EasyEdit's own ALG_DICT entries, statistics computed offline
+    register_method(MethodSpec(_name, LocateThenEditHParams.load, hparams_dict, load_checked_model,
+                               timed_edit(apply_locate_then_edit, timer=True), restore_copied_weights,
+                               needs_easyedit=True, preflight=check_statistics_obtainable))
