@@ -90,14 +90,20 @@ def runs_table(argv: Sequence[str]) -> int:
     if len(labels) != len(args.runs):
         print(f"error: {len(labels)} --label for {len(args.runs)} runs; give one per run or none", file=sys.stderr)
         return 2
-    lines = ["| run | cases | MMLU before any edit | MMLU after the measured edits (edit number: score) | "
-             "median edit seconds |", "|---|---:|---:|---|---:|"]
-    for label, run in zip(labels, args.runs):
+    loaded = []
+    for run in args.runs:
         try:
-            _, recs = load_run(run)
+            loaded.append(load_run(run)[1])
         except (FileNotFoundError, ValueError) as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
+    # runs of EasyEdit's baselines record the seconds inside EasyEdit's own algorithm: then a column says
+    # which share of the edit time that is (the rest is this project's integration)
+    split = any("algorithm_seconds" in r for recs in loaded for r in recs.values())
+    lines = ["| run | cases | MMLU before any edit | MMLU after the measured edits (edit number: score) | "
+             "median edit seconds |" + (" share in EasyEdit's algorithm |" if split else ""),
+             "|---|---:|---:|---|---:|" + ("---:|" if split else "")]
+    for label, run, recs in zip(labels, args.runs, loaded):
         before = Path(run) / "mmlu_before.json"
         mmlu = f"{json.loads(before.read_text(encoding='utf-8'))['MMLU_before']:.1f}" if before.is_file() else "-"
         ordered = sorted(recs.values(), key=lambda r: r.get("index", 0))  # index: the case's place in the run
@@ -105,7 +111,12 @@ def runs_table(argv: Sequence[str]) -> int:
                           if r.get("MMLU_after") is not None)
         seconds = [float(r.get("edit_seconds") or 0.0) for r in ordered]
         median = f"{statistics.median(seconds):.0f}" if any(seconds) else "-"  # a reference row edits nothing
-        lines.append(f"| {label} | {len(recs)} | {mmlu} | {after or '-'} | {median} |")
+        row = f"| {label} | {len(recs)} | {mmlu} | {after or '-'} | {median} |"
+        if split:
+            inside = [r for r in ordered if "algorithm_seconds" in r]
+            total = sum(float(r["edit_seconds"]) for r in inside)
+            row += f" {100 * sum(r['algorithm_seconds'] for r in inside) / total:.0f}% |" if inside and total else " - |"
+        lines.append(row)
     print("\n".join(lines))
     return 0
 

@@ -113,3 +113,18 @@ def test_results_md_agrees_with_the_committed_runs(tmp_path):
     assert altered != text
     problems = check(altered, find_blocks(altered), generated)
     assert any("3.0 is in no table" in p for p in problems) and any("4.9 is in no table" in p for p in problems)
+
+
+def test_runs_table_shows_the_share_of_edit_time_inside_easyedits_algorithm(tmp_path, capsys):
+    from benchmarks.study import runs_table
+
+    _run(tmp_path / "memit", [{"case_id": "1", "index": 0, "Ind": 0.0, "Cmp": 0.0, "edit_seconds": 100.0, "algorithm_seconds": 90.0},
+                              {"case_id": "2", "index": 1, "Ind": 0.0, "Cmp": 0.0, "edit_seconds": 300.0, "algorithm_seconds": 210.0}])
+    _run(tmp_path / "lora", [{"case_id": "1", "index": 0, "Ind": 1.0, "Cmp": 0.0, "edit_seconds": 50.0}])
+    assert runs_table([str(tmp_path / "lora"), str(tmp_path / "memit"), "--label", "LoRA", "--label", "MEMIT"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith("| median edit seconds | share in EasyEdit's algorithm |")
+    assert out[2] == "| LoRA | 1 | - | - | 50 | - |"  # an editor of this project: nothing inside EasyEdit
+    assert out[3] == "| MEMIT | 2 | - | - | 200 | 75% |"  # (90 + 210) / (100 + 300)
+    assert runs_table([str(tmp_path / "lora")]) == 0  # without a baseline run the table keeps its five columns
+    assert capsys.readouterr().out.splitlines()[0].endswith("| median edit seconds |")
