@@ -37,6 +37,7 @@ from .integrations.baselines import (
     UnKEHyperParams,
     apply_locate_then_edit,
     apply_unke_family,
+    check_locality_data,
     check_statistics_obtainable,
     restore_copied_weights,
 )
@@ -144,7 +145,7 @@ register_method(MethodSpec("COIN", COINHyperParams.load, hparams_dict, load_chec
 for _name, _hparams in (("UnKE", UnKEHyperParams), ("AnyEdit", AnyEditHyperParams)):  # EasyEdit's unke / unke_ARE
     register_method(MethodSpec(_name, _hparams.load, hparams_dict, load_checked_model,
                                timed_edit(apply_unke_family, timer=True), restore_copied_weights, needs_easyedit=True,
-                               easyedit_apply=apply_unke_for_easyedit))
+                               easyedit_apply=apply_unke_for_easyedit, preflight=check_locality_data))
 for _name in ("MEMIT", "AlphaEdit"):  # EasyEdit's own ALG_DICT entries, statistics computed offline
     register_method(MethodSpec(_name, LocateThenEditHParams.load, hparams_dict, load_checked_model,
                                timed_edit(apply_locate_then_edit, timer=True), restore_copied_weights,

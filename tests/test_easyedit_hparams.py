@@ -222,3 +222,17 @@ def test_covariance_statistics_that_cannot_be_had_are_refused_before_any_model_l
     local.options.stats_corpus = [str(tmp_path / "absent.txt")]
     with pytest.raises(HParamsError, match=r"memit\.yaml: the covariance statistics cannot be computed offline: .*absent\.txt"):
         B.check_statistics_obtainable(local)
+
+
+def test_unke_locality_data_that_cannot_be_read_is_refused_before_any_model_loads(tmp_path, monkeypatch):
+    path = tmp_path / "unke.yaml"
+    config = yaml.safe_load((HP / "UnKE" / "smollm2-135m.yaml").read_text())
+    path.write_text(yaml.safe_dump({**config, "ex_data": [str(tmp_path / "alpaca.json")]}))
+    hp = load_hparams(path)
+    with pytest.raises(HParamsError, match=rf"{path}: key 'ex_data': .*alpaca\.json"):
+        B.check_locality_data(hp)
+    (tmp_path / "alpaca.json").write_text(json.dumps([{"instruction": "Name a colour.", "output": "Blue."}]))
+    B.check_locality_data(hp)  # a local file of instruction/answer pairs: accepted
+    monkeypatch.setenv("HPSE_DATA_DIR", str(tmp_path / "no-data"))  # the built-in corpus lives in the data directory
+    with pytest.raises(HParamsError, match=r"locality source 'editevery' needs .*no-data.*HPSE_DATA_DIR"):
+        B.check_locality_data(load_hparams(HP / "UnKE" / "smollm2-135m.yaml"))

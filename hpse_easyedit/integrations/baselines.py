@@ -69,6 +69,7 @@ __all__ = [
     "as_locate_then_edit",
     "chat_text",
     "check_depth",
+    "check_locality_data",
     "check_statistics_obtainable",
     "easyedit_locate_then_edit_classes",
     "easyedit_model_name",
@@ -179,6 +180,22 @@ def load_instruction_texts(tok: Any, sources: Sequence[str], template_kwargs: Ma
     if not texts:
         raise CorpusError(f"the locality sources {list(sources)} hold no text")
     return texts
+
+
+def check_locality_data(hp: Any) -> None:
+    """Before any model is loaded: every UnKE/AnyEdit locality source (``ex_data``) can be read on this machine."""
+    where = f"{getattr(hp, '_source', f'<{hp.alg_name} hparams>')}: key 'ex_data'"
+    for source in hp.ex_data:
+        try:
+            pairs = _instruction_pairs(os.fspath(source), data_dir())
+        except FileNotFoundError as err:
+            raise HParamsError(
+                f"{where}: the locality source {source!r} needs {err.filename}, which is not there; set HPSE_DATA_DIR "
+                "to the benchmark data, or give a local JSON/JSONL file of instruction/answer pairs") from None
+        except CorpusError as err:
+            raise HParamsError(f"{where}: {err}") from None
+        if not pairs:
+            raise HParamsError(f"{where}: the locality source {source!r} holds no text")
 
 
 # ---------------------------------------------------------------------------------------------- UnKE / AnyEdit
