@@ -34,7 +34,7 @@ import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 from hpse_easyedit.cli import OneLineParser, UsageError, run_cli
 
@@ -75,6 +75,14 @@ def find_blocks(text: str, source: str = "RESULTS.md") -> list[Block]:
     return blocks
 
 
+def _answer_list(record: Mapping[str, Any]) -> list[str]:
+    """Every answer of a results record, in a fixed order (its ``answers`` mapping's keys in sorted order)."""
+    answers = record.get("answers") or {}
+    if isinstance(answers, Mapping):
+        return [a for key in sorted(answers) for a in (answers[key] if isinstance(answers[key], list) else [answers[key]])]
+    return list(answers)
+
+
 def runs_table(argv: Sequence[str]) -> int:
     """The ``runs`` tool: one row per run directory with what its files record besides the scores."""
     import json
@@ -85,6 +93,9 @@ def runs_table(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="runs")
     parser.add_argument("runs", nargs="+")
     parser.add_argument("--label", action="append", default=[])
+    parser.add_argument("--changed-from", metavar="RUN",
+                        help="a column counting, over the cases both runs have, the answers that differ from RUN's "
+                             "(e.g. the unedited run: did an edit change the model's answers at all?)")
     args = parser.parse_args(argv)
     labels = args.label or [Path(r).name for r in args.runs]
     if len(labels) != len(args.runs):
@@ -97,12 +108,20 @@ def runs_table(argv: Sequence[str]) -> int:
         except (FileNotFoundError, ValueError) as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
+    reference = None
+    if args.changed_from:
+        try:
+            reference = load_run(args.changed_from)[1]
+        except (FileNotFoundError, ValueError) as err:
+            print(f"error: --changed-from: {err}", file=sys.stderr)
+            return 2
     # runs of EasyEdit's baselines record the seconds inside EasyEdit's own algorithm: then a column says
     # which share of the edit time that is (the rest is this project's integration)
     split = any("algorithm_seconds" in r for recs in loaded for r in recs.values())
     lines = ["| run | cases | MMLU before any edit | MMLU after the measured edits (edit number: score) | "
-             "median edit seconds |" + (" share in EasyEdit's algorithm |" if split else ""),
-             "|---|---:|---:|---|---:|" + ("---:|" if split else "")]
+             "median edit seconds |" + (" share in EasyEdit's algorithm |" if split else "")
+             + (f" answers changed vs {Path(args.changed_from).name} |" if reference is not None else ""),
+             "|---|---:|---:|---|---:|" + ("---:|" if split else "") + ("---:|" if reference is not None else "")]
     for label, run, recs in zip(labels, args.runs, loaded):
         before = Path(run) / "mmlu_before.json"
         mmlu = f"{json.loads(before.read_text(encoding='utf-8'))['MMLU_before']:.1f}" if before.is_file() else "-"
@@ -116,6 +135,10 @@ def runs_table(argv: Sequence[str]) -> int:
             inside = [r for r in ordered if "algorithm_seconds" in r]
             total = sum(float(r["edit_seconds"]) for r in inside)
             row += f" {100 * sum(r['algorithm_seconds'] for r in inside) / total:.0f}% |" if inside and total else " - |"
+        if reference is not None:
+            pairs = [(a, b) for c in sorted(set(recs) & set(reference))
+                     for a, b in zip(_answer_list(recs[c]), _answer_list(reference[c]))]
+            row += f" {sum(a != b for a, b in pairs)} of {len(pairs)} |"
         lines.append(row)
     print("\n".join(lines))
     return 0

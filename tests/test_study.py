@@ -128,3 +128,19 @@ def test_runs_table_shows_the_share_of_edit_time_inside_easyedits_algorithm(tmp_
     assert out[3] == "| MEMIT | 2 | - | - | 200 | 75% |"  # (90 + 210) / (100 + 300)
     assert runs_table([str(tmp_path / "lora")]) == 0  # without a baseline run the table keeps its five columns
     assert capsys.readouterr().out.splitlines()[0].endswith("| median edit seconds |")
+
+
+def test_runs_table_counts_the_answers_an_edit_changed(tmp_path, capsys):
+    from benchmarks.study import runs_table
+
+    def rec(case, single, multi):
+        return {"case_id": case, "index": int(case), "Ind": 0.0, "Cmp": 0.0, "edit_seconds": 1.0,
+                "answers": {"single_hop": single, "multi_hop": multi}}
+
+    _run(tmp_path / "unedited", [rec("1", ["a", "b"], ["c"]), rec("2", ["d"], ["e"])])
+    _run(tmp_path / "memit", [rec("1", ["a", "B"], ["C"]), rec("2", ["d"], ["e"]), rec("3", ["x"], ["y"])])
+    assert runs_table([str(tmp_path / "memit"), "--changed-from", str(tmp_path / "unedited")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith("| answers changed vs unedited |")
+    assert out[2] == "| memit | 3 | - | - | 1 | 2 of 5 |"  # cases 1 and 2 only: the reference has no case 3
+    assert runs_table([str(tmp_path / "memit"), "--changed-from", str(tmp_path / "absent")]) == 2
