@@ -126,9 +126,9 @@ def paired_tables(out: Path, labels: Sequence[str], reference: str, benchmarks: 
     """
     order = [reference] + [label for label in labels if label != reference]
     parts, reports = [], {}
+    if len(order) < 2:  # one method: nothing to pair it with
+        return "", reports
     for bench in benchmarks:
-        if len(order) < 2:
-            break
         dirs = [out / bench / _slug(label) for label in order]
         try:
             report = multi_report(dirs, resamples=resamples)

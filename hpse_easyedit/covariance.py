@@ -52,6 +52,7 @@ __all__ = [
     "second_moments",
     "select_documents",
     "stats_file",
+    "stats_relpath",
     "write_stats_file",
 ]
 
@@ -203,8 +204,13 @@ def easyedit_model_name(model: Any) -> str:
 def stats_file(stats_dir: str | os.PathLike, model: Any, layer_name: str, ds_name: str, precision: str,
                sample_size: int | None) -> Path:
     """Where ``layer_stats`` caches ``mom2`` of ``layer_name`` (it re-reads the file when it exists)."""
+    return Path(stats_dir) / easyedit_model_name(model) / stats_relpath(layer_name, ds_name, precision, sample_size)
+
+
+def stats_relpath(layer_name: str, ds_name: str, precision: str, sample_size: int | None) -> str:
+    """``stats_file`` below the model's folder: ``{ds_name}_stats/{layer}_{precision}_mom2[_{sample_size}].npz``."""
     suffix = "" if sample_size is None else f"_{sample_size}"
-    return Path(stats_dir) / easyedit_model_name(model) / f"{ds_name}_stats" / f"{layer_name}_{precision}_mom2{suffix}.npz"
+    return f"{ds_name}_stats/{layer_name}_{precision}_mom2{suffix}.npz"
 
 
 def write_stats_file(path: str | os.PathLike, mom2: torch.Tensor, count: int, sample_size: int | None,

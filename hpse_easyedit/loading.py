@@ -67,7 +67,8 @@ def embedded_gguf_path() -> Path | None:
     return None
 
 
-def _offline() -> bool:
+def offline_mode() -> bool:
+    """Hugging Face offline mode is set (``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``): nothing may be downloaded."""
     return any(os.environ.get(v, "").lower() in ("1", "true", "yes") for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
 
 
@@ -173,7 +174,7 @@ def _resolve(name: str) -> tuple[str, dict]:
     except Exception:
         pass
     if name != EMBEDDED_MODEL:
-        if _offline():
+        if offline_mode():
             raise ModelNotFoundError(
                 f"model {name!r} (hparams key 'model_name') is not a local directory and not in the Hugging Face cache "
                 f"({_hub_cache()}), and offline mode is set (HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE); download it first with "

@@ -52,11 +52,19 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 
-from ..covariance import BUILTIN_CORPORA, DOWNLOADED_DATASETS, CorpusError, ensure_layer_stats, load_corpus
+from ..covariance import (
+    BUILTIN_CORPORA,
+    DOWNLOADED_DATASETS,
+    CorpusError,
+    ensure_layer_stats,
+    load_corpus,
+    stats_relpath,
+)
 from ..data_files import EDITEVERY_FILE, MMLU_LETTERS, data_dir, mmlu_test_files, mmlu_text, read_mmlu_csv
 from ..editor import RequestError, normalize_requests
 from ..executors import restore_weights
 from ..hparams import EditorHParams, HParamsError, YamlHParams, hp_field, parse_overrides, read_hparams_file
+from ..loading import offline_mode
 from ..prompts import end_of_turn_id
 from .easyedit_import import import_easyedit
 
@@ -551,10 +559,22 @@ def _projection(model: Any, tok: Any, hp: LocateThenEditHParams, call_hparams: A
     alpha.P_loaded = False
 
 
+def _statistics_corpus(hp: LocateThenEditHParams) -> list | None:
+    """The local corpus of the statistics, or None for a dataset EasyEdit downloads; any other
+    ``mom2_dataset`` is an ``HParamsError`` naming the file and the fix."""
+    corpus = hp.corpus
+    if corpus is None and hp.easyedit.mom2_dataset not in DOWNLOADED_DATASETS:
+        raise HParamsError(
+            f"{hp.source}: mom2_dataset {hp.easyedit.mom2_dataset!r} is neither a built-in local corpus "
+            f"({sorted(BUILTIN_CORPORA)}) nor one EasyEdit downloads ({list(DOWNLOADED_DATASETS)}); add "
+            "stats_corpus: [FILES] to compute it offline"
+        )
+    return corpus
+
+
 def _hub_reachable(timeout: float = 5.0) -> bool:
     """Whether EasyEdit could download its statistics dataset now: not in offline mode, and the Hub answers."""
-    if any(os.environ.get(v, "").lower() in ("1", "true", "yes")
-           for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")):
+    if offline_mode() or os.environ.get("HF_DATASETS_OFFLINE", "").lower() in ("1", "true", "yes"):
         return False
     import socket
 
@@ -573,21 +593,15 @@ def check_statistics_obtainable(hp: LocateThenEditHParams) -> None:
     or a reachable Hub. Otherwise ``HParamsError`` names the file, the key and the fix.
     """
     ee = hp.easyedit
-    corpus = hp.corpus
+    corpus = _statistics_corpus(hp)
     if corpus is not None:
         try:
             load_corpus(corpus)
         except CorpusError as err:
             raise HParamsError(f"{hp.source}: the covariance statistics cannot be computed offline: {err}") from None
         return
-    if ee.mom2_dataset not in DOWNLOADED_DATASETS:
-        raise HParamsError(
-            f"{hp.source}: mom2_dataset {ee.mom2_dataset!r} is neither a built-in local corpus ({sorted(BUILTIN_CORPORA)}) "
-            f"nor one EasyEdit downloads ({list(DOWNLOADED_DATASETS)}); add stats_corpus: [FILES] to compute it offline"
-        )
-    suffix = "" if ee.mom2_n_samples is None else f"_{ee.mom2_n_samples}"
-    missing = [layer for layer in ee.layers if not any(Path(ee.stats_dir).glob(
-        f"*/{ee.mom2_dataset}_stats/{ee.rewrite_module_tmp.format(layer)}_{ee.mom2_dtype}_mom2{suffix}.npz"))]
+    missing = [layer for layer in ee.layers if not any(Path(ee.stats_dir).glob("*/" + stats_relpath(
+        ee.rewrite_module_tmp.format(layer), ee.mom2_dataset, ee.mom2_dtype, ee.mom2_n_samples)))]
     if missing and not _hub_reachable():
         raise HParamsError(
             f"{hp.source}: no covariance statistics for layers {missing} in stats_dir {ee.stats_dir!r}, and "
@@ -602,12 +616,7 @@ def prepare_locate_then_edit(model: Any, tok: Any, hp: LocateThenEditHParams) ->
     ee = hp.easyedit
     check_depth(model, ee.layers, [ee.v_loss_layer], hp.source)
     call = dataclasses.replace(ee, model_name=easyedit_model_name(ee.model_name, model, hp.alg_name))
-    corpus = hp.corpus
-    if corpus is None and ee.mom2_dataset not in DOWNLOADED_DATASETS:
-        raise HParamsError(
-            f"{hp.source}: mom2_dataset {ee.mom2_dataset!r} is neither a built-in local corpus ({sorted(BUILTIN_CORPORA)}) "
-            f"nor one EasyEdit downloads ({list(DOWNLOADED_DATASETS)}); add stats_corpus: [FILES] to compute it offline"
-        )
+    corpus = _statistics_corpus(hp)
     _reset_easyedit_caches(model)
     if hp.alg_name == "AlphaEdit" and _ModuleState.p_loc != ee.P_loc:  # another P (and cache_c size) than loaded
         alpha = importlib.import_module("easyeditor.models.alphaedit.AlphaEdit_main")
