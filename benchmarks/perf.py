@@ -211,8 +211,11 @@ def _rollout_vs_generate(model: Any, tok: Any, hp: Any, prompts: Any, repeats: i
     device = input_device(student)
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
 
-    def rollout() -> Any:  # no stop tokens: every rollout runs max_new_tokens, as generate() below is forced to
-        return draw_rollout(executor, prompts, hp, stop_ids=[], pad_id=pad)
+    def rollout(hparams: Any = hp) -> Any:  # no stop tokens: every rollout runs max_new_tokens, as generate() does
+        return draw_rollout(executor, prompts, hparams, stop_ids=[], pad_id=pad)
+
+    # the same rollout without the fast decode path (F.linear), interleaved, when the fast path is on
+    eager_hp = hp.with_overrides(["fast_decode=false"]) if hp.fast_decode else None
 
     def generate() -> None:
         ids = torch.tensor([prompts.student_ids], device=device)
@@ -221,14 +224,27 @@ def _rollout_vs_generate(model: Any, tok: Any, hp: Any, prompts: Any, repeats: i
                          temperature=None, top_p=None, top_k=None)
 
     rollout(), generate()  # warm-up
-    t_roll, t_gen = [], []
+    if eager_hp is not None:
+        rollout(eager_hp)
+    t_roll, t_gen, t_eager = [], [], []
     for _ in range(repeats):
         _sync(device); t0 = time.perf_counter(); ro = rollout(); _sync(device); t_roll.append(time.perf_counter() - t0)
         _sync(device); t0 = time.perf_counter(); generate(); _sync(device); t_gen.append(time.perf_counter() - t0)
+        if eager_hp is not None:
+            _sync(device); t0 = time.perf_counter(); eager = rollout(eager_hp); _sync(device)
+            t_eager.append(time.perf_counter() - t0)
     result = {"tokens": len(ro), "seconds": statistics.median(t_roll), "generate_seconds": statistics.median(t_gen),
               "ratio": statistics.median(t_roll) / statistics.median(t_gen),
               "tokens_per_s": len(ro) / statistics.median(t_roll),
-              "seconds_each": t_roll, "generate_seconds_each": t_gen}
+              "seconds_each": t_roll, "generate_seconds_each": t_gen, "fast_decode": hp.fast_decode}
+    if t_eager:  # what fast_decode buys, and what it changes
+        result.update({
+            "eager_seconds": statistics.median(t_eager), "eager_seconds_each": t_eager,
+            "fast_decode_speedup": statistics.median(t_eager) / statistics.median(t_roll),
+            "fast_decode_same_tokens": bool(torch.equal(ro.tokens, eager.tokens)
+                                            and torch.equal(ro.stepped_in, eager.stepped_in)),
+            "fast_decode_max_logprob_difference": float((ro.teacher_topk_logprobs - eager.teacher_topk_logprobs).abs().max()),
+        })
     return result, restore_weights(student, weights_copy)
 
 
@@ -320,7 +336,7 @@ def measure(args: argparse.Namespace) -> dict:
         "hparams": args.hparams, "overrides": list(args.set), "random_config": args.random_config,
         "model_name": hp.model_name, "dtype": hp.dtype, "executor": hp.executor,
         "rounds": hp.rounds, "inner_steps": hp.inner_steps, "max_new_tokens": hp.max_new_tokens,
-        "batched_rollout": hp.batched_rollout, "device": str(device),
+        "batched_rollout": hp.batched_rollout, "fast_decode": hp.fast_decode, "device": str(device),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
                     "gpu": torch.cuda.get_device_name(device) if on_gpu else None, "torch": torch.__version__},
         "n_params": sum(p.numel() for p in model.parameters()),
@@ -491,6 +507,11 @@ def table(report: dict) -> str:
         ("rollout / generate()", f"{report['rollout']['ratio']:.2f}  ({report['rollout']['seconds']:.2f} s vs "
                                  f"{report['rollout']['generate_seconds']:.2f} s, {report['rollout']['tokens']} tokens, "
                                  f"{report['rollout']['tokens_per_s']:.1f} tok/s)"),
+        ("rollout fast_decode speed-up", (f"{report['rollout']['fast_decode_speedup']:.2f}  (F.linear path "
+                                          f"{report['rollout']['eager_seconds']:.2f} s; same tokens and step-ins: "
+                                          f"{report['rollout']['fast_decode_same_tokens']}, top-K log-probs within "
+                                          f"{report['rollout']['fast_decode_max_logprob_difference']:.1e})")
+                                         if "eager_seconds" in report["rollout"] else "n/a (fast_decode off)"),
         ("HPSE edit / NLL-only edit", f"{report['edit']['ratio']:.2f}  ({report['edit']['hpse_seconds']:.1f} s vs "
                                       f"{report['edit']['nll_only_seconds']:.1f} s)"),
     ]

@@ -45,6 +45,7 @@ from .report import judge_note, paper_table
 from .rollouts import pack_rounds, stepin_rate_by_round
 from .store import (
     CONFIG,
+    KERNEL_KEYS,
     PLACEMENT_KEYS,
     IncompleteRunError,
     ResultFile,
@@ -133,8 +134,9 @@ class RunOptions:
 
 
 def _computing(overrides: Sequence[str]) -> list[str]:
-    """The overrides that change what a run computes: placement overrides (``device=...``) say only where it runs."""
-    return [o for o in overrides if o.split("=", 1)[0].strip() not in PLACEMENT_KEYS]
+    """The overrides that change what a run computes: placement overrides (``device=...``) say only where it runs,
+    kernel overrides (``fast_decode=...``) only which kernels compute it."""
+    return [o for o in overrides if o.split("=", 1)[0].strip() not in PLACEMENT_KEYS + KERNEL_KEYS]
 
 
 def default_out_dir(benchmark: str, hparams: str, overrides: Sequence[str]) -> Path:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 __all__ = [
-    "PLACEMENT_KEYS", "ConfigMismatchError", "ConfigPolicy", "IncompleteRunError", "ResultFile", "check_run_config",
+    "KERNEL_KEYS", "PLACEMENT_KEYS", "ConfigMismatchError", "ConfigPolicy", "IncompleteRunError", "ResultFile", "check_run_config",
     "config_policy", "json_plain", "merge_results", "read_results", "result_files", "results_name", "write_json_atomic", "write_new_json",
 ]
 
@@ -134,6 +134,9 @@ def _insert(config: dict, path: KeyPath, value: Any) -> None:
 #: hparams keys that say where a run executes, not what it computes: a rerun may change them freely
 #: (move a half-done run to other GPUs, or under accelerate launch, where each process sets its own device).
 PLACEMENT_KEYS = ("device", "model_parallel")
+#: hparams keys that choose kernels for the same computation (results differ only in float rounding, as they do
+#: on another CPU's BLAS): a rerun may change them too; config.json keeps the value the run started with.
+KERNEL_KEYS = ("fast_decode",)
 
 
 def json_plain(value: Any) -> Any:
@@ -186,14 +189,14 @@ def _field_defaults(obj: Any) -> dict[str, Any]:
 def config_policy(hparams: Any) -> ConfigPolicy:
     """What a rerun may differ in from a run directory's ``config.json`` without being another configuration.
 
-    Placement keys of the hparams (``PLACEMENT_KEYS``) are ignored; a key directly under ``hparams``
-    that the recorded config does not have is accepted when its value is the default of that field in
+    Placement and kernel keys of the hparams (``PLACEMENT_KEYS``, ``KERNEL_KEYS``) are ignored; a key directly
+    under ``hparams`` that the recorded config does not have is accepted when its value is the default of that field in
     the code (a field added to the hparams after the run started, at the behaviour the old code had).
     Anything else that differs, nested keys included, is a different configuration.
     """
     defaults = _field_defaults(hparams)
     return ConfigPolicy(
-        ignored=lambda path: len(path) == 2 and path[0] == "hparams" and path[1] in PLACEMENT_KEYS,
+        ignored=lambda path: len(path) == 2 and path[0] == "hparams" and path[1] in PLACEMENT_KEYS + KERNEL_KEYS,
         new_default=lambda path, value: (
             len(path) == 2 and path[0] == "hparams" and path[1] in defaults and defaults[path[1]] == value
         ),

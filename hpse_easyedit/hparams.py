@@ -243,6 +243,11 @@ class HPSEHyperParams(ExecutorHParams):
         True, "Advance student and teacher in ONE batched forward per rollout token (one KV cache of batch 2); "
         "false = two separate cached forwards. Same tokens either way.",
     )
+    fast_decode: bool = hp_field(
+        True, "Rollout decode steps on CPU compute the frozen float32 weights' matmuls as W @ x^T (about 2x faster "
+        "decode steps here); logits differ from F.linear's in the last bits. false = F.linear, bit for bit as before "
+        "this switch existed. No effect on GPU, in half precision, or in training.",
+    )
     kl_student: str = hp_field(
         "full", "Student side of the top-K KL: 'full' (the paper's: the student's full-vocabulary log-probabilities of "
         "the teacher's top-K tokens) or 'topk' (NOT the paper's: renormalised over the teacher's top-K as well, a weaker "

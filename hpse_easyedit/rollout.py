@@ -16,6 +16,7 @@ from typing import Any, Callable, ContextManager, Iterable, Sequence
 import torch
 import torch.nn.functional as F
 
+from .fast_decode import few_row_linears
 from .losses import stepin_decision
 from .padding import pad_rows
 
@@ -236,12 +237,14 @@ def draw_rollout(executor: Any, prompts: Any, hparams: Any, *, stop_ids: Iterabl
     ``batched_rollout`` (default): student and teacher advance in ONE batched forward of ``executor.model``
     (the executor's ``row_switch``); otherwise two cached forwards, the teacher through ``teacher_context``.
     Same tokens either way. ``rollout: on_policy`` switches the gate off (the "w/o HP" ablation).
+    ``fast_decode`` (default) computes the decode steps' frozen CPU matmuls as ``W @ x^T`` (``fast_decode.py``).
     """
     gate = dict(tau=hparams.tau, kappa=hparams.kappa, top_k=hparams.top_k, max_new_tokens=hparams.max_new_tokens,
                 stop_ids=stop_ids, hybrid=hparams.rollout == "hybrid")
     student = executor.model
-    if hparams.batched_rollout:
-        return batched_hybrid_rollout(student, executor.row_switch, prompts.student_ids, prompts.teacher_ids,
-                                      pad_id=pad_id, **gate)
-    return hybrid_rollout(student, student, prompts.student_ids, prompts.teacher_ids,
-                          teacher_context=executor.teacher_context, **gate)
+    with few_row_linears(student, enabled=hparams.fast_decode):
+        if hparams.batched_rollout:
+            return batched_hybrid_rollout(student, executor.row_switch, prompts.student_ids, prompts.teacher_ids,
+                                          pad_id=pad_id, **gate)
+        return hybrid_rollout(student, student, prompts.student_ids, prompts.teacher_ids,
+                              teacher_context=executor.teacher_context, **gate)

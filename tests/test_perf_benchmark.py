@@ -47,12 +47,17 @@ def test_perf_report_on_tiny_model(tmp_path, capsys):
     assert report["teacher_forward_tokens_per_edit"] > 0
     assert report["rollout"]["ratio"] > 0 and report["edit"]["ratio"] > 0
     assert len(report["rollout"]["seconds_each"]) == 3  # --rollout-repeats default, median reported
+    # fast_decode (on by default) is timed against the F.linear path in the same run, with what it changes
+    assert report["fast_decode"] is True and len(report["rollout"]["eager_seconds_each"]) == 3
+    assert report["rollout"]["fast_decode_speedup"] > 0 and report["rollout"]["fast_decode_same_tokens"] is True
+    assert report["rollout"]["fast_decode_max_logprob_difference"] < 1e-4
     assert 0 < report["hpse_rollout_seconds"] < report["edit"]["hpse_seconds"]
     assert set(report["sequential"]["bytes_after"]) == {"1", "3"}
     assert "memory" in report and report["memory"]["ratio"] > 0
     text = capsys.readouterr().out
     assert "decode floor" in text and "training / FLOP floor" in text and "MMLU whole prompts" in text
     assert "rollout / generate()" in text and "HPSE edit / NLL-only edit" in text and "of which HPSE rollouts" in text
+    assert "rollout fast_decode speed-up" in text
     with pytest.raises(SystemExit):
         perf_main(args)  # never overwrites a report
 
