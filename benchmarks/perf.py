@@ -12,7 +12,9 @@ Reports, for one hparams file and model:
     (same questions, predictions compared);
   - memory: peak of the HPSE edit / of the NLL-only edit (CUDA peak allocated on a GPU, peak RSS
     with the kernel's mark reset on a CPU), and after 1, 10, 50, 100 sequential edits (must stay flat);
-  - teacher forward tokens per edit and teacher passes during inner steps (must be 0).
+  - teacher forward tokens per edit and teacher passes during inner steps (must be 0);
+  - where one inner step's time goes: ``torch.profiler`` self time by operator, the matmuls' share of it
+    and their rate against the dense-matmul floor (``train.profile``).
 It prints a table and writes JSON; the flat keys at its top (``rollout_tok_s`` ... ``dtype``) are the
 ones docs/PERFORMANCE.md quotes. ``--quick`` gives the same keys in under 3 minutes on 2 CPU cores.
 
@@ -407,6 +409,9 @@ def measure(args: argparse.Namespace) -> dict:
                             "hpse_extra": peaks["hpse"], "nll_only_extra": peaks["nll_only"],
                             "ratio": peaks["hpse_total"] / peaks["nll_only_total"]}
 
+    # 4a. where one inner step's time goes (profiled, so not part of the timings above).
+    report["train"]["profile"], model = _step_profile(model, tok, hp, passage, report["floors"]["matmul_gflops"])
+
     # 4b. COIN* on the same passage, with the same Adam-step budget as the HPSE edit (R x M steps).
     report["coin"], model = _coin(model, tok, hp, passage, args)
 
@@ -436,6 +441,72 @@ def measure(args: argparse.Namespace) -> dict:
                                if not args.no_easyedit else {"skipped": "--no-easyedit"})
     report.update(_headline(report))
     return report
+
+
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+
+
+class _ProfiledStep:
+    """An ``Objective`` that runs another one unchanged and profiles its inner step number ``at`` (1-based; the
+    first pays the process's first-touch costs): the forwards and backwards of every loss group, not the Adam
+    step after them. ``train_edit`` drives it."""
+
+    def __init__(self, inner: Any, profiler: Any, at: int = 2) -> None:
+        self.inner, self.profiler, self.at, self.calls = inner, profiler, at, 0
+        self.name, self.terms = inner.name, inner.terms
+
+    def start_round(self, student: Any) -> dict:
+        return self.inner.start_round(student)
+
+    def step(self, student: Any) -> Any:
+        self.calls += 1
+        if self.calls != self.at:
+            yield from self.inner.step(student)
+            return
+        self.profiler.start()
+        try:
+            yield from self.inner.step(student)
+        finally:
+            self.profiler.stop()
+
+    def describe_round(self, stats: dict) -> str:
+        return self.inner.describe_round(stats)
+
+
+def _step_profile(model: Any, tok: Any, hp: Any, passage: str, matmul_gflops: float, top: int = 8) -> tuple[dict, Any]:
+    """Where one HPSE inner step's time goes (``torch.profiler``, the second step after a first-round rollout, the
+    NLL and KL rows both): self time by operator, the matmuls' share of it and the rate they ran at against the
+    dense-matmul floor of this run. Timings under the profiler run slower than without it; the shares are the point."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from hpse_easyedit import restore_weights
+    from hpse_easyedit.editor import HPSEObjective, edit_prompts
+    from hpse_easyedit.executors import make_executor
+    from hpse_easyedit.prompts import stop_token_ids
+    from hpse_easyedit.training import train_edit
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if input_device(model).type == "cuda" else [])
+    prof = profile(activities=activities, with_flops=True)
+    stop_ids = stop_token_ids(model, tok)
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else next(iter(stop_ids), 0)
+    executor = make_executor(model, hp)
+    objective = HPSEObjective(executor, edit_prompts(model, tok, _requests(passage), hp), hp, stop_ids=stop_ids, pad_id=pad_id)
+    res = train_edit(executor, hp, _ProfiledStep(objective, prof, at=2), rounds=1, inner_steps=2)
+    model = restore_weights(res.model, res.weights_copy)
+    events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
+    total = sum(e.self_cpu_time_total for e in events) / 1e6
+    mm = [e for e in events if e.key in MATMUL_OPS]
+    mm_seconds = sum(e.self_cpu_time_total for e in mm) / 1e6
+    mm_flops = sum(e.flops or 0 for e in mm)
+    events.sort(key=lambda e: -e.self_cpu_time_total)
+    return {
+        "self_seconds": total,
+        "matmul_seconds": mm_seconds,
+        "matmul_share": mm_seconds / total if total else None,
+        "matmul_gflops": mm_flops / mm_seconds / 1e9 if mm_seconds and mm_flops else None,
+        "matmul_of_floor": (mm_flops / mm_seconds / 1e9) / matmul_gflops if mm_seconds and mm_flops else None,
+        "top_ops": [{"op": e.key, "self_seconds": e.self_cpu_time_total / 1e6, "calls": e.count} for e in events[:top]],
+    }, model
 
 
 def _coin(model: Any, tok: Any, hp: Any, passage: str, args: argparse.Namespace) -> tuple[dict, Any]:
@@ -518,6 +589,11 @@ def table(report: dict) -> str:
     rows.append(("training / FLOP floor", f"{report['train']['ratio']:.2f}  ({report['train']['seconds']:.1f} s vs "
                                           f"{report['train']['flop_floor_seconds']:.1f} s, "
                                           f"{report['train']['flops'] / 1e12:.2f} TFLOP)"))
+    prof = report["train"].get("profile")
+    if prof and prof["matmul_share"] is not None:
+        rate = f", at {prof['matmul_gflops']:.0f} GFLOPS ({prof['matmul_of_floor']:.2f} of the floor)" if prof["matmul_gflops"] else ""
+        others = ", ".join([o["op"] for o in prof["top_ops"] if o["op"] not in MATMUL_OPS][:3])
+        rows.append(("  inner step in matmuls", f"{prof['matmul_share']:.2f} of its self time (profiled){rate}; then {others}"))
     hpse = report["edit"]["hpse_seconds"]
     for name, part, text in (
         ("HPSE edit / EasyEdit LoRA", report["easyedit_lora"],

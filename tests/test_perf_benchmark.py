@@ -54,10 +54,15 @@ def test_perf_report_on_tiny_model(tmp_path, capsys):
     assert 0 < report["hpse_rollout_seconds"] < report["edit"]["hpse_seconds"]
     assert set(report["sequential"]["bytes_after"]) == {"1", "3"}
     assert "memory" in report and report["memory"]["ratio"] > 0
+    # one inner step profiled: the matmuls' share of its self time, their rate, the heaviest operators
+    prof = report["train"]["profile"]
+    assert 0 < prof["matmul_share"] <= 1 and 0 < prof["matmul_seconds"] <= prof["self_seconds"]
+    assert prof["matmul_gflops"] > 0 and prof["matmul_of_floor"] > 0
+    assert prof["top_ops"] and all(o["calls"] > 0 and o["self_seconds"] > 0 for o in prof["top_ops"])
     text = capsys.readouterr().out
     assert "decode floor" in text and "training / FLOP floor" in text and "MMLU whole prompts" in text
     assert "rollout / generate()" in text and "HPSE edit / NLL-only edit" in text and "of which HPSE rollouts" in text
-    assert "rollout fast_decode speed-up" in text
+    assert "rollout fast_decode speed-up" in text and "inner step in matmuls" in text
     with pytest.raises(SystemExit):
         perf_main(args)  # never overwrites a report
 
