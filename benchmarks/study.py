@@ -38,7 +38,7 @@ from typing import Any, Mapping, Sequence
 
 from hpse_easyedit.cli import OneLineParser, UsageError, run_cli
 
-__all__ = ["Block", "StudyError", "check", "find_blocks", "generate", "prose_numbers", "runs_table", "write"]
+__all__ = ["Block", "StudyError", "check", "find_blocks", "generate", "prose_numbers", "runs_table", "table_numbers", "write"]
 
 _BLOCK_RE = re.compile(r"^<!-- study: (?P<command>.+?) -->\n(?P<body>.*?)^<!-- /study -->$", re.S | re.M)
 _MARKER_RE = re.compile(r"^<!-- study:", re.M)
@@ -193,6 +193,12 @@ def prose_numbers(text: str) -> list[tuple[int, str]]:
     return [(masked.count("\n", 0, m.start()) + 1, m.group()) for m in _RESULT_RE.finditer(masked)]
 
 
+def table_numbers(generated: Sequence[str]) -> set[float]:
+    """Every decimal number and whole percentage the regenerated blocks hold: what prose may quote."""
+    tables = "\n".join(generated)
+    return {float(n) for n in _NUMBER_RE.findall(tables)} | {float(n) for n in re.findall(r"(?<![\w.])(\d+)%", tables)}
+
+
 def check(text: str, blocks: Sequence[Block], generated: Sequence[str], source: str = "RESULTS.md") -> list[str]:
     """Disagreements between RESULTS.md and the regenerated blocks, one line each (empty: they agree)."""
     problems = []
@@ -206,7 +212,7 @@ def check(text: str, blocks: Sequence[Block], generated: Sequence[str], source: 
         problems.append(f"{source}:{b.line + 1 + i}: the block of the marker on line {b.line} says {have!r}; "
                         f"the committed runs give {want!r}")
     tables = "\n".join(generated)
-    known = {float(n) for n in _NUMBER_RE.findall(tables)} | {float(n) for n in re.findall(r"(?<![\w.])(\d+)%", tables)}
+    known = table_numbers(generated)
     for line, number in prose_numbers(text):
         counts = _RESULT_RE.fullmatch(number)
         if counts and counts.group("wins"):  # a "wins / ties / losses" cell with these wins and losses
