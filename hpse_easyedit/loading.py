@@ -157,7 +157,14 @@ def _convert_embedded(target: Path) -> None:
     try:
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        os.replace(tmp, target)
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            # Another process (a second torchrun rank, a parallel run) converted the same GGUF meanwhile and
+            # renamed its copy first; the conversion is deterministic, so its finished copy is as good as ours.
+            if not (target / "config.json").is_file():
+                raise
+            logger.info("%s was converted by another process meanwhile; using that copy", target)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

@@ -40,6 +40,39 @@ def test_missing_model_says_how_to_get_it(monkeypatch):
         load_model(tiny_hparams(model_name="no-such-org/no-such-model"))
 
 
+@pytest.fixture
+def fake_gguf(tmp_path, monkeypatch):
+    """_convert_embedded's GGUF read replaced by a tiny saved model, to test what happens around it."""
+    import transformers
+
+    from hpse_easyedit import loading
+
+    model, tok = make_tiny_model_and_tokenizer("llama", tmp_path=tmp_path / "tiny")
+    monkeypatch.setattr(loading, "embedded_gguf_path", lambda: tmp_path / "tiny" / "model.gguf")
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: model)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: tok)
+    return loading._convert_embedded
+
+
+@pytest.mark.parametrize("finished", [True, False])
+def test_concurrent_conversion_keeps_a_finished_copy(tmp_path, fake_gguf, finished):
+    """Two processes converting the embedded GGUF at once (two torchrun ranks): the one renaming second finds the
+    target taken; a finished copy there is used as it is, a partial one is still an error."""
+    target = tmp_path / "cache" / "converted"
+    target.mkdir(parents=True)
+    (target / ("config.json" if finished else "partial")).write_text("theirs")
+    if finished:
+        fake_gguf(target)
+        assert (target / "config.json").read_text() == "theirs"
+    else:
+        with pytest.raises(OSError):
+            fake_gguf(target)
+    assert [p.name for p in target.parent.iterdir()] == ["converted"]  # our temporary copy is removed either way
+    fresh = tmp_path / "cache" / "fresh"
+    fake_gguf(fresh)
+    assert (fresh / "config.json").is_file()
+
+
 @pytest.fixture(scope="session")
 def smollm():
     if embedded_gguf_path() is None:
