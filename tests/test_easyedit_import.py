@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from hpse_easyedit.integrations.easyedit_import import (
+    EASYEDIT_PINS,
     OPTIONAL_MODULES,
     EasyEditNotFoundError,
     EasyEditVersionError,
@@ -123,6 +124,30 @@ def test_a_missing_required_package_is_named_with_its_pip_name(tmp_path, isolate
     assert "needs the Python package 'hydra_is_not_installed'" in str(err.value)
     assert "pip install hydra_is_not_installed" in str(err.value)
     assert "easyeditor" not in sys.modules  # a failed import leaves nothing half-imported
+
+
+def test_a_module_missing_from_an_installed_package_names_the_version_and_the_pin(tmp_path, isolated):
+    """transformers 5.24 removed transformers.modeling_attn_mask_utils, which EasyEdit's UnKE imports: the error
+    must not claim transformers is not installed, but name its version and the pin that works."""
+    import transformers
+
+    extra = "from transformers.hpse_test_removed_module import AttentionMaskConverter\n"
+    isolated.setenv("EASYEDIT_SRC", str(_fake(tmp_path / "EasyEdit", CURRENT, extra=extra)))
+    with pytest.raises(EasyEditNotFoundError) as err:
+        import_easyedit()
+    msg = str(err.value)
+    assert "imports transformers.hpse_test_removed_module" in msg
+    assert f"the installed transformers {transformers.__version__} does not have" in msg
+    assert f"pip install 'transformers{EASYEDIT_PINS['transformers']}'" in msg
+    assert "not installed" not in msg
+    assert "easyeditor" not in sys.modules
+
+
+def test_setup_easyedit_extra_carries_the_same_pins():
+    setup_py = (Path(__file__).resolve().parents[1] / "setup.py").read_text()
+    extra = next(line for line in setup_py.splitlines() if line.strip().startswith('"easyedit":'))
+    for package, bound in EASYEDIT_PINS.items():
+        assert f'"{package}{bound}"' in extra
 
 
 def test_registration_adds_methods_to_the_same_dict_and_wraps_the_batchable_check(tmp_path, isolated):

@@ -42,7 +42,7 @@ logger = logging.getLogger(__name__)
 ENV_VAR = "EASYEDIT_SRC"
 INSTALL_HINT = (
     "install EasyEdit from its GitHub source: `git clone https://github.com/zjunlp/EasyEdit /path/to/EasyEdit`, "
-    "install its text-editing dependencies (`pip install higher einops hydra-core nltk rouge`; see docs/EASYEDIT.md), "
+    "install its text-editing dependencies (`pip install higher einops hydra-core nltk rouge 'transformers<5.24'`; see docs/EASYEDIT.md), "
     f"and `export {ENV_VAR}=/path/to/EasyEdit`"
 )
 STALE_PYPI_VERSION = "0.0.1.dev0"
@@ -65,6 +65,10 @@ OPTIONAL_MODULES: dict[str, str] = {
 # Pip names of the packages EasyEdit's text-editing import chain needs, for error messages.
 _PIP_NAMES = {"higher": "higher", "einops": "einops", "omegaconf": "omegaconf", "hydra": "hydra-core",
               "nltk": "nltk", "rouge": "rouge", "antlr4": "antlr4-python3-runtime"}
+
+#: Upper bounds on packages whose newer releases dropped a module EasyEdit imports (setup.py's ``easyedit`` extra
+#: carries the same pins): transformers 5.24 removed ``transformers.modeling_attn_mask_utils`` (EasyEdit's UnKE).
+EASYEDIT_PINS = {"transformers": "<5.24"}
 
 
 class EasyEditNotFoundError(ImportError):
@@ -178,13 +182,17 @@ def _source_dir() -> Path | None:
     return path.resolve()
 
 
-def _installed_distribution_version() -> str | None:
+def _distribution_version(name: str) -> str | None:
     from importlib import metadata
 
     try:
-        return metadata.version("easyeditor")
+        return metadata.version(name)
     except metadata.PackageNotFoundError:
         return None
+
+
+def _installed_distribution_version() -> str | None:
+    return _distribution_version("easyeditor")
 
 
 def check_easyedit(module: types.ModuleType | None = None) -> None:
@@ -263,9 +271,21 @@ def import_easyedit() -> types.ModuleType:
         for name in [k for k in sys.modules if k == "easyeditor" or k.startswith("easyeditor.")]:
             del sys.modules[name]
         root = (err.name or "").split(".")[0]
+        pip_name = _PIP_NAMES.get(root, root)
+        if root and err.name != root and importlib.util.find_spec(root) is not None:
+            # The package is there but a module EasyEdit imports from it is not: a newer release removed it
+            # (transformers 5.24 dropped transformers.modeling_attn_mask_utils, which EasyEdit's UnKE imports).
+            installed = _distribution_version(pip_name)
+            pinned = EASYEDIT_PINS.get(pip_name)
+            fix = (f"`pip install '{pip_name}{pinned}'` (or `pip install -e \".[easyedit]\"`, which pins it)"
+                   if pinned else f"install the {pip_name} release that EasyEdit's requirements.txt names")
+            raise EasyEditNotFoundError(
+                f"EasyEdit at {spec.origin} imports {err.name}, which the installed {pip_name} "
+                f"{installed or '(version unknown)'} does not have: {fix}"
+            ) from err
         raise EasyEditNotFoundError(
             f"EasyEdit at {spec.origin} needs the Python package {root!r}, which is not installed: "
-            f"`pip install {_PIP_NAMES.get(root, root)}` ({INSTALL_HINT})"
+            f"`pip install {pip_name}` ({INSTALL_HINT})"
         ) from err
     check_easyedit(module)
     return module
