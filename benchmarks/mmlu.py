@@ -83,13 +83,14 @@ def letter_scores(model: Any, tokenizer: Any, items: Sequence[MMLUItem], batch_s
     same token ids as the whole prompt, so the same predictions; logits agree to float rounding).
     ``share_prefix=False``: every prompt is run whole, batches of similar lengths (the earlier path).
     """
-    from hpse_easyedit.rollout import input_device
+    from hpse_easyedit.rollout import cache_keyword, input_device, output_cache
 
     device = input_device(model)  # the embedding's device: the first parameter may sit elsewhere under device_map
     encoded = [tokenizer(format_mmlu_prompt(it))["input_ids"] for it in items]
     letters = letter_token_ids(tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     forward = _LastLogits(model)
+    cache_kw = cache_keyword(model)
     scores: list[list[float]] = [[] for _ in items]
 
     def score(idx: Sequence[int], logits: torch.Tensor) -> None:
@@ -117,7 +118,7 @@ def letter_scores(model: Any, tokenizer: Any, items: Sequence[MMLUItem], batch_s
             if shared:
                 prefix_cache = _new_cache(model)
                 prefix = torch.tensor([encoded[members[0]][:shared]], dtype=torch.long, device=device)
-                prefix_cache = forward(input_ids=prefix, past_key_values=prefix_cache, use_cache=True).past_key_values
+                prefix_cache = output_cache(forward(input_ids=prefix, use_cache=True, **{cache_kw: prefix_cache}))
             order = sorted(members, key=lambda i: len(encoded[i]))
             for start in range(0, len(order), batch_size):
                 idx = order[start: start + batch_size]
@@ -128,7 +129,7 @@ def letter_scores(model: Any, tokenizer: Any, items: Sequence[MMLUItem], batch_s
                     cache = copy.deepcopy(prefix_cache)
                     cache.batch_repeat_interleave(len(idx))
                     mask = torch.cat([mask.new_ones(len(idx), shared), mask], dim=1)
-                    inputs.update(past_key_values=cache, use_cache=True)
+                    inputs.update({cache_kw: cache, "use_cache": True})
                 out = forward(attention_mask=mask.to(device), **inputs)
                 score(idx, out.logits[:, -1].float())
     finally:

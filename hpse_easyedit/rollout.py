@@ -71,15 +71,27 @@ def _accepts(model: torch.nn.Module, name: str) -> bool:
     return name in cache
 
 
+def cache_keyword(model: torch.nn.Module) -> str:
+    """The forward keyword of the KV cache: ``cache`` where the model takes it (transformers >= 5.24, which
+    deprecates ``past_key_values``), else ``past_key_values``."""
+    return "cache" if _accepts(model, "cache") else "past_key_values"
+
+
+def output_cache(out: Any) -> Any:
+    """The updated KV cache of a forward's output: ``out.cache`` (transformers >= 5.24) or ``out.past_key_values``."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
+
+
 def _step(model: torch.nn.Module, ids: torch.Tensor, cache: Any) -> tuple[torch.Tensor, Any]:
     """One cached forward; returns the last position's float32 log-probs and the updated cache."""
-    kwargs: dict = {"input_ids": ids, "past_key_values": cache, "use_cache": True}
+    kwargs: dict = {"input_ids": ids, cache_keyword(model): cache, "use_cache": True}
     if _accepts(model, "logits_to_keep"):
         kwargs["logits_to_keep"] = 1
     elif _accepts(model, "num_logits_to_keep"):
         kwargs["num_logits_to_keep"] = 1
     out = model(**kwargs)
-    return F.log_softmax(out.logits[:, -1, :].float(), dim=-1), out.past_key_values
+    return F.log_softmax(out.logits[:, -1, :].float(), dim=-1), output_cache(out)
 
 
 def _new_cache(model: torch.nn.Module) -> Any:
@@ -207,14 +219,15 @@ def batched_hybrid_rollout(
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     teacher_rows = torch.tensor([False, True], device=device)
     use_keep = _accepts(model, "logits_to_keep")
+    cache_kw = cache_keyword(model)
 
     def forward(step_ids: torch.Tensor, step_pos: torch.Tensor, cache: Any) -> tuple[torch.Tensor, Any]:
         kwargs: dict = {"input_ids": step_ids, "attention_mask": mask, "position_ids": step_pos,
-                        "past_key_values": cache, "use_cache": True}
+                        cache_kw: cache, "use_cache": True}
         if use_keep:
             kwargs["logits_to_keep"] = 1
         out = model(**kwargs)
-        return F.log_softmax(out.logits[:, -1, :].float(), dim=-1), out.past_key_values
+        return F.log_softmax(out.logits[:, -1, :].float(), dim=-1), output_cache(out)
 
     with row_switch(teacher_rows):
         logp, cache = forward(ids, positions, _new_cache(model))

@@ -172,3 +172,21 @@ def test_teacher_views_compute_the_unedited_model_exactly(executor):
     assert torch.equal(both[0], student[0])  # the student row is computed exactly as without the switch
     assert torch.allclose(both[1], want[0], atol=1e-5)
     assert not torch.allclose(both[0], want[0], atol=1e-3)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_rollouts_pass_the_cache_under_the_keyword_the_model_takes(family):
+    """transformers 5.24 renamed the forward's past_key_values to cache (the old name warns until its removal in
+    5.40): both rollout drivers use the name the model takes, so neither warns on any transformers."""
+    import warnings
+
+    from hpse_easyedit.rollout import batched_hybrid_rollout
+
+    ex, tok, _ = _trained_executor(family, "lora")
+    s_ids, t_ids = _prompts(ex.model, tok)
+    gate = dict(tau=1.0, kappa=0.05, top_k=5, max_new_tokens=6, stop_ids=[])
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*past_key_values.*")
+        seq = hybrid_rollout(ex.model, ex.model, s_ids, t_ids, teacher_context=ex.teacher_context, **gate)
+        bat = batched_hybrid_rollout(ex.model, ex.row_switch, s_ids, t_ids, pad_id=tok.pad_token_id, **gate)
+    assert len(seq) == len(bat) == 6
