@@ -483,6 +483,9 @@ class _Run:
             log.info("resuming %s: %d of %d case(s) already done", self.out_dir, len(ids) - n_todo, len(ids))
         mmlu_before = self._mmlu_before(compute=True) if ctx.is_main else None
         if n_todo:
+            record = environment_record([ids[i] for _, unit in todo for i in unit], ctx)
+            with open(self.out_dir / ENVIRONMENTS_FILE, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(record) + "\n")
             desc = f"{self.task.name} {self.label}" + (f" [{ctx.rank}/{ctx.world}]" if ctx.world > 1 else "")
             with logging_redirect_tqdm(), tqdm(
                 total=n_mine, initial=n_mine - n_todo, desc=desc, unit="case", dynamic_ncols=True, disable=not ctx.is_main,
@@ -554,6 +557,46 @@ class _Run:
             return json.loads(path.read_text(encoding="utf-8")).get("hparams", self.hp_dict)
         return self.hp_dict
 
+
+
+ENVIRONMENTS_FILE = "environments.jsonl"
+_RECORDED_PACKAGES = ("torch", "transformers", "peft", "accelerate", "tokenizers")
+
+
+def environment_record(case_ids: Sequence[str], ctx: ProcessContext) -> dict:
+    """What produced the cases one invocation edits: package versions, the EasyEdit checkout, the machine.
+
+    A run that resumes in another environment (a newer transformers, another EasyEdit commit) keeps one
+    such line per invocation in ``environments.jsonl``, so every record can be traced to the versions that
+    made it; none of this is part of ``config.json``, which a resume must match.
+    """
+    import os
+    import platform
+    import subprocess
+    from datetime import datetime, timezone
+    from importlib import metadata
+
+    versions = {}
+    for name in _RECORDED_PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    easyedit = None
+    src = os.environ.get("EASYEDIT_SRC")
+    if src:
+        try:
+            commit = subprocess.run(["git", "-C", src, "rev-parse", "HEAD"], capture_output=True, text=True,
+                                    timeout=10).stdout.strip() or None
+        except (OSError, subprocess.SubprocessError):
+            commit = None
+        easyedit = {"src": src, "commit": commit}
+    return {
+        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "rank": ctx.rank, "world": ctx.world, "cases": list(case_ids),
+        "python": platform.python_version(), **versions, "easyedit": easyedit,
+        "platform": platform.platform(), "cpus": os.cpu_count(),
+    }
 
 
 def run_benchmark(opts: RunOptions, context: ProcessContext | None = None) -> dict:

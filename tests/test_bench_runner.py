@@ -159,6 +159,23 @@ def test_cases_option_runs_only_the_named_cases_and_a_later_run_fills_in(tiny, t
         _opts(tiny, tmp_path, "mquake-uns", cases=[""])
 
 
+def test_each_invocation_that_edits_records_its_environment(tiny, tmp_path, monkeypatch):
+    import transformers
+
+    register_editor("SPY", Spy().factory)
+    monkeypatch.setenv("EASYEDIT_SRC", str(tmp_path / "not-a-checkout"))
+    ids = [str(c["case_id"]) for c in json.loads((DATA_DIR / "akew" / "MQuAKE-CF.json").read_text())[:3]]
+    out = tmp_path / "mq"
+    for limit in (2, 3, 3):  # the third run has nothing to do and records nothing
+        run_benchmark(_opts(tiny, tmp_path, "mquake-uns", hparams=str(tiny / "spy.yaml"), out_dir=str(out), limit=limit))
+    lines = [json.loads(line) for line in (out / "environments.jsonl").read_text().splitlines()]
+    assert [line["cases"] for line in lines] == [ids[:2], ids[2:]]
+    assert all(line["transformers"] == transformers.__version__ and line["torch"] for line in lines)
+    assert lines[0]["easyedit"] == {"src": str(tmp_path / "not-a-checkout"), "commit": None}
+    assert (lines[0]["rank"], lines[0]["world"]) == (0, 1)
+    assert "environments" not in json.dumps(json.loads((out / "config.json").read_text()))  # not part of what must match
+
+
 def test_mmlu_every_k_measures_only_every_kth_edit_and_is_part_of_the_config(tiny, tmp_path):
     opts = dict(limit=3, mmlu_every=2, out_dir=str(tmp_path / "every"))
     summary = run_benchmark(_opts(tiny, tmp_path, "unkebench", **opts))
