@@ -53,8 +53,11 @@ def test_bf16_edit_moves_and_learns_like_float32(family, executor):
         model = restore_weights(result.model, result.weights_copy)
         assert same_weights(model, snap)  # restore is bit-exact in either dtype
     assert moved[torch.float32] == 1.0
-    # an entry whose summed float32 steps stay under half a bf16 spacing keeps its value: allow 1%
-    assert moved[torch.bfloat16] >= (0.99 if executor == "ft_m" else 1.0)
+    # FT-M: an entry whose summed float32 steps stay under half a bf16 spacing keeps its value: allow 1%.
+    # LoRA (float32 adapters): an entry whose gradient, computed from bf16 activations, stays far below
+    # Adam's eps moves less than float32's spacing; seen for 1 of 12,288 entries (qwen2, layer 0 q_proj
+    # lora_A) on one x86-64 CPU and none on another: allow 0.1%
+    assert moved[torch.bfloat16] >= (0.99 if executor == "ft_m" else 0.999)
     assert drops[torch.float32] > 0
     assert drops[torch.bfloat16] == pytest.approx(drops[torch.float32], rel=DROP_TOLERANCE)
 

@@ -89,7 +89,7 @@ def _by_id(records):
 
 @pytest.fixture(scope="module")
 def reference(tiny, tmp_path_factory):
-    """One process, no launcher: today's run (results.jsonl, summary.json, table.md, config.json)."""
+    """One process, no launcher: today's run (results.jsonl, summary.json, table.md, config.json, environments.jsonl)."""
     out = tmp_path_factory.mktemp("ref") / "out"
     before = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -97,7 +97,8 @@ def reference(tiny, tmp_path_factory):
         summary = run_benchmark(_opts(tiny, out))
     finally:
         torch.set_num_threads(before)
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "results.jsonl", "summary.json", "table.md"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "config.json", "environments.jsonl", "results.jsonl", "summary.json", "table.md"]
     return out, summary, _lines(out / "results.jsonl")
 
 
@@ -196,7 +197,13 @@ def test_two_processes_match_one_and_a_killed_process_resumes(tiny, reference, t
     assert [str(r["case_id"]) for r in shard0] == ids[0::2]  # every 2nd case from rank 0, exactly once
     assert [str(r["case_id"]) for r in shard1] == ids[1::2]
     assert sorted(p.name for p in out.iterdir()) == [
-        "config.json", "results.rank0-of-2.jsonl", "results.rank1-of-2.jsonl", "summary.json", "table.md"]
+        "config.json", "environments.jsonl", "results.rank0-of-2.jsonl", "results.rank1-of-2.jsonl", "summary.json",
+        "table.md"]
+    envs = [json.loads(line) for line in (out / "environments.jsonl").read_text().splitlines()]
+    for rank, shard in ((0, ids[0::2]), (1, ids[1::2])):  # each process, in each launch, named the cases it took on
+        taken = [c for e in envs if (e["rank"], e["world"]) == (rank, 2) for c in e["cases"]]
+        assert set(taken) == set(shard), (rank, envs)
+    assert sum(e["rank"] == 1 for e in envs) == 2  # rank 1 ran twice: killed, then resumed
     assert _by_id(shard0 + shard1) == _by_id(ref_records)  # answers, scores, per-round losses: identical
     summary = json.loads((out / "summary.json").read_text())
     assert _strip(summary) == _strip(ref_summary)
