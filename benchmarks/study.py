@@ -126,8 +126,10 @@ def runs_table(argv: Sequence[str]) -> int:
         before = Path(run) / "mmlu_before.json"
         mmlu = f"{json.loads(before.read_text(encoding='utf-8'))['MMLU_before']:.1f}" if before.is_file() else "-"
         ordered = sorted(recs.values(), key=lambda r: r.get("index", 0))  # index: the case's place in the run
-        after = ", ".join(f"{r.get('index', i) + 1}: {r['MMLU_after']:.0f}" for i, r in enumerate(ordered)
-                          if r.get("MMLU_after") is not None)
+        # continual editing measures MMLU once per block, after its last edit; each record of the block carries it
+        measured = [(i, r) for i, r in enumerate(ordered) if r.get("MMLU_after") is not None
+                    and (r.get("block") is None or i + 1 == len(ordered) or ordered[i + 1].get("block") != r["block"])]
+        after = ", ".join(f"{r.get('index', i) + 1}: {r['MMLU_after']:.0f}" for i, r in measured)
         seconds = [float(r.get("edit_seconds") or 0.0) for r in ordered]
         median = f"{statistics.median(seconds):.0f}" if any(seconds) else "-"  # a reference row edits nothing
         row = f"| {label} | {len(recs)} | {mmlu} | {after or '-'} | {median} |"

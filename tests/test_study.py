@@ -147,3 +147,14 @@ def test_runs_table_counts_the_answers_an_edit_changed(tmp_path, capsys):
     assert out[0].endswith("| answers changed vs unedited |")
     assert out[2] == "| memit | 3 | - | - | 1 | 2 of 5 |"  # cases 1 and 2 only: the reference has no case 3
     assert runs_table([str(tmp_path / "memit"), "--changed-from", str(tmp_path / "absent")]) == 2
+
+
+def test_runs_table_lists_a_continual_runs_mmlu_once_per_block(tmp_path, capsys):
+    from benchmarks.study import runs_table
+
+    # two blocks of T = 2: MMLU is measured after each block's last edit and every record of the block carries it
+    recs = [{"case_id": str(i), "index": i, "block": i // 2, "Ind": 0.0, "Cmp": 0.0, "edit_seconds": 10.0,
+             "MMLU_after": [25.0, 27.0][i // 2]} for i in range(4)]
+    _run(tmp_path / "seq", recs)
+    assert runs_table([str(tmp_path / "seq"), "--label", "LoRA (T = 2)"]) == 0
+    assert capsys.readouterr().out.splitlines()[2] == "| LoRA (T = 2) | 4 | - | 2: 25, 4: 27 | 10 |"
