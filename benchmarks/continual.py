@@ -10,7 +10,9 @@ the reference the paper's figure starts from):
 Prints one markdown table: per run its T, sequences, cases, the task's metrics and Avg over all cases,
 Avg of each sequence (the spread between sequences), and for a +HPSE row its paired difference in Avg
 from the executor alone (per case, 95% bootstrap interval of the mean). ``--png`` draws the paper's
-layout: per metric and T, the executor's bar filled and the +HPSE bar outlined over it.
+layout: per metric and T, the executor's bar filled and the +HPSE bar outlined over it. ``--first N``
+(one per pair, or ``all``) reports a pair on its runs' first N cases only, e.g. the single-editing runs on
+the cases of the sequences after they have gone on to more cases.
 """
 
 from __future__ import annotations
@@ -40,18 +42,35 @@ def _case_avg(task, rec: Mapping) -> float:
     return 100.0 * sum(float(rec[m]) for m in task.metrics) / len(task.metrics)
 
 
+def _first(recs: dict[str, dict], n: int | None) -> dict[str, dict]:
+    """The run's first ``n`` cases in data order (all of them when ``n`` is None)."""
+    if n is None:
+        return recs
+    return dict(sorted(recs.items(), key=lambda kv: kv[1].get("index", 0))[:n])
+
+
 def continual_rows(pairs: Sequence[tuple[str, str]], names: Sequence[str], *, resamples: int = 10000,
-                   seed: int = 0) -> list[dict]:
+                   seed: int = 0, first: Sequence[int | None] | None = None) -> list[dict]:
     """One dict per run of each (executor alone, executor + HPSE) pair: its label, T, sequences, cases,
-    metrics, Avg per sequence and, for the +HPSE run, the paired Avg difference with its interval."""
+    metrics, Avg per sequence and, for the +HPSE run, the paired Avg difference with its interval.
+
+    ``first``: per pair, report only its runs' first N cases in data order (None: all of them), e.g. the
+    single-editing runs on the cases of the sequences when they have gone on to more cases."""
     from .paired import bootstrap_ci
 
     rows = []
-    for (base, hpse), name in zip(pairs, names):
+    for (base, hpse), name, n in zip(pairs, names, first or [None] * len(pairs)):
         (b_bench, b_T, b_recs), (h_bench, h_T, h_recs) = _run(base), _run(hpse)
         if (b_bench, b_T) != (h_bench, h_T):
             raise UsageError(f"{base} ({b_bench}, T={b_T}) and {hpse} ({h_bench}, T={h_T}) differ; a pair is one "
                              "benchmark at one T")
+        if n is not None:
+            if n % b_T:
+                raise UsageError(f"--first {n} cuts a sequence of {b_T} cases of {base}; give a multiple of {b_T}")
+            if min(len(b_recs), len(h_recs)) < n:
+                raise UsageError(f"--first {n}: {base} holds {len(b_recs)} cases and {hpse} {len(h_recs)}; "
+                                 f"finish both runs on at least --limit {n}")
+            b_recs, h_recs = _first(b_recs, n), _first(h_recs, n)
         if set(b_recs) != set(h_recs):
             raise UsageError(f"{base} and {hpse} hold different cases ({len(b_recs)} vs {len(h_recs)}); "
                              "finish both runs on the same --limit")
@@ -123,6 +142,18 @@ def plot_continual(rows: Sequence[Mapping], path: str | os.PathLike) -> None:
     plt.close(fig)
 
 
+def _parse_first(value: str) -> int | None:
+    if value == "all":
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise UsageError(f"--first {value!r}: give a positive number of cases or 'all'")
+    return n
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     return run_cli(_main, sys.argv[1:] if argv is None else argv)
 
@@ -133,6 +164,9 @@ def _main(argv: Sequence[str]) -> int:
                         help="run directories in pairs: the executor alone, then the same executor with HPSE (same T, cases)")
     parser.add_argument("--name", action="append", default=[],
                         help="the executor of each pair, in order (default: LoRA for every pair)")
+    parser.add_argument("--first", action="append", default=[], metavar="N|all",
+                        help="per pair, in order: report only its runs' first N cases in data order (a multiple of "
+                             "its T), or all of them (default: all, for every pair)")
     parser.add_argument("--png", metavar="FILE", help="write the bar chart here")
     parser.add_argument("--resamples", type=int, default=10000, help="bootstrap resamples (default 10000)")
     parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
@@ -144,7 +178,10 @@ def _main(argv: Sequence[str]) -> int:
     names = args.name or ["LoRA"] * len(pairs)
     if len(names) != len(pairs):
         raise UsageError(f"{len(names)} --name for {len(pairs)} pairs; give one per pair or none")
-    rows = continual_rows(pairs, names, resamples=args.resamples)
+    if args.first and len(args.first) != len(pairs):
+        raise UsageError(f"{len(args.first)} --first for {len(pairs)} pairs; give one per pair (N or all) or none")
+    first = [_parse_first(v) for v in args.first] if args.first else None
+    rows = continual_rows(pairs, names, resamples=args.resamples, first=first)
     if len({r["benchmark"] for r in rows}) > 1:
         raise UsageError("the runs mix benchmarks; one table is one benchmark")
     print(continual_table(rows))

@@ -50,3 +50,27 @@ def test_command_line_writes_the_png_and_refuses_bad_pairs(tmp_path, capsys):
     assert main([single, single_hpse, base, hpse, "--resamples", "100"]) == 0  # single editing is T = 1
     out = capsys.readouterr().out
     assert "| LoRA | 1 | 2 | 2 |" in out and "(single editing)" in out
+
+
+def test_first_reports_a_pair_on_its_first_cases_only(tmp_path, capsys):
+    # single editing gone on to 3 cases (the base one case further than +HPSE); the sequences cover 2
+    single = _run(tmp_path / "d", 1, [(1.0, 1.0), (0.0, 0.0), (1.0, 1.0), (1.0, 1.0)])
+    single_hpse = _run(tmp_path / "e", 1, [(1.0, 1.0), (1.0, 0.0), (0.0, 0.0)])
+    base = _run(tmp_path / "a", 2, [(1.0, 0.0), (0.0, 0.0)])
+    hpse = _run(tmp_path / "b", 2, [(1.0, 1.0), (0.0, 0.0)])
+    assert main([single, single_hpse, base, hpse, "--resamples", "100"]) == 2  # different cases: refused
+    assert "different cases" in capsys.readouterr().err
+    rows = continual_rows([(single, single_hpse), (base, hpse)], ["LoRA", "LoRA"], resamples=100, first=[2, None])
+    assert [r["cases"] for r in rows] == [2, 2, 2, 2]
+    assert rows[0]["Avg"] == pytest.approx(50.0) and rows[1]["Avg"] == pytest.approx(75.0)
+    assert rows[1]["diff"] == pytest.approx(25.0)
+    assert main([single, single_hpse, base, hpse, "--first", "2", "--first", "all", "--resamples", "100"]) == 0
+    assert "| LoRA + HPSE | 1 | 2 | 2 |" in capsys.readouterr().out
+    assert main([single, single_hpse, base, hpse, "--first", "2"]) == 2
+    assert "1 --first for 2 pairs" in capsys.readouterr().err
+    assert main([base, hpse, "--first", "1"]) == 2
+    assert "cuts a sequence of 2 cases" in capsys.readouterr().err
+    assert main([single, single_hpse, "--first", "4"]) == 2
+    assert "finish both runs on at least --limit 4" in capsys.readouterr().err
+    assert main([single, single_hpse, "--first", "x"]) == 2
+    assert "give a positive number of cases or 'all'" in capsys.readouterr().err
