@@ -21,10 +21,11 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from hpse_easyedit.cli import OneLineParser, UsageError, check_positive, run_cli
 
+from .paired import CUTS
 from .tasks import TASKS
 
 __all__ = ["continual_rows", "continual_table", "main", "plot_continual"]
@@ -50,12 +51,15 @@ def _first(recs: dict[str, dict], n: int | None) -> dict[str, dict]:
 
 
 def continual_rows(pairs: Sequence[tuple[str, str]], names: Sequence[str], *, resamples: int = 10000,
-                   seed: int = 0, first: Sequence[int | None] | None = None) -> list[dict]:
+                   seed: int = 0, first: Sequence[int | None] | None = None,
+                   recitation: Callable[[Sequence[str], list[tuple[str, dict]]], dict] | None = None) -> list[dict]:
     """One dict per run of each (executor alone, executor + HPSE) pair: its label, T, sequences, cases,
     metrics, Avg per sequence and, for the +HPSE run, the paired Avg difference with its interval.
 
     ``first``: per pair, report only its runs' first N cases in data order (None: all of them), e.g. the
-    single-editing runs on the cases of the sequences when they have gone on to more cases."""
+    single-editing runs on the cases of the sequences when they have gone on to more cases.
+    ``recitation``: ``(run dirs, [(benchmark, records), ...]) -> benchmarks.paired.recitation_report``; with it
+    the +HPSE row also holds its paired difference with every answer cut (``cut_diffs``: cut -> Avg_diff)."""
     from .paired import bootstrap_ci
 
     rows = []
@@ -88,19 +92,30 @@ def continual_rows(pairs: Sequence[tuple[str, str]], names: Sequence[str], *, re
                 diff = [_case_avg(task, h_recs[c]) - _case_avg(task, b_recs[c]) for c in ids]
                 row["diff"] = sum(diff) / len(diff)
                 row["diff_ci"] = list(bootstrap_ci(diff, resamples=resamples, seed=seed))
+                if recitation is not None:
+                    report = recitation([base, hpse], [(b_bench, b_recs), (h_bench, h_recs)])
+                    row["cut_diffs"] = {cut: rows_[1]["Avg_diff"] for cut, rows_ in report["cuts"].items()
+                                        if cut != CUTS[0] and "Avg_diff" in rows_[1]}
             rows.append(row)
     return rows
 
 
 def continual_table(rows: Sequence[Mapping]) -> str:
     metrics = TASKS[rows[0]["benchmark"]].metrics
-    head = ["method", "T", "sequences", "cases", *metrics, "Avg", "Avg per sequence", "paired Δ Avg vs executor [95% CI]"]
-    lines = ["| " + " | ".join(head) + " |", "|---|---:|---:|---:|" + "---:|" * (len(metrics) + 1) + "---|---|"]
+    cuts = list(dict.fromkeys(c for r in rows for c in r.get("cut_diffs", {})))
+    head = ["method", "T", "sequences", "cases", *metrics, "Avg", "Avg per sequence", "paired Δ Avg vs executor [95% CI]",
+            *(f"Δ Avg, answers cut to {c}" for c in cuts)]
+    lines = ["| " + " | ".join(head) + " |", "|---|---:|---:|---:|" + "---:|" * (len(metrics) + 1) + "---|---|"
+             + "---|" * len(cuts)]
     for r in rows:
         diff = (f"{r['diff']:+.1f} [{r['diff_ci'][0]:+.1f}, {r['diff_ci'][1]:+.1f}]" if "diff" in r else "")
         per_sequence = ", ".join(f"{v:.1f}" for v in r["per_sequence"]) if r["T"] > 1 else "(single editing)"
+        cut_cells = []
+        for c in cuts:
+            d = r.get("cut_diffs", {}).get(c)
+            cut_cells.append("" if d is None else f"{d['diff']:+.1f} [{d['ci95'][0]:+.1f}, {d['ci95'][1]:+.1f}]")
         cells = [r["label"], str(r["T"]), str(r["sequences"]), str(r["cases"]), *(f"{r[m]:.1f}" for m in metrics),
-                 f"{r['Avg']:.1f}", per_sequence, diff]
+                 f"{r['Avg']:.1f}", per_sequence, diff, *cut_cells]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -142,6 +157,23 @@ def plot_continual(rows: Sequence[Mapping], path: str | os.PathLike) -> None:
     plt.close(fig)
 
 
+def _recitation(args) -> Callable[[Sequence[str], list[tuple[str, dict]]], dict]:
+    """The recitation report of ``benchmarks.paired`` for one pair, the data and tokenizer loaded once."""
+    from .paired import load_cases, model_token_spans, recitation_report, run_model_name
+
+    loaded: dict[str, dict] = {}
+    spans, kind = model_token_spans(run_model_name(args.runs))
+
+    def report(dirs: Sequence[str], runs: list[tuple[str, dict]]) -> dict:
+        benchmark = runs[0][0]
+        if benchmark not in loaded:
+            loaded[benchmark] = load_cases(benchmark, args.data, "--recitation")
+        return recitation_report(dirs, runs, loaded[benchmark], tokens=args.recitation_tokens, token_spans=spans,
+                                 token_kind=kind, resamples=args.resamples)
+
+    return report
+
+
 def _parse_first(value: str) -> int | None:
     if value == "all":
         return None
@@ -167,6 +199,14 @@ def _main(argv: Sequence[str]) -> int:
     parser.add_argument("--first", action="append", default=[], metavar="N|all",
                         help="per pair, in order: report only its runs' first N cases in data order (a multiple of "
                              "its T), or all of them (default: all, for every pair)")
+    parser.add_argument("--recitation", action="store_true",
+                        help="add each +HPSE row's paired difference with every answer cut to its first sentence and "
+                             "to its first --recitation-tokens tokens (benchmarks.paired --recitation; reads --data and "
+                             "the runs' tokenizer)")
+    parser.add_argument("--recitation-tokens", type=int, default=32, metavar="N",
+                        help="with --recitation: the token cut (default 32)")
+    parser.add_argument("--data", help="with --recitation: the data directory the runs used "
+                                       "(default: $HPSE_DATA_DIR or ../shared/data)")
     parser.add_argument("--png", metavar="FILE", help="write the bar chart here")
     parser.add_argument("--resamples", type=int, default=10000, help="bootstrap resamples (default 10000)")
     parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
@@ -181,7 +221,12 @@ def _main(argv: Sequence[str]) -> int:
     if args.first and len(args.first) != len(pairs):
         raise UsageError(f"{len(args.first)} --first for {len(pairs)} pairs; give one per pair (N or all) or none")
     first = [_parse_first(v) for v in args.first] if args.first else None
-    rows = continual_rows(pairs, names, resamples=args.resamples, first=first)
+    check_positive("--recitation-tokens", args.recitation_tokens)
+    try:  # a run directory or the data that is not what the tool reads: one line, like benchmarks.paired
+        recitation = _recitation(args) if args.recitation else None
+        rows = continual_rows(pairs, names, resamples=args.resamples, first=first, recitation=recitation)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
     if len({r["benchmark"] for r in rows}) > 1:
         raise UsageError("the runs mix benchmarks; one table is one benchmark")
     print(continual_table(rows))

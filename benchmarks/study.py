@@ -169,7 +169,7 @@ def generate(blocks: Sequence[Block], root: str | Path, *, data: str | None = No
     for b in blocks:
         where = f"{source}:{b.line}"
         tool, *argv = _argv(b.command, root, where)
-        if tool == "paired" and data and "--data" not in argv:
+        if tool in ("paired", "continual") and data and "--data" not in argv:
             argv += ["--data", data]
         stdout, stderr = io.StringIO(), io.StringIO()
         with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):

@@ -74,3 +74,32 @@ def test_first_reports_a_pair_on_its_first_cases_only(tmp_path, capsys):
     assert "finish both runs on at least --limit 4" in capsys.readouterr().err
     assert main([single, single_hpse, "--first", "x"]) == 2
     assert "give a positive number of cases or 'all'" in capsys.readouterr().err
+
+
+def test_recitation_adds_the_cut_differences_of_each_hpse_row(tmp_path, capsys, monkeypatch):
+    import benchmarks.paired as paired
+
+    filler = " ".join(f"w{i}" for i in range(1, 32))  # 31 tokens: "Croatia" after it is token 32
+    cases = {"0": {"case_id": "0", "single_hop_answers": [["Croatia"]], "multi_hop_answers": ["Zagreb"]}}
+    runs = []
+    for name, single, multi in (("lora", filler + " Croatia and more", "I do not know. Zagreb is its capital."),
+                                ("hpse", filler + " w32 Croatia", "Zagreb.")):
+        path = tmp_path / name
+        path.mkdir()
+        (path / "config.json").write_text(json.dumps({"benchmark": "mquake-uns", "hparams": {"model_name": "tiny"}}))
+        (path / "results.jsonl").write_text(json.dumps({"case_id": "0", "index": 0, "Ind": 1.0, "Cmp": 1.0, "answers": {
+            "single_hop": [single], "multi_hop": [multi]}}) + "\n")
+        runs.append(str(path))
+    monkeypatch.setattr(paired, "load_cases", lambda bench, data, why: cases)
+    monkeypatch.setattr(paired, "model_token_spans", lambda name: (None, f"words of {name}"))
+    assert main([*runs, "--recitation", "--resamples", "100"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith("| Δ Avg, answers cut to first sentence | Δ Avg, answers cut to first 32 tokens |")
+    # official: level; first sentence: LoRA loses Zagreb (+50 for HPSE); 32 tokens: HPSE loses Croatia (-50)
+    assert out[2] == "| LoRA | 1 | 1 | 1 | 100.0 | 100.0 | 100.0 | (single editing) |  |  |  |"
+    assert out[3].endswith("| +0.0 [+0.0, +0.0] | +50.0 [+50.0, +50.0] | -50.0 [-50.0, -50.0] |")
+    assert main([*runs, "--recitation", "--recitation-tokens", "31", "--resamples", "100"]) == 0
+    assert "first 31 tokens" in capsys.readouterr().out
+    monkeypatch.undo()
+    assert main([*runs, "--recitation", "--data", str(tmp_path / "nowhere")]) == 2
+    assert "--recitation needs the mquake-uns data" in capsys.readouterr().err
