@@ -100,6 +100,10 @@ def continual_rows(pairs: Sequence[tuple[str, str]], names: Sequence[str], *, re
     return rows
 
 
+def _interval(mean: float, ci: Sequence[float]) -> str:
+    return f"{mean:+.1f} [{ci[0]:+.1f}, {ci[1]:+.1f}]"
+
+
 def continual_table(rows: Sequence[Mapping]) -> str:
     metrics = TASKS[rows[0]["benchmark"]].metrics
     cuts = list(dict.fromkeys(c for r in rows for c in r.get("cut_diffs", {})))
@@ -108,12 +112,9 @@ def continual_table(rows: Sequence[Mapping]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|---|---:|---:|---:|" + "---:|" * (len(metrics) + 1) + "---|---|"
              + "---|" * len(cuts)]
     for r in rows:
-        diff = (f"{r['diff']:+.1f} [{r['diff_ci'][0]:+.1f}, {r['diff_ci'][1]:+.1f}]" if "diff" in r else "")
+        diff = _interval(r["diff"], r["diff_ci"]) if "diff" in r else ""
         per_sequence = ", ".join(f"{v:.1f}" for v in r["per_sequence"]) if r["T"] > 1 else "(single editing)"
-        cut_cells = []
-        for c in cuts:
-            d = r.get("cut_diffs", {}).get(c)
-            cut_cells.append("" if d is None else f"{d['diff']:+.1f} [{d['ci95'][0]:+.1f}, {d['ci95'][1]:+.1f}]")
+        cut_cells = [_interval(d["diff"], d["ci95"]) if d else "" for d in (r.get("cut_diffs", {}).get(c) for c in cuts)]
         cells = [r["label"], str(r["T"]), str(r["sequences"]), str(r["cases"]), *(f"{r[m]:.1f}" for m in metrics),
                  f"{r['Avg']:.1f}", per_sequence, diff, *cut_cells]
         lines.append("| " + " | ".join(cells) + " |")
