@@ -248,6 +248,12 @@ class HPSEHyperParams(ExecutorHParams):
         "decode steps here); logits differ from F.linear's in the last bits. false = F.linear, bit for bit as before "
         "this switch existed. No effect on GPU, in half precision, or in training.",
     )
+    scored_logits_only: bool = hp_field(
+        True, "Training forwards compute the output head only at the positions the losses score (logits_to_keep: "
+        "the passage and rollout positions, not the prompt before them): the same gradients and weights, the logged "
+        "NLL differs in the last bits (summation order). false = every position's logits, bit for bit as before "
+        "this switch existed.",
+    )
     kl_student: str = hp_field(
         "full", "Student side of the top-K KL: 'full' (the paper's: the student's full-vocabulary log-probabilities of "
         "the teacher's top-K tokens) or 'topk' (NOT the paper's: renormalised over the teacher's top-K as well, a weaker "
