@@ -205,6 +205,7 @@ def _rollout_vs_generate(model: Any, tok: Any, hp: Any, prompts: Any, repeats: i
     """Time the hybrid rollout and the student's own greedy generate() of the same length; restore after."""
     from hpse_easyedit import restore_weights
     from hpse_easyedit.executors import make_executor
+    from hpse_easyedit.fast_decode import pays_off
     from hpse_easyedit.rollout import draw_rollout, input_device
 
     executor = make_executor(model, hp)
@@ -216,8 +217,8 @@ def _rollout_vs_generate(model: Any, tok: Any, hp: Any, prompts: Any, repeats: i
     def rollout(hparams: Any = hp) -> Any:  # no stop tokens: every rollout runs max_new_tokens, as generate() does
         return draw_rollout(executor, prompts, hparams, stop_ids=[], pad_id=pad)
 
-    # the same rollout without the fast decode path (F.linear), interleaved, when the fast path is on
-    eager_hp = hp.with_overrides(["fast_decode=false"]) if hp.fast_decode else None
+    # the same rollout without the fast decode path (F.linear), interleaved, when the fast path is on or auto
+    eager_hp = hp.with_overrides(["fast_decode=false"]) if hp.fast_decode is not False else None
 
     def generate() -> None:
         ids = torch.tensor([prompts.student_ids], device=device)
@@ -238,7 +239,9 @@ def _rollout_vs_generate(model: Any, tok: Any, hp: Any, prompts: Any, repeats: i
     result = {"tokens": len(ro), "seconds": statistics.median(t_roll), "generate_seconds": statistics.median(t_gen),
               "ratio": statistics.median(t_roll) / statistics.median(t_gen),
               "tokens_per_s": len(ro) / statistics.median(t_roll),
-              "seconds_each": t_roll, "generate_seconds_each": t_gen, "fast_decode": hp.fast_decode}
+              "seconds_each": t_roll, "generate_seconds_each": t_gen, "fast_decode": hp.fast_decode,
+              # what the switch resolved to on this machine ("auto": pays_off's timing of both products)
+              "fast_decode_resolved": pays_off(student) if hp.fast_decode == "auto" else hp.fast_decode}
     if t_eager:  # what fast_decode buys, and what it changes
         result.update({
             "eager_seconds": statistics.median(t_eager), "eager_seconds_each": t_eager,
@@ -578,7 +581,9 @@ def table(report: dict) -> str:
         ("rollout / generate()", f"{report['rollout']['ratio']:.2f}  ({report['rollout']['seconds']:.2f} s vs "
                                  f"{report['rollout']['generate_seconds']:.2f} s, {report['rollout']['tokens']} tokens, "
                                  f"{report['rollout']['tokens_per_s']:.1f} tok/s)"),
-        ("rollout fast_decode speed-up", (f"{report['rollout']['fast_decode_speedup']:.2f}  (F.linear path "
+        ("rollout fast_decode speed-up", (f"{report['rollout']['fast_decode_speedup']:.2f}  (fast_decode "
+                                          f"{report['rollout']['fast_decode']} -> W @ x^T "
+                                          f"{report['rollout']['fast_decode_resolved']}; F.linear path "
                                           f"{report['rollout']['eager_seconds']:.2f} s; same tokens and step-ins: "
                                           f"{report['rollout']['fast_decode_same_tokens']}, top-K log-probs within "
                                           f"{report['rollout']['fast_decode_max_logprob_difference']:.1e})")

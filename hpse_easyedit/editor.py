@@ -17,7 +17,7 @@ from .hparams import HPSEHyperParams
 from .losses import sequence_nll, topk_forward_kl
 from .padding import next_token_labels, pad_rows
 from .prompts import EditPrompts, build_edit_prompts, stop_token_ids
-from .rollout import Rollout, draw_rollout, input_device
+from .rollout import Rollout, _accepts, draw_rollout, input_device
 from .training import EditResult, Terms, easyedit_apply, train_edit
 
 __all__ = ["EditResult", "HPSEObjective", "RequestError", "apply_hpse_to_model", "edit_prompts", "hpse_edit",
@@ -98,6 +98,20 @@ def edit_prompts(model: Any, tok: Any, requests: Any, hparams: HPSEHyperParams) 
     return prompts
 
 
+def _logits_from(model: Any, ids: torch.Tensor, mask: torch.Tensor, first: int,
+                 scored_only: bool = True) -> tuple[torch.Tensor, int]:
+    """The training forward's logits from position ``first`` on, and the position they start at.
+
+    Only those positions are scored (the prompt before them is context), so with ``scored_only`` (hparams
+    ``scored_logits_only``) the output head and its backward skip the rest where the model takes
+    ``logits_to_keep``; otherwise every position's logits come back, starting at 0. The kept logits, and
+    so the gradients, are the same values either way.
+    """
+    if scored_only and first > 0 and _accepts(model, "logits_to_keep"):
+        return model(input_ids=ids, attention_mask=mask, logits_to_keep=ids.shape[1] - first).logits, first
+    return model(input_ids=ids, attention_mask=mask).logits, 0
+
+
 class _NLLBatch:
     """Prompt + passage rows, labels on the passage tokens: the NLL anchor, fixed for the whole edit."""
 
@@ -106,10 +120,11 @@ class _NLLBatch:
         ids, mask = pad_rows(seqs, pad_id)
         self.ids, self.mask = ids.to(device), mask.to(device)
         self.labels = next_token_labels(seqs, [len(p.student_ids) for p in prompts]).to(device)
+        self.first = min(len(p.student_ids) for p in prompts) - 1  # the first position that predicts a label
 
-    def loss(self, model: Any) -> torch.Tensor:
-        logits = model(input_ids=self.ids, attention_mask=self.mask).logits
-        return sequence_nll(logits, self.labels.to(logits.device))  # logits sit on the last layer's device
+    def loss(self, model: Any, scored_only: bool = True) -> torch.Tensor:
+        logits, first = _logits_from(model, self.ids, self.mask, self.first, scored_only)
+        return sequence_nll(logits, self.labels[:, first:].to(logits.device))  # logits sit on the last layer's device
 
 
 class _KLBatch:
@@ -126,9 +141,9 @@ class _KLBatch:
         self.topk_ids = torch.cat([r.teacher_topk_ids for r in rollouts])
         self.topk_lp = torch.cat([r.teacher_topk_logprobs for r in rollouts])
 
-    def loss(self, model: Any, student: str = "full") -> torch.Tensor:
-        logits = model(input_ids=self.ids, attention_mask=self.mask).logits
-        picked = torch.cat([logits[row, start: start + length] for row, start, length in self.spans])
+    def loss(self, model: Any, student: str = "full", scored_only: bool = True) -> torch.Tensor:
+        logits, first = _logits_from(model, self.ids, self.mask, min(start for _, start, _ in self.spans), scored_only)
+        picked = torch.cat([logits[row, start - first: start - first + length] for row, start, length in self.spans])
         return topk_forward_kl(picked, self.topk_ids.to(picked.device), self.topk_lp.to(picked.device), student=student)
 
 
@@ -175,9 +190,10 @@ class HPSEObjective:
     def step(self, student: Any) -> Iterator[Terms]:
         n = len(self.prompts)
         if self.nll_batch is not None:
-            yield {"nll": (self.hp.nll_weight, self.nll_batch.loss(student) / n)}
+            yield {"nll": (self.hp.nll_weight, self.nll_batch.loss(student, self.hp.scored_logits_only) / n)}
         if self.kl_batch is not None:
-            yield {"kl": (self.hp.kl_weight, self.kl_batch.loss(student, self.hp.kl_student) / n)}
+            kl = self.kl_batch.loss(student, self.hp.kl_student, self.hp.scored_logits_only)
+            yield {"kl": (self.hp.kl_weight, kl / n)}
 
     def describe_round(self, stats: dict) -> str:
         def fmt(v: float | None, spec: str) -> str:

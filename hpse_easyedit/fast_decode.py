@@ -9,6 +9,12 @@ about 114 to 56 ms. The products are summed in another order, so logits differ f
 last bits (teacher top-K log-probabilities within 5e-5 on SmolLM2); greedy tokens and step-ins were the
 same in every comparison made. ``fast_decode: false`` gives the ``F.linear`` path bit for bit.
 
+Which product is faster depends on the CPU and its BLAS: ``W @ x^T`` was 1.77x faster per rollout on the
+development VM of sessions 14-22, but 0.62x (slower) on the host of session 23, where ``F.linear`` at 2
+rows already streams the weight. ``fast_decode: auto`` (the default) therefore times both products once
+per process over the model's own switchable weights (``pays_off``) and switches only where ``W @ x^T``
+is at least ``AUTO_MARGIN`` times faster.
+
 Only frozen float32 CPU weights are switched (the base model's projections and its output head): the
 trainable tensors (LoRA adapters, the FT-M matrix) keep ``F.linear``, and so does every call with
 autograd on or with more than ``MAX_ROWS`` rows (prompt prefill, training).
@@ -17,17 +23,25 @@ autograd on or with more than ``MAX_ROWS`` rows (prompt prefill, training).
 from __future__ import annotations
 
 import contextlib
+import time
 import types
 from typing import Iterator
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["MAX_ROWS", "few_row_linears"]
+__all__ = ["AUTO_MARGIN", "MAX_ROWS", "few_row_linears", "pays_off"]
 
 #: at most this many rows (batch x new tokens) take the ``W @ x^T`` path: the rollout's 1-2 rows. At 4-8 rows
 #: (measured, 1 thread, cold weights) it no longer pays for the layers' own projections (0.5-1.5x of ``x @ W^T``).
 MAX_ROWS = 2
+
+
+#: ``auto`` switches only where ``W @ x^T`` takes at most 1 / AUTO_MARGIN of ``F.linear``'s time, so a host where
+#: the two are close keeps the ``F.linear`` path (and its bits) rather than flipping with timing noise.
+AUTO_MARGIN = 1.15
+
+_AUTO_CHOICE: dict = {}  # (threads, shapes of the switchable weights) -> bool, once per process
 
 
 def _forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -55,11 +69,37 @@ def _slot(module: torch.nn.Module) -> str | None:
     return None  # someone else's forward: left as it is
 
 
+def pays_off(model: torch.nn.Module) -> bool:
+    """Whether ``W @ x^T`` beats ``F.linear`` by ``AUTO_MARGIN`` on this machine, for ``model``'s switchable weights
+    at ``MAX_ROWS`` rows: one sweep over all of them each way (as a decode step reads them, so the weights come
+    from memory, not the cache), best of 3 interleaved; decided once per process for a set of weight shapes."""
+    weights = [m.weight for m in model.modules() if _slot(m) is not None]
+    if not weights:
+        return False
+    key = (torch.get_num_threads(), tuple(tuple(w.shape) for w in weights))
+    if key not in _AUTO_CHOICE:
+        xs = {w.shape[1]: torch.randn(MAX_ROWS, w.shape[1]) for w in weights}
+        best = {"linear": float("inf"), "w_xt": float("inf")}
+        with torch.no_grad():
+            for _ in range(3):
+                for name in best:
+                    t0 = time.perf_counter()
+                    for w in weights:
+                        x = xs[w.shape[1]]
+                        F.linear(x, w) if name == "linear" else torch.mm(w, x.t()).t().contiguous()
+                    best[name] = min(best[name], time.perf_counter() - t0)
+        _AUTO_CHOICE[key] = best["w_xt"] * AUTO_MARGIN <= best["linear"]
+    return _AUTO_CHOICE[key]
+
+
 @contextlib.contextmanager
-def few_row_linears(model: torch.nn.Module, enabled: bool = True) -> Iterator[int]:
+def few_row_linears(model: torch.nn.Module, enabled: bool | str = True) -> Iterator[int]:
     """Inside: the frozen float32 CPU ``nn.Linear`` layers of ``model`` compute few-row no-grad calls as
-    ``W @ x^T`` (an instance attribute, put back on exit; nothing global changes). Yields how many layers
-    were switched (0 when ``enabled`` is false, on GPU, or in half precision)."""
+    ``W @ x^T`` (an instance attribute, put back on exit; nothing global changes). ``enabled="auto"``: only
+    where ``pays_off(model)``. Yields how many layers were switched (0 when not enabled, on GPU, or in half
+    precision)."""
+    if enabled == "auto":
+        enabled = pays_off(model)
     switched = []
     for m in model.modules() if enabled else ():
         slot = _slot(m)

@@ -243,10 +243,19 @@ class HPSEHyperParams(ExecutorHParams):
         True, "Advance student and teacher in ONE batched forward per rollout token (one KV cache of batch 2); "
         "false = two separate cached forwards. Same tokens either way.",
     )
-    fast_decode: bool = hp_field(
-        True, "Rollout decode steps on CPU compute the frozen float32 weights' matmuls as W @ x^T (about 2x faster "
-        "decode steps here); logits differ from F.linear's in the last bits. false = F.linear, bit for bit as before "
-        "this switch existed. No effect on GPU, in half precision, or in training.",
+    fast_decode: bool | str = hp_field(
+        "auto", "Rollout decode steps on CPU compute the frozen float32 weights' matmuls as W @ x^T, which is faster "
+        "on some CPUs (1.77x per rollout on one development VM) and slower on others (0.62x on another); logits "
+        "differ from F.linear's in the last bits. 'auto' = time both once per process and use W @ x^T only where "
+        "it is clearly faster; true = always; false = F.linear, bit for bit as before this switch existed. No "
+        "effect on GPU, in half precision, or in training.",
+        types=(bool, str), choices=(True, False, "auto"),
+    )
+    scored_logits_only: bool = hp_field(
+        True, "Training forwards compute the output head only at the positions the losses score (logits_to_keep: "
+        "the passage and rollout positions, not the prompt before them): the same gradients and weights, the logged "
+        "NLL differs in the last bits (summation order). false = every position's logits, bit for bit as before "
+        "this switch existed.",
     )
     kl_student: str = hp_field(
         "full", "Student side of the top-K KL: 'full' (the paper's: the student's full-vocabulary log-probabilities of "

@@ -250,7 +250,8 @@ def draw_rollout(executor: Any, prompts: Any, hparams: Any, *, stop_ids: Iterabl
     ``batched_rollout`` (default): student and teacher advance in ONE batched forward of ``executor.model``
     (the executor's ``row_switch``); otherwise two cached forwards, the teacher through ``teacher_context``.
     Same tokens either way. ``rollout: on_policy`` switches the gate off (the "w/o HP" ablation).
-    ``fast_decode`` (default) computes the decode steps' frozen CPU matmuls as ``W @ x^T`` (``fast_decode.py``).
+    ``fast_decode`` computes the decode steps' frozen CPU matmuls as ``W @ x^T`` (``fast_decode.py``; ``auto``, the
+    default: where this machine runs that product clearly faster than ``F.linear``).
     """
     gate = dict(tau=hparams.tau, kappa=hparams.kappa, top_k=hparams.top_k, max_new_tokens=hparams.max_new_tokens,
                 stop_ids=stop_ids, hybrid=hparams.rollout == "hybrid")

@@ -46,7 +46,7 @@ def _student_ids(tok, subject):
         return_dict=False)]
 
 
-def _setup(executor_name, n_requests, monkeypatch):
+def _setup(executor_name, n_requests, monkeypatch, **overrides):
     """A tiny model, its untouched copy (= pi_0) and the editor's rollout replaced by a hand-set one."""
     model, tok = make_tiny_model_and_tokenizer("llama", init_std=0.3)  # peaky: positions differ clearly
     reference = copy.deepcopy(model)
@@ -54,7 +54,7 @@ def _setup(executor_name, n_requests, monkeypatch):
     rollout_ids = [tok(t, add_special_tokens=False)["input_ids"] for t in ROLLOUT_TEXT[:n_requests]]
     student_ids = [_student_ids(tok, r["subject"]) for r in requests]
     hp = tiny_hparams(executor=executor_name, rounds=1, inner_steps=1, top_k=TOP_K, kl_weight=KL_WEIGHT,
-                      nll_weight=NLL_WEIGHT, kl_student="full", max_new_tokens=48)
+                      nll_weight=NLL_WEIGHT, kl_student="full", max_new_tokens=48, **overrides)
     # the privileged prompts as the editor words them (pinned by test_prompts.py); only their top-K matters here
     teacher_ids = [p.teacher_ids for p in editor.edit_prompts(model, tok, requests, hp)]
     seen = []
@@ -103,11 +103,13 @@ def _mismatches(stats, expected):
     return {k: (got[k], want[k]) for k in got if got[k] != pytest.approx(want[k], rel=REL)}
 
 
+@pytest.mark.parametrize("scored_logits_only", [True, False])
 @pytest.mark.parametrize("n_requests", [1, 2])
 @pytest.mark.parametrize("executor_name", ["lora", "ft_m"])
-def test_first_inner_step_loss_is_the_papers_sum_averaged_over_requests(executor_name, n_requests, monkeypatch):
+def test_first_inner_step_loss_is_the_papers_sum_averaged_over_requests(executor_name, n_requests, scored_logits_only,
+                                                                        monkeypatch):
     model, tok, reference, requests, rollout_ids, student_ids, teacher_ids, hp, seen = _setup(
-        executor_name, n_requests, monkeypatch)
+        executor_name, n_requests, monkeypatch, scored_logits_only=scored_logits_only)
     expected = _hand_loss(tok, reference, requests, rollout_ids, student_ids, teacher_ids, hp)
     res = editor.hpse_edit(model, tok, requests, hp)
 
@@ -163,3 +165,37 @@ def test_the_hand_computation_catches_an_off_by_one_or_a_per_token_mean(mutation
     mutation(monkeypatch)
     res = editor.hpse_edit(model, tok, requests, hp)
     assert set(_mismatches(res.rounds[0], expected)) == broken
+
+
+@pytest.mark.parametrize("executor_name", ["lora", "ft_m"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "gemma2"])
+def test_scored_logits_only_trains_the_same_weights_with_the_head_on_fewer_positions(family, executor_name):
+    """``scored_logits_only`` (the default) runs the output head only where a loss scores; the edit's rollouts
+    and trained tensors are bit-identical to every position's logits (``false``), which runs the head on all."""
+    edits = {}
+    for scored_only in (True, False):
+        model, tok = make_tiny_model_and_tokenizer(family, init_std=0.05)
+        kept = []
+        hook = model.register_forward_pre_hook(
+            lambda m, args, kwargs: kept.append((kwargs["input_ids"].shape[1], kwargs.get("logits_to_keep")))
+            if torch.is_grad_enabled() else None, with_kwargs=True)
+        hp = tiny_hparams(executor=executor_name, scored_logits_only=scored_only)
+        res = editor.hpse_edit(model, tok, REQUESTS, hp)
+        hook.remove()
+        edits[scored_only] = ({n: p.detach().clone() for n, p in res.model.named_parameters()},
+                              [[ro.tokens.tolist() for ro in rs] for rs in res.rollouts], kept)
+    (w_on, ro_on, kept_on), (w_off, ro_off, kept_off) = edits[True], edits[False]
+    assert ro_on == ro_off
+    assert w_on.keys() == w_off.keys() and all(torch.equal(w_on[n], w_off[n]) for n in w_on)
+    # the training forwards (grad on): every one keeps fewer positions than it feeds when on, all of them when off
+    assert kept_on and all(keep is not None and 0 < keep < width for width, keep in kept_on)
+    assert kept_off and all(keep is None for _, keep in kept_off)
+
+
+def test_scored_logits_only_is_a_kernel_choice_for_the_run_config():
+    """Like ``fast_decode``: a committed run directory resumes with either value (same weights, last-bit losses)."""
+    from benchmarks.runner import config_policy, default_out_dir
+
+    assert config_policy(tiny_hparams()).ignored(("hparams", "scored_logits_only"))
+    assert (default_out_dir("mquake-uns", "x.yaml", ["scored_logits_only=false"])
+            == default_out_dir("mquake-uns", "x.yaml", []))

@@ -90,3 +90,42 @@ def test_layers_under_accelerate_dispatch_hooks_are_switched_and_put_back(tmp_pa
             got = model(input_ids=ids[:, :1]).logits  # one row: the W @ x^T path, through the hooks
     assert [m._old_forward for m in linears] == before
     assert torch.allclose(got[0, -1], want[0, 0], atol=1e-5)
+
+
+@pytest.mark.parametrize("choice", [True, False])
+def test_auto_switches_every_layer_or_none_as_the_timing_decides(choice, monkeypatch):
+    """``fast_decode: auto`` asks ``pays_off`` (one timing per process and weight shapes) and then switches all
+    frozen float32 layers, or none: the W @ x^T path where it is clearly faster, F.linear elsewhere."""
+    from hpse_easyedit import fast_decode
+
+    model, _ = make_tiny_model_and_tokenizer("llama")
+    model.requires_grad_(False)
+    n_linear = sum(type(m) is torch.nn.Linear for m in model.modules())
+    monkeypatch.setattr(fast_decode, "pays_off", lambda m: choice)
+    with few_row_linears(model, enabled="auto") as switched:
+        assert switched == (n_linear if choice else 0)
+
+
+def test_pays_off_times_once_per_process_and_answers_a_bool(monkeypatch):
+    from hpse_easyedit import fast_decode
+
+    model, _ = make_tiny_model_and_tokenizer("qwen2")
+    model.requires_grad_(False)
+    monkeypatch.setattr(fast_decode, "_AUTO_CHOICE", {})
+    first = fast_decode.pays_off(model)
+    assert first in (True, False) and len(fast_decode._AUTO_CHOICE) == 1
+    monkeypatch.setattr(fast_decode.F, "linear", lambda *a, **k: pytest.fail("timed twice"))
+    assert fast_decode.pays_off(model) is first  # cached: no second timing
+    assert fast_decode.pays_off(torch.nn.Sequential()) is False  # nothing to switch
+
+
+@pytest.mark.parametrize("value, ok", [("auto", True), (True, True), (False, True), ("fast", False), (1, False)])
+def test_fast_decode_hparam_takes_auto_true_or_false(value, ok):
+    from hpse_easyedit.hparams import HParamsError
+
+    if ok:
+        assert tiny_hparams(fast_decode=value).fast_decode == value
+    else:
+        with pytest.raises(HParamsError, match="fast_decode"):
+            tiny_hparams(fast_decode=value)
+    assert tiny_hparams().fast_decode == "auto"

@@ -47,8 +47,9 @@ def test_perf_report_on_tiny_model(tmp_path, capsys):
     assert report["teacher_forward_tokens_per_edit"] > 0
     assert report["rollout"]["ratio"] > 0 and report["edit"]["ratio"] > 0
     assert len(report["rollout"]["seconds_each"]) == 3  # --rollout-repeats default, median reported
-    # fast_decode (on by default) is timed against the F.linear path in the same run, with what it changes
-    assert report["fast_decode"] is True and len(report["rollout"]["eager_seconds_each"]) == 3
+    # fast_decode (auto by default) is timed against the F.linear path in the same run, with what it changes
+    assert report["fast_decode"] == "auto" and len(report["rollout"]["eager_seconds_each"]) == 3
+    assert report["rollout"]["fast_decode_resolved"] in (True, False)
     assert report["rollout"]["fast_decode_speedup"] > 0 and report["rollout"]["fast_decode_same_tokens"] is True
     assert report["rollout"]["fast_decode_max_logprob_difference"] < 1e-4
     assert 0 < report["hpse_rollout_seconds"] < report["edit"]["hpse_seconds"]
