@@ -73,20 +73,23 @@ def pays_off(model: torch.nn.Module) -> bool:
     """Whether ``W @ x^T`` beats ``F.linear`` by ``AUTO_MARGIN`` on this machine, for ``model``'s switchable weights
     at ``MAX_ROWS`` rows: one sweep over all of them each way (as a decode step reads them, so the weights come
     from memory, not the cache), best of 3 interleaved; decided once per process for a set of weight shapes."""
-    weights = [m.weight for m in model.modules() if _slot(m) is not None]
+    return _pays_off([m.weight for m in model.modules() if _slot(m) is not None])
+
+
+def _pays_off(weights: list[torch.Tensor]) -> bool:
     if not weights:
         return False
     key = (torch.get_num_threads(), tuple(tuple(w.shape) for w in weights))
     if key not in _AUTO_CHOICE:
         xs = {w.shape[1]: torch.randn(MAX_ROWS, w.shape[1]) for w in weights}
-        best = {"linear": float("inf"), "w_xt": float("inf")}
+        products = {"linear": lambda w, x: F.linear(x, w), "w_xt": lambda w, x: torch.mm(w, x.t()).t().contiguous()}
+        best = dict.fromkeys(products, float("inf"))
         with torch.no_grad():
             for _ in range(3):
-                for name in best:
+                for name, product in products.items():
                     t0 = time.perf_counter()
                     for w in weights:
-                        x = xs[w.shape[1]]
-                        F.linear(x, w) if name == "linear" else torch.mm(w, x.t()).t().contiguous()
+                        product(w, xs[w.shape[1]])
                     best[name] = min(best[name], time.perf_counter() - t0)
         _AUTO_CHOICE[key] = best["w_xt"] * AUTO_MARGIN <= best["linear"]
     return _AUTO_CHOICE[key]
@@ -98,14 +101,13 @@ def few_row_linears(model: torch.nn.Module, enabled: bool | str = True) -> Itera
     ``W @ x^T`` (an instance attribute, put back on exit; nothing global changes). ``enabled="auto"``: only
     where ``pays_off(model)``. Yields how many layers were switched (0 when not enabled, on GPU, or in half
     precision)."""
-    if enabled == "auto":
-        enabled = pays_off(model)
+    slots = [(m, slot) for m in model.modules() if (slot := _slot(m)) is not None] if enabled else []
+    if enabled == "auto" and not _pays_off([m.weight for m, _ in slots]):
+        slots = []
     switched = []
-    for m in model.modules() if enabled else ():
-        slot = _slot(m)
-        if slot is not None:
-            switched.append((m, slot, vars(m).get(slot)))
-            setattr(m, slot, types.MethodType(_forward, m))
+    for m, slot in slots:
+        switched.append((m, slot, vars(m).get(slot)))
+        setattr(m, slot, types.MethodType(_forward, m))
     try:
         yield len(switched)
     finally:

@@ -101,7 +101,7 @@ def test_auto_switches_every_layer_or_none_as_the_timing_decides(choice, monkeyp
     model, _ = make_tiny_model_and_tokenizer("llama")
     model.requires_grad_(False)
     n_linear = sum(type(m) is torch.nn.Linear for m in model.modules())
-    monkeypatch.setattr(fast_decode, "pays_off", lambda m: choice)
+    monkeypatch.setattr(fast_decode, "_pays_off", lambda weights: choice)
     with few_row_linears(model, enabled="auto") as switched:
         assert switched == (n_linear if choice else 0)
 
