@@ -190,3 +190,36 @@ def test_rollouts_pass_the_cache_under_the_keyword_the_model_takes(family):
         seq = hybrid_rollout(ex.model, ex.model, s_ids, t_ids, teacher_context=ex.teacher_context, **gate)
         bat = batched_hybrid_rollout(ex.model, ex.row_switch, s_ids, t_ids, pad_id=tok.pad_token_id, **gate)
     assert len(seq) == len(bat) == 6
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_lean_lora_row_switch_computes_the_hooked_forward_bit_for_bit(family, monkeypatch):
+    """The LoRA row switch runs plain tensor calls in place of peft's forward and a hook on each lora_B: the same
+    tokens, step-ins and teacher records, bit for bit, as the hooked path it replaces."""
+    from hpse_easyedit.executors import lora
+    from hpse_easyedit.rollout import batched_hybrid_rollout
+
+    ex, tok, _ = _trained_executor(family, "lora")
+    assert all(lora._plain_lora_linear(layer) for layer in ex._lora_layers)  # the lean path is the one taken
+    s_ids, t_ids = _prompts(ex.model, tok)
+    gate = dict(tau=1.0, kappa=0.05, top_k=5, max_new_tokens=12, stop_ids=[])
+    lean = batched_hybrid_rollout(ex.model, ex.row_switch, s_ids, t_ids, pad_id=tok.pad_token_id, **gate)
+    assert not any("forward" in vars(layer) for layer in ex._lora_layers)  # peft's forward is back on exit
+    monkeypatch.setattr(lora, "_plain_lora_linear", lambda layer: False)
+    hooked = batched_hybrid_rollout(ex.model, ex.row_switch, s_ids, t_ids, pad_id=tok.pad_token_id, **gate)
+    assert torch.equal(lean.tokens, hooked.tokens) and torch.equal(lean.stepped_in, hooked.stepped_in)
+    assert torch.equal(lean.teacher_topk_ids, hooked.teacher_topk_ids)
+    assert torch.equal(lean.teacher_topk_logprobs, hooked.teacher_topk_logprobs)
+    assert torch.equal(lean.gate_gap, hooked.gate_gap)
+
+
+def test_lean_lora_row_switch_only_where_peft_computes_plain_lora():
+    """Dropout (or another adapter active, a DoRA variant, a hook) keeps peft's own forward under the row switch."""
+    from hpse_easyedit.executors import lora, make_executor
+    from tiny_models import tiny_hparams
+
+    model, _ = make_tiny_model_and_tokenizer("llama")
+    ex = make_executor(model, tiny_hparams(executor="lora", lora_dropout=0.1))
+    assert not any(lora._plain_lora_linear(layer) for layer in ex._lora_layers)
+    with ex.row_switch(torch.tensor([False, True])):
+        assert not any("forward" in vars(layer) for layer in ex._lora_layers)
