@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import random
+import threading
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -220,7 +221,9 @@ def write_stats_file(path: str | os.PathLike, mom2: torch.Tensor, count: int, sa
         raise ValueError("sample_size must be an int (mom2_n_samples); EasyEdit names and checks its cache by it")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp.npz")
+    # Each writer its own temporary name: processes that compute the same statistics at once (one per core,
+    # sharing a cache) must not rename each other's half-written file away.
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp.npz")
     np.savez(
         tmp,
         **{
@@ -232,7 +235,10 @@ def write_stats_file(path: str | os.PathLike, mom2: torch.Tensor, count: int, sa
     )
     os.replace(tmp, path)
     if provenance is not None:
-        path.with_suffix(".json").write_text(json.dumps(dict(provenance), indent=1), encoding="utf-8")
+        meta = path.with_suffix(".json")
+        meta_tmp = meta.with_name(f"{meta.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        meta_tmp.write_text(json.dumps(dict(provenance), indent=1), encoding="utf-8")
+        os.replace(meta_tmp, meta)
 
 
 def read_stats_file(path: str | os.PathLike) -> tuple[torch.Tensor, int]:
