@@ -214,6 +214,12 @@ def stats_relpath(layer_name: str, ds_name: str, precision: str, sample_size: in
     return f"{ds_name}_stats/{layer_name}_{precision}_mom2{suffix}.npz"
 
 
+def _writer_tmp(path: Path, suffix: str) -> Path:
+    """A temporary name beside ``path`` that is this writer's own (process and thread): runs that compute the
+    same statistics at once (one per core, sharing a cache) must not rename each other's half-written file away."""
+    return path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}{suffix}")
+
+
 def write_stats_file(path: str | os.PathLike, mom2: torch.Tensor, count: int, sample_size: int | None,
                      provenance: Mapping[str, Any] | None = None) -> None:
     """Write ``mom2``/``count`` as ``runningstats.tally`` saves a ``CombinedStat(mom2=SecondMoment())``."""
@@ -221,9 +227,7 @@ def write_stats_file(path: str | os.PathLike, mom2: torch.Tensor, count: int, sa
         raise ValueError("sample_size must be an int (mom2_n_samples); EasyEdit names and checks its cache by it")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    # Each writer its own temporary name: processes that compute the same statistics at once (one per core,
-    # sharing a cache) must not rename each other's half-written file away.
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp.npz")
+    tmp = _writer_tmp(path, ".tmp.npz")
     np.savez(
         tmp,
         **{
@@ -236,7 +240,7 @@ def write_stats_file(path: str | os.PathLike, mom2: torch.Tensor, count: int, sa
     os.replace(tmp, path)
     if provenance is not None:
         meta = path.with_suffix(".json")
-        meta_tmp = meta.with_name(f"{meta.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        meta_tmp = _writer_tmp(meta, ".tmp")
         meta_tmp.write_text(json.dumps(dict(provenance), indent=1), encoding="utf-8")
         os.replace(meta_tmp, meta)
 
