@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from hpse_easyedit.atomic import replacing
+
 __all__ = [
     "KERNEL_KEYS", "PLACEMENT_KEYS", "ConfigMismatchError", "ConfigPolicy", "IncompleteRunError", "ResultFile", "check_run_config",
     "config_policy", "json_plain", "merge_results", "read_results", "result_files", "results_name", "write_json_atomic", "write_new_json",
@@ -75,14 +77,11 @@ def result_files(out_dir: str | os.PathLike) -> list[Path]:
 
 def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
     """Write JSON to a temporary file, then rename it over ``path`` (never a half-written file)."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
+    with replacing(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
         json.dump(obj, fh, indent=1, ensure_ascii=False, sort_keys=False)
         fh.write("\n")
         fh.flush()
         os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 def write_new_json(path: str | os.PathLike, obj: Any) -> None:
@@ -338,12 +337,10 @@ class ResultFile:
         self._rewrite()
 
     def _rewrite(self) -> None:
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as fh:
+        with replacing(self.path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
             fh.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in self.records.values()))
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, self.path)
 
 
 def merge_results(out_dir: str | os.PathLike, case_ids: Sequence[str] | None, *,

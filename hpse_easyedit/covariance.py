@@ -32,13 +32,13 @@ import json
 import logging
 import os
 import random
-import threading
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
 
+from .atomic import replacing
 from .data_files import (EDITEVERY_FILE, MMLU_DIR, MQUAKE_FILE, UNKE_FILE, data_dir, mmlu_test_files, mmlu_text,
                          read_mmlu_csv)
 
@@ -214,12 +214,6 @@ def stats_relpath(layer_name: str, ds_name: str, precision: str, sample_size: in
     return f"{ds_name}_stats/{layer_name}_{precision}_mom2{suffix}.npz"
 
 
-def _writer_tmp(path: Path, suffix: str) -> Path:
-    """A temporary name beside ``path`` that is this writer's own (process and thread): runs that compute the
-    same statistics at once (one per core, sharing a cache) must not rename each other's half-written file away."""
-    return path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}{suffix}")
-
-
 def write_stats_file(path: str | os.PathLike, mom2: torch.Tensor, count: int, sample_size: int | None,
                      provenance: Mapping[str, Any] | None = None) -> None:
     """Write ``mom2``/``count`` as ``runningstats.tally`` saves a ``CombinedStat(mom2=SecondMoment())``."""
@@ -227,22 +221,21 @@ def write_stats_file(path: str | os.PathLike, mom2: torch.Tensor, count: int, sa
         raise ValueError("sample_size must be an int (mom2_n_samples); EasyEdit names and checks its cache by it")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _writer_tmp(path, ".tmp.npz")
-    np.savez(
-        tmp,
-        **{
-            "mom2.constructor": np.array(_STAT_CONSTRUCTOR),
-            "mom2.count": np.array(int(count)),
-            "mom2.mom2": mom2.detach().cpu().numpy(),
-            "sample_size": np.array(int(sample_size)),
-        },
-    )
-    os.replace(tmp, path)
+    # Runs that compute the same statistics at once (one per core, sharing a cache) each write their own
+    # temporary file (``replacing``), so neither renames the other's half-written one away.
+    with replacing(path, ".tmp.npz") as tmp:
+        np.savez(
+            tmp,
+            **{
+                "mom2.constructor": np.array(_STAT_CONSTRUCTOR),
+                "mom2.count": np.array(int(count)),
+                "mom2.mom2": mom2.detach().cpu().numpy(),
+                "sample_size": np.array(int(sample_size)),
+            },
+        )
     if provenance is not None:
-        meta = path.with_suffix(".json")
-        meta_tmp = _writer_tmp(meta, ".tmp")
-        meta_tmp.write_text(json.dumps(dict(provenance), indent=1), encoding="utf-8")
-        os.replace(meta_tmp, meta)
+        with replacing(path.with_suffix(".json")) as tmp:
+            tmp.write_text(json.dumps(dict(provenance), indent=1), encoding="utf-8")
 
 
 def read_stats_file(path: str | os.PathLike) -> tuple[torch.Tensor, int]:

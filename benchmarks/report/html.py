@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from hpse_easyedit.atomic import replacing
+
 from ..metrics import answer_matches
 from ..paired import ANSWER_DIVERSITY, METRICS, load_run, multi_report, paired_report
 from . import judge_note, paper_cells, plot_stepin_rates
@@ -501,7 +503,6 @@ def write_html_report(run_dirs: Sequence[str | os.PathLike], out: str | os.PathL
     ]
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text("".join(parts), encoding="utf-8")
-    os.replace(tmp, out)
+    with replacing(out) as tmp:
+        tmp.write_text("".join(parts), encoding="utf-8")
     return out
