@@ -72,6 +72,13 @@ def _rss_bytes() -> int:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def allocator_settings() -> dict[str, str]:
+    """The environment settings that change the C allocator (glibc's ``MALLOC_*`` and tunables, a preloaded
+    allocator): the CPU peak-RSS figures move with them (PERFORMANCE.md, peak memory)."""
+    return {k: v for k, v in sorted(os.environ.items())
+            if k.startswith("MALLOC_") or k in ("GLIBC_TUNABLES", "LD_PRELOAD")}
+
+
 def _peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
@@ -343,7 +350,8 @@ def measure(args: argparse.Namespace) -> dict:
         "rounds": hp.rounds, "inner_steps": hp.inner_steps, "max_new_tokens": hp.max_new_tokens,
         "batched_rollout": hp.batched_rollout, "fast_decode": hp.fast_decode, "device": str(device),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-                    "gpu": torch.cuda.get_device_name(device) if on_gpu else None, "torch": torch.__version__},
+                    "gpu": torch.cuda.get_device_name(device) if on_gpu else None, "torch": torch.__version__,
+                    "allocator": allocator_settings()},
         "n_params": sum(p.numel() for p in model.parameters()),
     }
 
@@ -567,7 +575,8 @@ def table(report: dict) -> str:
     gib = 1024 ** 3
     rows = [
         ("machine", f"{report['device']}, {report['machine']['gpu'] or str(report['machine']['cpus']) + ' CPUs'}, "
-                    f"torch {report['machine']['torch']}, {report['machine']['torch_threads']} threads"),
+                    f"torch {report['machine']['torch']}, {report['machine']['torch_threads']} threads"
+                    + "".join(f", {k}={v}" for k, v in report["machine"].get("allocator", {}).items())),
         ("model", f"{report['random_config'] or report['model_name']} ({report['n_params'] / 1e6:.0f}M, {report['dtype']}), "
                   f"executor {report['executor']}, R={report['rounds']} M={report['inner_steps']}"),
         ("memory bandwidth / matmul", f"{report['floors']['memory_bandwidth_gb_s']:.1f} GB/s, "

@@ -24,7 +24,8 @@ def _mmlu_dir(root):
     return root
 
 
-def test_perf_report_on_tiny_model(tmp_path, capsys):
+def test_perf_report_on_tiny_model(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")
     make_tiny_model_and_tokenizer("llama", tmp_path=tmp_path / "m")
     hp_path = tmp_path / "hp.yaml"
     tiny_hparams(model_name=str(tmp_path / "m")).to_yaml(hp_path)
@@ -37,6 +38,7 @@ def test_perf_report_on_tiny_model(tmp_path, capsys):
     report = json.loads(out.read_text())
     assert KEYS <= set(report)
     assert report["edit_seconds_easyedit_lora"] is None and report["dtype"] == "float32"
+    assert report["machine"]["allocator"]["MALLOC_MMAP_THRESHOLD_"] == "131072"  # the RSS figures move with it
     assert report["mmlu"]["questions"] == 4 and report["mmlu"]["identical_predictions"] is True
     assert report["mmlu_seconds"] > 0 and report["mmlu_seconds_before"] > 0
     assert report["memory_floor_tok_s"] == pytest.approx(
