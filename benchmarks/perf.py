@@ -11,7 +11,8 @@ Reports, for one hparams file and model:
   - MMLU: one pass over the locality subset, the shared-prefix path against the whole-prompt path
     (same questions, predictions compared);
   - memory: peak of the HPSE edit / of the NLL-only edit (CUDA peak allocated on a GPU, peak RSS
-    with the kernel's mark reset on a CPU), and after 1, 10, 50, 100 sequential edits (must stay flat);
+    with the kernel's mark reset on a CPU, in the run's process and again with each edit in a fresh
+    process), and after 1, 10, 50, 100 sequential edits (must stay flat);
   - teacher forward tokens per edit and teacher passes during inner steps (must be 0);
   - where one inner step's time goes: ``torch.profiler`` self time by operator, the matmuls' share of it
     and their rate against the dense-matmul floor (``train.profile``).
@@ -113,6 +114,56 @@ def _load(hparams_path: str, overrides: Sequence[str], random_config: str | None
 
 def _requests(passage: str) -> list[dict]:
     return [{"subject": "Selma Varrick", "target_new": passage}]
+
+
+# The cut-down edit run before any timed or measured one, so that none pays the process's first-touch costs
+# (allocator growth, page faults, kernel selection); unwarmed first runs measured up to 1.7x slower.
+WARM_UP = ("rounds=1", "inner_steps=1", "max_new_tokens=8")
+
+
+def _warm_up(model, tok, hp, passage: str):
+    from hpse_easyedit import hpse_edit, restore_weights
+
+    warm = hpse_edit(model, tok, _requests(passage), hp.with_overrides(list(WARM_UP)))
+    return restore_weights(warm.model, warm.weights_copy)
+
+
+def isolated_edit_peak(hparams_path: str, overrides: Sequence[str], extra: Sequence[str], passage: str) -> dict[str, int]:
+    """Peak RSS of one edit in this (fresh) process: the model loaded, the warm-up edit of the run's file
+    (``overrides`` applied), the kernel's peak mark reset, then the edit with ``extra`` applied on top. Run in
+    a spawned process per edit, so the edits compared start from the same history and neither inherits the
+    other's heap."""
+    from hpse_easyedit import hpse_edit
+
+    hp, model, tok = _load(hparams_path, overrides, None)
+    model = _warm_up(model, tok, hp, passage)
+    gc.collect()
+    _reset_peak_rss()
+    base = _rss_bytes()
+    hpse_edit(model, tok, _requests(passage), hp.with_overrides(list(extra)))
+    return {"peak": _peak_rss_since_reset(), "base": base}
+
+
+def _isolated_memory(args: argparse.Namespace, passage: str) -> dict[str, Any]:
+    """The HPSE edit's and the NLL-only edit's peak RSS, each in a fresh process (``isolated_edit_peak``).
+
+    In one process the second edit starts from the heap the first one (and the rollout and ``generate()``
+    timings before them) left behind, and how much of it the C allocator keeps depends on the allocator:
+    the in-process ratio measured 1.141 under glibc's defaults, 1.055 with ``MALLOC_MMAP_THRESHOLD_`` fixed
+    and 1.001 under tcmalloc, which keeps the HPSE edit's pages for the NLL-only edit (PERFORMANCE.md).
+    """
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no heap, threads or caches inherited
+    peaks = {}
+    for name, extra in (("hpse", []), ("nll_only", ["kl_weight=0"])):
+        with ctx.Pool(1) as pool:
+            peaks[name] = pool.apply(isolated_edit_peak, (args.hparams, list(args.set), extra, passage))
+    return {"kind": "peak RSS of the edit in a fresh process (model loaded, warm-up edit, mark reset), bytes",
+            "hpse": peaks["hpse"]["peak"], "nll_only": peaks["nll_only"]["peak"],
+            "hpse_extra": peaks["hpse"]["peak"] - peaks["hpse"]["base"],
+            "nll_only_extra": peaks["nll_only"]["peak"] - peaks["nll_only"]["base"],
+            "ratio": peaks["hpse"]["peak"] / peaks["nll_only"]["peak"]}
 
 
 def _reset_peak_rss() -> bool:
@@ -371,11 +422,7 @@ def measure(args: argparse.Namespace) -> dict:
     timings: dict[str, list[float]] = {"hpse": [], "nll_only": []}
     peaks: dict[str, float] = {}
     can_reset = on_gpu or _reset_peak_rss()
-    # Warm-up: one cut-down edit first, so neither timed edit pays the process's first-touch costs
-    # (allocator growth, page faults, kernel selection); unwarmed first runs measured up to 1.7x slower.
-    warm = hpse_edit(model, tok, _requests(passage), hp.with_overrides(["rounds=1", "inner_steps=1", "max_new_tokens=8"]))
-    model = restore_weights(warm.model, warm.weights_copy)
-    del warm
+    model = _warm_up(model, tok, hp, passage)
     for _ in range(args.repeats):
         for name, params in (("hpse", hp), ("nll_only", hp_nll)):
             gc.collect()
@@ -419,6 +466,8 @@ def measure(args: argparse.Namespace) -> dict:
                             "hpse": peaks["hpse_total"], "nll_only": peaks["nll_only_total"],
                             "hpse_extra": peaks["hpse"], "nll_only_extra": peaks["nll_only"],
                             "ratio": peaks["hpse_total"] / peaks["nll_only_total"]}
+        if not on_gpu and args.random_config is None and args.isolated_memory:
+            report["memory"]["isolated"] = _isolated_memory(args, passage)
 
     # 4a. where one inner step's time goes (profiled, so not part of the timings above).
     report["train"]["profile"], model = _step_profile(model, tok, hp, passage, report["floors"]["matmul_gflops"])
@@ -565,6 +614,7 @@ def _headline(report: dict) -> dict:
         "mmlu_seconds": report["mmlu"].get("seconds"),
         "mmlu_seconds_before": report["mmlu"].get("seconds_before"),
         "peak_rss_ratio": mem.get("ratio"),
+        "peak_rss_ratio_isolated": mem.get("isolated", {}).get("ratio"),
         "sequential_rss": seq.get("bytes_after"),
         "machine": report["machine"],
         "dtype": report["dtype"],
@@ -627,6 +677,11 @@ def table(report: dict) -> str:
         m = report["memory"]
         rows.append(("memory HPSE / NLL-only", f"{m['ratio']:.3f}  ({m['hpse'] / gib:.3f} GiB vs {m['nll_only'] / gib:.3f} GiB; "
                                                f"above the model: {m['hpse_extra'] / gib:.3f} vs {m['nll_only_extra'] / gib:.3f} GiB)"))
+        if "isolated" in m:
+            i = m["isolated"]
+            rows.append(("  each edit in a fresh process", f"{i['ratio']:.3f}  ({i['hpse'] / gib:.3f} GiB vs {i['nll_only'] / gib:.3f} GiB; "
+                                                          f"above the warmed-up model: {i['hpse_extra'] / gib:.3f} vs "
+                                                          f"{i['nll_only_extra'] / gib:.3f} GiB)"))
     rows.append(("teacher forward tokens / edit", str(report["teacher_forward_tokens_per_edit"])))
     rows.append(("teacher passes in inner steps", str(report["inner_step_teacher_passes"])))
     if "sequential" in report:
@@ -662,6 +717,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--coin", metavar="FILE",
                         help="COIN* hparams to time on the same passage (default: hparams/COIN/<the --hparams file's name>)")
     parser.add_argument("--no-coin", action="store_true", help="skip timing COIN*")
+    parser.add_argument("--no-isolated-memory", dest="isolated_memory", action="store_false",
+                        help="skip measuring each edit's peak RSS again in a fresh process (CPU; the in-process "
+                             "figure moves with what the allocator kept from earlier work)")
     parser.add_argument("--quick", action="store_true",
                         help=f"same keys in minutes: --set {' --set '.join(QUICK['overrides'])}, one rollout repeat, "
                              f"sequential {QUICK['sequential']}, MMLU of {QUICK['mmlu_subjects']} subjects, EasyEdit "

@@ -57,6 +57,9 @@ def test_perf_report_on_tiny_model(tmp_path, capsys, monkeypatch):
     assert 0 < report["hpse_rollout_seconds"] < report["edit"]["hpse_seconds"]
     assert set(report["sequential"]["bytes_after"]) == {"1", "3"}
     assert "memory" in report and report["memory"]["ratio"] > 0
+    iso = report["memory"]["isolated"]  # each edit again in a fresh process, after the same load and warm-up
+    assert report["peak_rss_ratio_isolated"] == iso["ratio"] == iso["hpse"] / iso["nll_only"]
+    assert 0 <= iso["hpse_extra"] < iso["hpse"] and 0 <= iso["nll_only_extra"] < iso["nll_only"]
     # one inner step profiled: the matmuls' share of its self time, their rate, the heaviest operators
     prof = report["train"]["profile"]
     assert 0 < prof["matmul_share"] <= 1 and 0 < prof["matmul_seconds"] <= prof["self_seconds"]
@@ -82,9 +85,10 @@ def test_perf_report_times_coin_on_the_same_passage_with_the_same_step_budget(tm
     passage.write_text("AJ Lee is a wrestler. She speaks Russian fluently. She lives in Moscow.")
     out = tmp_path / "perf.json"
     args = ["--hparams", str(hp_path), "--passage", str(passage), "--sequential", "--out", str(out), "--mmlu-n", "0",
-            "--no-easyedit", "--rollout-repeats", "1", "--coin", str(coin_path)]
+            "--no-easyedit", "--rollout-repeats", "1", "--no-isolated-memory", "--coin", str(coin_path)]
     assert perf_main(args) == 0
     report = json.loads(out.read_text())
+    assert "isolated" not in report["memory"] and report["peak_rss_ratio_isolated"] is None
     assert report["coin"]["steps"] == 4  # the HPSE edit's rounds x inner steps, not the file's 99
     assert report["coin"]["chunks"] >= 2 and report["edit_seconds_coin"] == report["coin"]["seconds"] > 0
     assert "COIN* edit / HPSE edit" in capsys.readouterr().out
