@@ -154,7 +154,10 @@ class HPSEObjective:
     Each round starts with one hybrid rollout per request (none when ``kl_weight == 0``: the plain executor
     baseline); its teacher top-K targets are cached, so the inner steps never run the teacher. The two
     terms are separate forward/backward passes accumulating into one Adam step, so activation memory
-    peaks at the larger of the two rather than their sum.
+    peaks at the larger of the two rather than their sum. The KL pass (prompt and rollout, the larger
+    one) runs first, so the NLL pass after it fits into the memory it freed. Each gradient entry is one
+    sum of the two passes' contributions, which commutes: the order leaves the trained bits as they were
+    (tests/test_editor.py).
     """
 
     name = "HPSE"
@@ -189,11 +192,11 @@ class HPSEObjective:
 
     def step(self, student: Any) -> Iterator[Terms]:
         n = len(self.prompts)
-        if self.nll_batch is not None:
-            yield {"nll": (self.hp.nll_weight, self.nll_batch.loss(student, self.hp.scored_logits_only) / n)}
         if self.kl_batch is not None:
             kl = self.kl_batch.loss(student, self.hp.kl_student, self.hp.scored_logits_only)
             yield {"kl": (self.hp.kl_weight, kl / n)}
+        if self.nll_batch is not None:
+            yield {"nll": (self.hp.nll_weight, self.nll_batch.loss(student, self.hp.scored_logits_only) / n)}
 
     def describe_round(self, stats: dict) -> str:
         def fmt(v: float | None, spec: str) -> str:

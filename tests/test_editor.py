@@ -77,6 +77,48 @@ def test_ablation_switches_change_what_they_should(gate_always_open):
 
 
 @pytest.mark.parametrize("executor", ["lora", "ft_m"])
+def test_the_order_of_the_kl_and_nll_passes_leaves_the_trained_bits_unchanged(executor, monkeypatch):
+    """The KL pass runs first (the larger one: the NLL pass then fits into the memory it freed); each gradient
+    entry is one sum of the two passes' contributions, so the edit is bit for bit the NLL-first edit."""
+    from hpse_easyedit import editor
+
+    def edit(model, tok):
+        res = hpse_edit(model, tok, REQUESTS, tiny_hparams(executor=executor, rounds=2, inner_steps=3, lr=5e-2))
+        trained = {n: p.detach().clone() for n, p in res.model.named_parameters() if p.requires_grad}
+        return trained, [(r["kl"], r["nll"], r["kl_last"], r["nll_last"]) for r in res.rounds]
+
+    model, tok = make_tiny_model_and_tokenizer("qwen2")
+    order = []
+    editor_step = editor.HPSEObjective.step
+    monkeypatch.setattr(editor.HPSEObjective, "step", lambda self, student: _record(order, editor_step(self, student)))
+    kl_first, kl_first_losses = edit(model, tok)
+    assert order[:2] == ["kl", "nll"]
+
+    model, tok = make_tiny_model_and_tokenizer("qwen2")  # the same weights: built from a fixed seed
+    order.clear()
+    monkeypatch.setattr(editor.HPSEObjective, "step",
+                        lambda self, student: _record(order, _reversed(editor_step(self, student))))
+    nll_first, nll_first_losses = edit(model, tok)
+    assert order[:2] == ["nll", "kl"]
+    assert kl_first_losses == nll_first_losses and kl_first.keys() == nll_first.keys()
+    assert all(torch.equal(kl_first[n], nll_first[n]) for n in kl_first)
+
+
+def _record(order, groups):
+    for group in groups:
+        order.extend(group)
+        yield group
+
+
+def _reversed(groups):
+    """The passes in the other order: each forward is run when its group is asked for, as the editor runs them."""
+    groups = iter(groups)
+    first = next(groups)  # the KL pass's forward (its graph is kept until the caller's backward)
+    yield from groups
+    yield first
+
+
+@pytest.mark.parametrize("executor", ["lora", "ft_m"])
 def test_sequential_edits_accumulate_and_first_copy_restores(executor):
     model, tok = make_tiny_model_and_tokenizer("llama")
     before = _probe_logits(model, tok)
