@@ -17,7 +17,7 @@ Reports, for one hparams file and model:
   - where one inner step's time goes: ``torch.profiler`` self time by operator, the matmuls' share of it
     and their rate against the dense-matmul floor (``train.profile``).
 It prints a table and writes JSON; the flat keys at its top (``rollout_tok_s`` ... ``dtype``) are the
-ones docs/PERFORMANCE.md quotes. ``--quick`` gives the same keys in a few minutes on 2 CPU cores (PERFORMANCE.md).
+ones docs/PERFORMANCE.md quotes. ``--quick`` gives the same keys in about 3 minutes on 2 idle CPU cores.
 
 Examples::
 
