@@ -58,3 +58,27 @@ def workdir(tmp_path, monkeypatch):
     """BaseEditor writes ./logs; MEMIT/AlphaEdit write ./data/stats: keep both in the test's directory."""
     monkeypatch.chdir(tmp_path)
     return tmp_path
+
+
+@pytest.fixture
+def another_writer_first(monkeypatch):
+    """Arm ``os.replace`` so that, just before the first rename whose source ``matches``, another thread runs
+    ``write_again`` (a whole write of the same target); returns a list that holds True once that happened."""
+
+    def arm(write_again, matches=lambda src: True):
+        import threading
+
+        real_replace, done = os.replace, []
+
+        def replace(src, dst):
+            if not done and matches(str(src)):
+                done.append(True)
+                thread = threading.Thread(target=write_again)
+                thread.start()
+                thread.join()
+            real_replace(src, dst)
+
+        monkeypatch.setattr(os, "replace", replace)
+        return done
+
+    return arm

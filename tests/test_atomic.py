@@ -1,7 +1,6 @@
 """Atomic replacement of the files the project writes: each writer has its own temporary name."""
 
 import json
-import os
 import threading
 
 import pytest
@@ -10,38 +9,21 @@ from benchmarks.store import ResultFile, write_json_atomic
 from hpse_easyedit.atomic import replacing, writer_tmp
 
 
-def _another_writer_finishes_first(monkeypatch, write_again):
-    """Patch ``os.replace`` so that, just before the first rename, another thread writes the same target whole."""
-    real_replace = os.replace
-    done = []
-
-    def replace(src, dst):
-        if not done:
-            done.append(True)
-            thread = threading.Thread(target=write_again)
-            thread.start()
-            thread.join()
-        real_replace(src, dst)
-
-    monkeypatch.setattr(os, "replace", replace)
-    return done
-
-
-def test_two_writers_of_one_json_file_at_once_do_not_collide(tmp_path, monkeypatch):
+def test_two_writers_of_one_json_file_at_once_do_not_collide(tmp_path, another_writer_first):
     """With one shared ``.tmp`` name the second writer renamed the first one's file away (FileNotFoundError)."""
     path = tmp_path / "summary.json"
-    done = _another_writer_finishes_first(monkeypatch, lambda: write_json_atomic(path, {"writer": "b"}))
+    done = another_writer_first(lambda: write_json_atomic(path, {"writer": "b"}))
     write_json_atomic(path, {"writer": "a"})
     assert done
     assert json.loads(path.read_text()) == {"writer": "a"}  # whole: the last one renamed
     assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]
 
 
-def test_two_rewrites_of_one_results_file_at_once_do_not_collide(tmp_path, monkeypatch):
+def test_two_rewrites_of_one_results_file_at_once_do_not_collide(tmp_path, another_writer_first):
     path = tmp_path / "results.jsonl"
     ResultFile(path).append([{"case_id": "a", "Ind": 0.0}])
     other = ResultFile(path)
-    done = _another_writer_finishes_first(monkeypatch, lambda: other.replace([{"case_id": "a", "Ind": 0.5}]))
+    done = another_writer_first(lambda: other.replace([{"case_id": "a", "Ind": 0.5}]))
     ResultFile(path).replace([{"case_id": "a", "Ind": 1.0}])
     assert done
     assert [json.loads(line) for line in path.read_text().splitlines()] == [{"case_id": "a", "Ind": 1.0}]

@@ -77,25 +77,13 @@ def test_stats_file_name_and_format_are_easyedits(tmp_path):
     assert json.loads(path.with_suffix(".json").read_text())["corpus_sources"] == ["x"]
 
 
-def test_writers_of_the_same_stats_file_at_once_do_not_collide(tmp_path, monkeypatch):
+def test_writers_of_the_same_stats_file_at_once_do_not_collide(tmp_path, another_writer_first):
     """Two processes computing the same statistics into one cache (a run per core) each write their own
     temporary file; with one shared temporary name the second renamed the first's away (FileNotFoundError)."""
-    import threading
-
     path = tmp_path / "m" / "editevery_stats" / "layer_float32_mom2_200.npz"
-    real_replace = os.replace
-    inner_done = []
-
-    def replace_after_another_writer(src, dst):
-        if not inner_done and str(src).endswith(".tmp.npz"):  # the second writer finishes in between
-            inner_done.append(True)
-            thread = threading.Thread(target=cov.write_stats_file, args=(path, torch.ones(2, 2), 3, 200),
-                                      kwargs={"provenance": {"corpus_sha256": "b"}})
-            thread.start()
-            thread.join()
-        real_replace(src, dst)
-
-    monkeypatch.setattr(cov.os, "replace", replace_after_another_writer)
+    inner_done = another_writer_first(  # the second writer finishes in between
+        lambda: cov.write_stats_file(path, torch.ones(2, 2), 3, 200, provenance={"corpus_sha256": "b"}),
+        matches=lambda src: src.endswith(".tmp.npz"))
     cov.write_stats_file(path, torch.ones(2, 2), 3, 200, provenance={"corpus_sha256": "a"})
     assert inner_done
     back, count = cov.read_stats_file(path)
