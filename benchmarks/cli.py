@@ -19,6 +19,7 @@ from .distributed import DEFAULT_TIMEOUT, LaunchError, current_context
 from .judge import JudgeSettings
 from .report import judge_note, paper_table
 from .runner import RunOptions, run_benchmark, unjudged_note
+from .sequence import parse_checkpoints
 from .store import IncompleteRunError
 from .tasks import TASKS
 
@@ -39,6 +40,9 @@ def add_run_arguments(parser: argparse.ArgumentParser, benchmark: str | None) ->
                    help="only the cases with these case_id values, in data order (with --limit: among the first N); "
                         "a later run into the same --out may pick others or more; not with --sequential")
     g.add_argument("--sequential", type=int, metavar="T", help="continual editing: T cases edited one after another, then evaluated")
+    g.add_argument("--checkpoints", type=parse_checkpoints, metavar="N,N,...",
+                   help="with --sequential T: also evaluate the cases edited so far after these many edits of each "
+                        "sequence, e.g. 10,20,50 with T=100 (checkpoints.jsonl; summary.json's 'checkpoints')")
     g.add_argument("--batch-size", type=int, default=8, help="generation batch size (default 8)")
     g.add_argument("--max-new-tokens", type=int, help="answer length cap (default "
                    + ", ".join(f"{t.default_max_new_tokens} {t.title}" for t in TASKS.values()) + ")")
@@ -78,6 +82,7 @@ def options_from_args(args: argparse.Namespace, benchmark: str, hparams: str, ov
         limit=args.limit,
         cases=args.cases,
         sequential=args.sequential,
+        checkpoints=args.checkpoints,
         batch_size=args.batch_size,
         max_new_tokens=args.max_new_tokens,
         data_file=getattr(args, TASKS[benchmark].file_option.lstrip("-").replace("-", "_"), None),

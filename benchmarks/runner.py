@@ -3,6 +3,9 @@
 Single editing: every case is edited into the unedited model, evaluated, and the edit is undone.
 Continual editing (``sequential=T``): T consecutive cases are edited one after another into the same
 model, then all T are evaluated, then the model is restored; the next T start from the unedited model.
+With ``checkpoints=[10, 20, 50]`` the cases edited so far are also evaluated after the 10th, 20th and
+50th edit of each sequence (``checkpoints.jsonl``), so one sequence of T = 100 gives the curve at
+T = 10, 20, 50 and 100; a sequence stopped part-way resumes after its last edit (``benchmarks.sequence``).
 
 Each finished case (in continual mode, each finished block of T) is appended to ``results.jsonl`` at
 once, so a killed run loses only the work in flight, and rerunning with the same output directory
@@ -58,6 +61,7 @@ from .store import (
     results_name,
     write_json_atomic,
 )
+from .sequence import SequenceLog, checkpoint_records, same_edit
 from .tasks import TASKS, Task, unjudged_metrics
 
 __all__ = [
@@ -81,6 +85,7 @@ class RunOptions:
     limit: int | None = None
     cases: list[str] | None = None
     sequential: int | None = None
+    checkpoints: list[int] | None = None
     batch_size: int = 8
     max_new_tokens: int | None = None
     data_file: str | None = None
@@ -125,6 +130,14 @@ class RunOptions:
             if self.sequential:
                 raise UsageError("--cases picks single cases; continual editing (--sequential) edits consecutive "
                                  "cases, so use --limit there")
+        if self.checkpoints is not None:
+            if not self.sequential:
+                raise UsageError("--checkpoints evaluates a continual sequence part-way; give --sequential T with it")
+            bad = [c for c in self.checkpoints if not 1 <= c < self.sequential]
+            if bad or not self.checkpoints:
+                raise UsageError(f"--checkpoints must be edit counts from 1 to {self.sequential - 1} (T itself is "
+                                 f"always evaluated), e.g. 10,20,50 with --sequential 100; got {bad or 'none'}")
+            self.checkpoints = sorted(set(self.checkpoints))
         if self.subjects not in ("auto", "file", "llm", "heuristic"):
             raise UsageError(f"--subjects must be auto, file, llm or heuristic, got {self.subjects!r}")
         if self.judge not in ("auto", "llm", "lexical"):
@@ -254,6 +267,8 @@ class _Run:
             "sequential": o.sequential,
             "max_new_tokens": self.max_new_tokens,
         }
+        if o.checkpoints:  # only when set: the directories of runs without checkpoints keep resuming
+            config["checkpoints"] = o.checkpoints
         config.update(self.task.run_config(o, self.judge, self.mmlu_enabled))
         return config
 
@@ -289,6 +304,10 @@ class _Run:
                 if dropped:
                     log.warning("dropping %d record(s) of an unfinished block; the block is redone", len(dropped))
         self.store = ResultFile(own)
+        if self.opts.sequential:
+            self.sequence = SequenceLog(self.out_dir, self.ctx.rank, self.ctx.world)
+            finished = {b for b, blk in enumerate(self._units()) if all(ids[i] in self.store.records for i in blk)}
+            self.sequence.forget(lambda r: r.get("block") not in finished)  # moved to results, killed before dropping
         # Files of this launch's other processes hold only their cases, and are being written to.
         peers = {results_name(r, self.ctx.world) for r in range(self.ctx.world)} - {own.name}
         done = set(self.store.records)
@@ -364,6 +383,14 @@ class _Run:
 
     def _record(self, index: int, case: Mapping[str, Any], answers: list[str], res: Any, seconds: float,
                 block: int | None, mmlu_after: float | None) -> dict:
+        rec = self._edit_record(index, case, res, seconds, block)
+        rec.update(self._score(case, answers))
+        if mmlu_after is not None:
+            rec["MMLU_after"] = mmlu_after
+        return rec
+
+    def _edit_record(self, index: int, case: Mapping[str, Any], res: Any, seconds: float, block: int | None) -> dict:
+        """What a case's record says about its edit (everything but the scores)."""
         rec: dict[str, Any] = {
             "case_id": case["case_id"],
             "index": index,
@@ -377,9 +404,6 @@ class _Run:
         rollouts = pack_rounds(getattr(res, "rollouts", None)) if self.opts.store_rollouts else None
         if rollouts is not None:
             rec["rollouts"] = rollouts
-        rec.update(self._score(case, answers))
-        if mmlu_after is not None:
-            rec["MMLU_after"] = mmlu_after
         return rec
 
     def _score(self, case: Mapping[str, Any], answers: list[str]) -> dict:
@@ -439,21 +463,90 @@ class _Run:
 
     def _run_sequential(self, blocks: list[tuple[int, list[int]]], progress: Any) -> None:
         for b, block in blocks:
-            model, first, results = self.model, None, []
-            for i in block:
+            model, weights0, edits, results = self._resume_block(b, block)  # results: IN_CONTEXT's passages
+            self._checkpoint(b, block, len(edits), model, results)
+            for j in range(len(edits), len(block)):
+                i = block[j]
                 res, seconds = self._edit(model, self.cases[i])
-                first = res if first is None else first
+                weights0 = res.weights_copy if weights0 is None else weights0
                 model = res.model
-                results.append((res, seconds))
-            answers = self._answers(model, [self.cases[i] for i in block], [res for res, _ in results])
+                results.append(res)
+                edits.append({**self._edit_record(i, self.cases[i], res, seconds, b), "position": j})
+                self.sequence.append(edits[-1])
+                if self.editor.resume is not None and len(block) > 1:
+                    self.sequence.save_state(model, b, j + 1, weights0)
+                self._checkpoint(b, block, j + 1, model, results)
+            answers = self._answers(model, [self.cases[i] for i in block], results)
             mmlu_after = self._mmlu(model) if self._mmlu_due(b) else None
-            self.model = self.editor.restore(model, first.weights_copy)
-            self.store.append([
-                self._record(i, self.cases[i], a, res, seconds, b, mmlu_after)
-                for i, a, (res, seconds) in zip(block, answers, results)
-            ])
+            self.model = self.editor.restore(model, weights0)
+            records = []
+            for i, a, edit in zip(block, answers, edits):
+                rec = {k: v for k, v in edit.items() if k != "position"}
+                rec.update(self._score(self.cases[i], a))
+                if mmlu_after is not None:
+                    rec["MMLU_after"] = mmlu_after
+                records.append(rec)
+            self.store.append(records)
+            self.sequence.finish(b)
             self._stop_if_judge_refused()
             progress(len(block), None)
+
+    def _resume_block(self, b: int, block: list[int]) -> tuple[Any, Any, list[dict], list[Any]]:
+        """The model as the recorded edits of block ``b`` left it, the values before its first edit, and
+        those edits' records: loaded from the snapshot, or the edits replayed (each checked against its
+        record; from the first that differs on, the block is redone)."""
+        edits, results = self.sequence.recorded(b), []
+        if not edits:
+            return self.model, None, [], []
+        model, weights0, done = self.model, None, 0
+        state = self.sequence.load_state(b) if self.editor.resume is not None else None
+        if state is not None and 0 < state["edits"] <= len(edits):
+            model = self.editor.resume(self.model, self.hp, state["tensors"])
+            weights0, done = state["weights0"], state["edits"]
+            log.info("block %d: resuming after edit %d of %d from %s", b, done, len(block), self.sequence.state)
+        if done < len(edits):
+            log.info("block %d: replaying %d recorded edit(s) (%d to %d) without evaluating them", b,
+                     len(edits) - done, done + 1, len(edits))
+        for j in range(done, len(edits)):
+            res, seconds = self._edit(model, self.cases[block[j]])
+            weights0 = res.weights_copy if weights0 is None else weights0
+            model = res.model
+            results.append(res)
+            replayed = {**self._edit_record(block[j], self.cases[block[j]], res, seconds, b), "position": j}
+            if not same_edit(edits[j], replayed):
+                log.warning("block %d: edit %d computes other values than recorded (another machine or kernels?); "
+                            "its record and every later one of the block are redone", b, j + 1)
+                self.sequence.forget_from(b, j)
+                edits = [*edits[:j], replayed]
+                self.sequence.append(replayed)
+                if self.editor.resume is not None:
+                    self.sequence.save_state(model, b, j + 1, weights0)
+                return model, weights0, edits, results
+        return model, weights0, edits, results
+
+    def _checkpoint(self, b: int, block: list[int], edits: int, model: Any, results: Sequence[Any]) -> None:
+        """At a checkpoint, the scores of the block's first ``edits`` cases on the model as edited so far."""
+        if edits not in (self.opts.checkpoints or ()) or edits >= len(block):
+            return
+        done = block[:edits]
+        ids = [str(self.cases[i]["case_id"]) for i in done]
+        if self.sequence.has_checkpoint(b, edits, ids):
+            return
+        t0 = time.time()
+        answers = self._answers(model, [self.cases[i] for i in done], results)
+        mmlu_after = self._mmlu(model) if self.mmlu_enabled else None
+        records = []
+        for i, a in zip(done, answers):
+            case = self.cases[i]
+            rec: dict[str, Any] = {"case_id": case["case_id"], "index": i, "block": b, "checkpoint": edits,
+                                   "subjects": [r["subject"] for r in case["requests"]]}
+            rec.update(self._score(case, a))
+            if mmlu_after is not None:
+                rec["MMLU_after"] = mmlu_after
+            records.append(rec)
+        self.sequence.add_checkpoint(records)
+        self._stop_if_judge_refused()
+        log.info("block %d: checkpoint after %d edits evaluated in %.0f s", b, edits, time.time() - t0)
 
     # ---------------------------------------------------------------------------------------- driver
     def run(self) -> dict:
@@ -511,8 +604,11 @@ class _Run:
         summary = self.summary(mmlu_before, [records[cid] for cid in ids])
         if ctx.is_main:
             write_json_atomic(self.out_dir / "summary.json", summary)
+            rows = [(f"{self.label} after {c} edits", {self.task.name: part})
+                     for c, part in summary.get("checkpoints", {}).items()]
             (self.out_dir / "table.md").write_text(
-                paper_table([(self.label, {self.task.name: summary})]) + judge_note([summary]) + unjudged_note([summary]),
+                paper_table([*rows, (self.label, {self.task.name: summary})]) + judge_note([summary])
+                + unjudged_note([summary]),
                 encoding="utf-8",
             )
         return summary
@@ -544,9 +640,23 @@ class _Run:
             editor=self.editor.name,
             mode="sequential" if self.opts.sequential else "single",
             sequential=self.opts.sequential,
+            **({"checkpoints": self._checkpoint_summaries(records)} if self.opts.checkpoints else {}),
             out_dir=str(self.out_dir),
             hparams=self._recorded_hparams(),
         )
+        return out
+
+    def _checkpoint_summaries(self, records: list[dict]) -> dict:
+        """Per checkpoint (edits made in each sequence), the task's summary of the cases evaluated there."""
+        blocks = {r.get("block") for r in records}
+        out = {}
+        for c, recs in sorted(checkpoint_records(self.out_dir).items()):
+            recs = [r for r in recs.values() if r.get("block") in blocks]
+            summary: dict[str, Any] = self.task.summarize(recs)
+            if self.task.measures_mmlu:
+                summary["MMLU_after"] = mean(r.get("MMLU_after") for r in recs)
+            summary["n_cases"] = len(recs)
+            out[str(c)] = summary
         return out
 
     def _recorded_hparams(self) -> dict:

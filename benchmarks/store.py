@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from hpse_easyedit.atomic import replacing
 
 __all__ = [
-    "KERNEL_KEYS", "PLACEMENT_KEYS", "ConfigMismatchError", "ConfigPolicy", "IncompleteRunError", "ResultFile", "check_run_config",
+    "KERNEL_KEYS", "PLACEMENT_KEYS", "ConfigMismatchError", "case_key", "ConfigPolicy", "IncompleteRunError", "ResultFile", "check_run_config",
     "config_policy", "json_plain", "merge_results", "read_results", "result_files", "results_name", "write_json_atomic", "write_new_json",
 ]
 
@@ -54,21 +54,24 @@ class IncompleteRunError(RuntimeError):
     """The results files of a directory do not hold every expected case exactly once."""
 
 
-def results_name(rank: int = 0, world: int = 1) -> str:
-    """The results file of process ``rank`` of ``world`` (``results.jsonl`` for a single process)."""
+def results_name(rank: int = 0, world: int = 1, stem: str = "results") -> str:
+    """The results file of process ``rank`` of ``world`` (``results.jsonl`` for a single process); ``stem``
+    names another per-process file of the same layout (``checkpoints``, ``sequence``)."""
     if not 0 <= rank < world:
         raise ValueError(f"rank must be in [0, {world}), got {rank}")
-    return RESULTS if world == 1 else f"results.rank{rank}-of-{world}.jsonl"
+    return f"{stem}.jsonl" if world == 1 else f"{stem}.rank{rank}-of-{world}.jsonl"
 
 
-def result_files(out_dir: str | os.PathLike) -> list[Path]:
-    """Every results file of a run directory, single-process and per-process ones, in a stable order."""
+def result_files(out_dir: str | os.PathLike, stem: str = "results") -> list[Path]:
+    """Every results file of a run directory, single-process and per-process ones, in a stable order
+    (``stem``: the files of another per-process name, e.g. ``checkpoints``)."""
     out_dir = Path(out_dir)
     if not out_dir.is_dir():
         return []
+    pattern = _RESULTS_RE if stem == "results" else re.compile(rf"^{re.escape(stem)}(?:\.rank(\d+)-of-(\d+))?\.jsonl$")
     found = []
     for p in out_dir.iterdir():
-        m = _RESULTS_RE.match(p.name)
+        m = pattern.match(p.name)
         if m and p.is_file():
             world, rank = (int(m.group(2)), int(m.group(1))) if m.group(1) else (1, 0)
             found.append(((world, rank), p))
@@ -253,8 +256,13 @@ def check_run_config(out_dir: str | os.PathLike, config: Mapping[str, Any], *, w
 
 
 # ------------------------------------------------------------------------------------------ results files
-def _parse(path: Path, data: bytes) -> tuple[dict[str, dict], bytes]:
-    """Records of a results file's bytes, and the torn tail after its last newline (b'' if none)."""
+def case_key(record: Mapping[str, Any]) -> str:
+    """What identifies a record of a results file: its ``case_id``."""
+    return str(record.get("case_id"))
+
+
+def _parse(path: Path, data: bytes, key: Callable[[Mapping[str, Any]], str] = case_key) -> tuple[dict[str, dict], bytes]:
+    """Records of a results file's bytes (by ``key``), and the torn tail after its last newline (b'' if none)."""
     *complete, torn = data.split(b"\n")  # every record ends with a newline; text after the last one is torn
     records: dict[str, dict] = {}
     for n, raw in enumerate(complete, 1):
@@ -264,31 +272,32 @@ def _parse(path: Path, data: bytes) -> tuple[dict[str, dict], bytes]:
             rec = json.loads(raw)
         except ValueError:
             raise ValueError(f"{path}: line {n} is not valid JSON; repair or delete the file") from None
-        cid = str(rec.get("case_id"))
+        cid = key(rec)
         if cid in records:
             raise ValueError(f"{path}: case_id {cid} appears twice (line {n}); repair or delete the file")
         records[cid] = rec
     return records, torn
 
 
-def read_results(path: str | os.PathLike) -> dict[str, dict]:
+def read_results(path: str | os.PathLike, key: Callable[[Mapping[str, Any]], str] = case_key) -> dict[str, dict]:
     """The records of a results file, read only: a last line without its newline (torn, or still being
     written by its process) is left out and left alone."""
     path = Path(path)
     if not path.is_file():
         return {}
-    return _parse(path, path.read_bytes())[0]
+    return _parse(path, path.read_bytes(), key)[0]
 
 
 class ResultFile:
-    """One append-only results file, keyed by ``case_id``; only its own process writes to it."""
+    """One append-only results file, keyed by ``case_id`` (or ``key``); only its own process writes to it."""
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike, key: Callable[[Mapping[str, Any]], str] = case_key) -> None:
         self.path = Path(path)
+        self.key = key
         self.records: dict[str, dict] = {}
         if self.path.is_file():
             data = self.path.read_bytes()
-            self.records, torn = _parse(self.path, data)
+            self.records, torn = _parse(self.path, data, key)
             if torn:
                 log.warning("%s: dropping a torn last line (the previous run was killed while writing it)", self.path)
                 with open(self.path, "r+b") as fh:
@@ -304,7 +313,7 @@ class ResultFile:
         """Append records (one line each) in a single write, then flush and fsync."""
         records = [dict(r) for r in records]
         for r in records:
-            cid = str(r["case_id"])
+            cid = self.key(r)
             if cid in self.records:
                 raise ValueError(f"case {cid} is already recorded in {self.path}; refusing to write it twice")
         payload = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
@@ -313,7 +322,7 @@ class ResultFile:
             fh.flush()
             os.fsync(fh.fileno())
         for r in records:
-            self.records[str(r["case_id"])] = r
+            self.records[self.key(r)] = r
 
     def drop(self, keep: Callable[[dict], bool]) -> list[str]:
         """Rewrite the file keeping only records for which ``keep`` is true; returns the dropped case ids."""
@@ -328,12 +337,12 @@ class ResultFile:
         """Put new versions of already recorded cases in place (same order), rewriting the file atomically."""
         records = [dict(r) for r in records]
         for r in records:
-            if str(r["case_id"]) not in self.records:
+            if self.key(r) not in self.records:
                 raise ValueError(f"case {r['case_id']} is not recorded in {self.path}; append it instead")
         if not records:
             return
         for r in records:
-            self.records[str(r["case_id"])] = r
+            self.records[self.key(r)] = r
         self._rewrite()
 
     def _rewrite(self) -> None:

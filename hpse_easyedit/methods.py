@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from .coin import COINHyperParams, coin_edit
 from .editor import EditResult, hpse_edit
-from .executors import restore_weights
+from .executors import restore_weights, resume_edit
 from .hparams import HParamsError, HPSEHyperParams, read_hparams_file
 from .integrations.baselines import (
     AnyEditHyperParams,
@@ -65,6 +65,9 @@ class MethodSpec:
     easyedit_apply: Callable[..., tuple[Any, Any]] | None = None  # its ALG_DICT entry; None: EasyEdit's own or none
     callable_restore: bool = False  # EasyEdit restores it by calling weights_copy() (CALLABLE_RESTORE_ALGS)
     preflight: Callable[[Any], None] | None = None  # hparams -> raises the user error when it cannot run here (before loading)
+    #: (unedited model, hparams, {name: edited tensor}) -> the model as its edits left it: lets a stopped
+    #: continual sequence resume from a snapshot; None: the runner replays the sequence's edits instead
+    resume: Callable[[Any, Any, dict], Any] | None = None
 
     @property
     def hparams_class(self) -> type | None:
@@ -139,9 +142,9 @@ def timed_edit(apply: Callable[..., tuple[Any, Any]], *, timer: bool = False) ->
 
 
 register_method(MethodSpec("HPSE", HPSEHyperParams.load, hparams_dict, load_model, hpse_edit, restore_weights,
-                           easyedit_apply=apply_hpse_for_easyedit, callable_restore=True))
+                           easyedit_apply=apply_hpse_for_easyedit, callable_restore=True, resume=resume_edit))
 register_method(MethodSpec("COIN", COINHyperParams.load, hparams_dict, load_checked_model, coin_edit, restore_weights,
-                           easyedit_apply=apply_coin_for_easyedit, callable_restore=True))
+                           easyedit_apply=apply_coin_for_easyedit, callable_restore=True, resume=resume_edit))
 for _name, _hparams in (("UnKE", UnKEHyperParams), ("AnyEdit", AnyEditHyperParams)):  # EasyEdit's unke / unke_ARE
     register_method(MethodSpec(_name, _hparams.load, hparams_dict, load_checked_model,
                                timed_edit(apply_unke_family, timer=True), restore_copied_weights, needs_easyedit=True,

@@ -15,7 +15,7 @@ from .base import Executor, copy_back
 from .ftm import FTMExecutor
 from .lora import LoRAExecutor
 
-__all__ = ["EXECUTORS", "Executor", "FTMExecutor", "LoRAExecutor", "make_executor", "restore_weights"]
+__all__ = ["EXECUTORS", "Executor", "FTMExecutor", "LoRAExecutor", "make_executor", "restore_weights", "resume_edit"]
 
 #: ``hparams.executor`` -> its class; a new executor is one module plus one line here.
 EXECUTORS: dict[str, type[Executor]] = {
@@ -46,3 +46,13 @@ def restore_weights(model: Any, weights_copy: dict[str, torch.Tensor]) -> Any:
     for cls in EXECUTORS.values():
         model = cls.release(model)
     return model
+
+
+def resume_edit(model: Any, hparams: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    """The unedited ``model`` put in the state an edit (or a sequence of edits) with ``hparams`` left it in:
+    the executor's structure around it (a LoRA adapter, FT-M's kept original matrix) with ``tensors``, the
+    edited values of what the edits changed, copied in bit for bit. Returns the model to edit on with."""
+    executor = make_executor(model, hparams)
+    copy_back(executor.model, tensors)
+    executor.finish()
+    return executor.model

@@ -1,0 +1,164 @@
+"""Continual editing with checkpoints: the sequence evaluated part-way, and a sequence stopped in the middle
+resumed from its snapshot or by replaying its recorded edits, ending with the uninterrupted run's records."""
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from bench_helpers import DATA_DIR, isolate_judge_env
+from benchmarks import runner as runner_module
+from benchmarks.runner import RunOptions, run_benchmark
+from benchmarks.sequence import STATE_DIR, checkpoint_records
+from benchmarks.store import ConfigMismatchError
+from tiny_models import make_tiny_model_and_tokenizer
+
+pytestmark = pytest.mark.skipif(not DATA_DIR.is_dir(), reason="needs ../shared/data next to the repository")
+
+TINY = """alg_name: HPSE
+model_name: {model}
+rounds: 1
+inner_steps: 2
+max_new_tokens: 4
+lr: 1.0e-2
+"""
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny-ckpt")
+    make_tiny_model_and_tokenizer("llama", root / "model")
+    (root / "hpse.yaml").write_text(TINY.format(model=root / "model"))
+    (root / "ftm.yaml").write_text(TINY.format(model=root / "model") + "executor: ft_m\nftm_layer: 1\n")
+    return root
+
+
+@pytest.fixture(autouse=True)
+def _isolated_env(monkeypatch, tmp_path):
+    isolate_judge_env(monkeypatch, tmp_path)
+
+
+def _opts(tiny, out, hparams="hpse.yaml", **kw):
+    base = dict(benchmark="mquake-uns", hparams=str(tiny / hparams), data_dir=str(DATA_DIR), out_dir=str(out),
+                limit=4, sequential=4, checkpoints=[1, 3], max_new_tokens=5, batch_size=4, judge="lexical")
+    base.update(kw)
+    return RunOptions(**base)
+
+
+def _untimed(path: Path) -> list[dict]:
+    def strip(value):
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if "seconds" not in k}
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value
+
+    return [strip(json.loads(line)) for line in path.read_text().splitlines()]
+
+
+def _text(path: Path) -> str:
+    return path.read_text() if path.is_file() else ""
+
+
+def _stop_after(monkeypatch, n_edits):
+    """The run stops (as a Ctrl-C would) when it starts edit number ``n_edits + 1``."""
+    real, calls = runner_module._Run._edit, [0]
+
+    def edit(self, model, case):
+        calls[0] += 1
+        if calls[0] > n_edits:
+            raise KeyboardInterrupt
+        return real(self, model, case)
+
+    monkeypatch.setattr(runner_module._Run, "_edit", edit)
+    return calls
+
+
+@pytest.fixture(scope="module")
+def reference(tiny, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ref") / "run"
+    summary = run_benchmark(_opts(tiny, out))
+    return out, summary
+
+
+def test_checkpoints_evaluate_the_cases_edited_so_far(reference):
+    out, summary = reference
+    by_checkpoint = checkpoint_records(out)
+    assert sorted(by_checkpoint) == [1, 3]
+    assert len(by_checkpoint[1]) == 1 and len(by_checkpoint[3]) == 3
+    ids = [r["case_id"] for r in _untimed(out / "results.jsonl")]
+    assert sorted(by_checkpoint[3]) == sorted(ids[:3])
+    assert set(summary["checkpoints"]) == {"1", "3"} and summary["checkpoints"]["3"]["n_cases"] == 3
+    assert summary["n_cases"] == 4
+    assert json.loads((out / "config.json").read_text())["checkpoints"] == [1, 3]
+    assert "after 3 edits" in (out / "table.md").read_text()
+    assert not _text(out / "sequence.jsonl") and not list((out / STATE_DIR).glob("*"))
+
+
+@pytest.mark.parametrize("drop_snapshot", [False, True], ids=["from-snapshot", "by-replay"])
+def test_a_sequence_stopped_midway_resumes_to_the_uninterrupted_records(tiny, tmp_path, monkeypatch, reference,
+                                                                       drop_snapshot, caplog):
+    ref_out, ref_summary = reference
+    out = tmp_path / "run"
+    _stop_after(monkeypatch, 3)  # edits 1-3 made, the checkpoint after 3 evaluated, stopped at the 4th
+    with pytest.raises(KeyboardInterrupt):
+        run_benchmark(_opts(tiny, out))
+    assert not _text(out / "results.jsonl")
+    assert len((out / "sequence.jsonl").read_text().splitlines()) == 3
+    assert sorted(checkpoint_records(out)) == [1, 3]
+    if drop_snapshot:  # e.g. a new machine: the weights were not kept, the edits are replayed
+        for p in (out / STATE_DIR).iterdir():
+            p.unlink()
+    monkeypatch.undo()
+    isolate_judge_env(monkeypatch, tmp_path)
+    with caplog.at_level(logging.INFO, logger="benchmarks.runner"):
+        summary = run_benchmark(_opts(tiny, out))
+    assert ("replaying 3 recorded edit(s)" in caplog.text) == drop_snapshot
+    assert ("resuming after edit 3" in caplog.text) != drop_snapshot
+    assert _untimed(out / "results.jsonl") == _untimed(ref_out / "results.jsonl")
+    assert _untimed(out / "checkpoints.jsonl") == _untimed(ref_out / "checkpoints.jsonl")
+    assert summary["checkpoints"] == ref_summary["checkpoints"]
+    assert not _text(out / "sequence.jsonl") and not list((out / STATE_DIR).glob("*"))
+
+
+def test_a_replayed_edit_that_differs_redoes_the_block_from_there(tiny, tmp_path, monkeypatch, reference, caplog):
+    ref_out, _ = reference
+    out = tmp_path / "run"
+    _stop_after(monkeypatch, 2)
+    with pytest.raises(KeyboardInterrupt):
+        run_benchmark(_opts(tiny, out))
+    monkeypatch.undo()
+    isolate_judge_env(monkeypatch, tmp_path)
+    lines = [json.loads(x) for x in (out / "sequence.jsonl").read_text().splitlines()]
+    lines[1]["rounds"][0]["loss"] += 1.0  # as if recorded on another machine
+    (out / "sequence.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    for p in (out / STATE_DIR).iterdir():
+        p.unlink()
+    with caplog.at_level(logging.INFO, logger="benchmarks.runner"):
+        run_benchmark(_opts(tiny, out))
+    assert "edit 2 computes other values than recorded" in caplog.text
+    assert _untimed(out / "results.jsonl") == _untimed(ref_out / "results.jsonl")
+    assert _untimed(out / "checkpoints.jsonl") == _untimed(ref_out / "checkpoints.jsonl")
+
+
+def test_ftm_sequence_resumes_from_its_snapshot(tiny, tmp_path, monkeypatch):
+    ref = run_benchmark(_opts(tiny, tmp_path / "ref", "ftm.yaml", limit=3, sequential=3, checkpoints=[2]))
+    out = tmp_path / "run"
+    _stop_after(monkeypatch, 2)
+    with pytest.raises(KeyboardInterrupt):
+        run_benchmark(_opts(tiny, out, "ftm.yaml", limit=3, sequential=3, checkpoints=[2]))
+    monkeypatch.undo()
+    isolate_judge_env(monkeypatch, tmp_path)
+    again = run_benchmark(_opts(tiny, out, "ftm.yaml", limit=3, sequential=3, checkpoints=[2]))
+    assert _untimed(out / "results.jsonl") == _untimed(tmp_path / "ref" / "results.jsonl")
+    assert again["checkpoints"] == ref["checkpoints"]
+
+
+def test_checkpoint_options_are_checked_before_anything_runs(tiny, tmp_path, reference):
+    with pytest.raises(ValueError, match="--checkpoints evaluates a continual sequence"):
+        _opts(tiny, tmp_path / "x", sequential=None)
+    with pytest.raises(ValueError, match="from 1 to 3"):
+        _opts(tiny, tmp_path / "x", checkpoints=[4])
+    with pytest.raises(ConfigMismatchError, match="checkpoints"):  # other checkpoints are another run
+        run_benchmark(_opts(tiny, reference[0], checkpoints=[2]))
