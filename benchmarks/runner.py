@@ -38,6 +38,7 @@ from .datasets import (
     load_mmlu_subset,
 )
 from hpse_easyedit.cli import UsageError, check_new_dir
+from hpse_easyedit.locks import writer_lock
 
 from .distributed import DEFAULT_TIMEOUT, LaunchError, ProcessContext, process_context
 from .editors import Editor, editor_for_hparams_file
@@ -550,6 +551,14 @@ class _Run:
 
     # ---------------------------------------------------------------------------------------- driver
     def run(self) -> dict:
+        """Run (or resume) this process's share; the main process holds the directory's writer lock throughout,
+        so a second run into the same ``--out`` stops at once instead of editing every case again."""
+        if not self.ctx.is_main:
+            return self._run()
+        with writer_lock(self.out_dir, "--out"):
+            return self._run()
+
+    def _run(self) -> dict:
         from tqdm.auto import tqdm
         from tqdm.contrib.logging import logging_redirect_tqdm
 

@@ -50,9 +50,10 @@ class OneLineParser(argparse.ArgumentParser):
 def user_error_types(extra: Sequence[type[BaseException]] = ()) -> tuple[type[BaseException], ...]:
     """Exceptions that mean bad input (one line, exit 2), not a bug (a traceback)."""
     from .integrations.easyedit_import import EasyEditNotFoundError, EasyEditVersionError
+    from .locks import DirectoryBusyError
 
     return (UsageError, HParamsError, ModelNotFoundError, RequestError, EasyEditNotFoundError, EasyEditVersionError,
-            FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError, *extra)
+            DirectoryBusyError, FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError, *extra)
 
 
 def run_cli(main: Callable[[list[str]], int], argv: Sequence[str] | None = None,

@@ -44,6 +44,9 @@ def normalize_requests(requests: Any, hparams: HPSEHyperParams) -> list[dict]:
             passage = passage.get("str")
         if not isinstance(passage, str) or not passage.strip():
             raise RequestError(f"request {i}: 'target_new' must be the non-empty passage to inject, got {passage!r}")
+        if not any(ch.isalnum() for ch in passage):
+            raise RequestError(f"request {i}: 'target_new' has no letter or digit ({passage.strip()[:40]!r}); give the "
+                               "passage to inject as text")
         subject = req.get("subject")
         prompt = req.get("prompt")
         if isinstance(subject, str) and not subject.strip():

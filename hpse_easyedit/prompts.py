@@ -10,6 +10,7 @@ has no system role get the system text folded into the user turn.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -28,6 +29,7 @@ __all__ = [
     "privileged_system",
     "stop_token_ids",
     "teacher_style_for",
+    "text_ids",
 ]
 
 DEFAULT_SYSTEM = (
@@ -110,6 +112,24 @@ def _as_ids(out: Any) -> list[int]:
     return [int(t) for t in out]
 
 
+def _control_texts(tokenizer: Any) -> list[str]:
+    """The texts a tokenizer turns into special (control) ids wherever they appear, longest first."""
+    found = {t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if getattr(t, "special", False)}
+    found |= set(getattr(tokenizer, "all_special_tokens", []) or [])
+    return sorted((t for t in found if t), key=len, reverse=True)
+
+
+def text_ids(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of user text (a passage, a subject, a question): a special token's text inside it, e.g.
+    ``<|im_end|>``, stays ordinary text instead of becoming a control token (``split_special_tokens``);
+    text without one gets the ids it always had."""
+    return _as_ids(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+
+
+_SLOT = "\ue000{}\ue001"
+_SLOT_RE = re.compile("(\ue000\\d+\ue001)")
+
+
 def chat_prompt_ids(
     tokenizer: Any,
     user: str,
@@ -118,14 +138,31 @@ def chat_prompt_ids(
     system_role: bool = True,
     template_kwargs: Mapping[str, Any] | None = None,
 ) -> list[int]:
-    """Token ids of a one-turn chat ending with the assistant generation header."""
+    """Token ids of a one-turn chat ending with the assistant generation header.
+
+    The messages are user text: where one holds a special token's text (``<|im_end|><|im_start|>user``),
+    the template is rendered around placeholders and each message is tokenized as text into its place,
+    so no message can end a turn or open another; other messages get exactly the template's own ids.
+    """
     template_kwargs = dict(template_kwargs or {})
     if system is not None and not system_role:
         user, system = f"{system}\n\n{user}", None
     messages = ([{"role": "system", "content": system}] if system is not None else []) + [
         {"role": "user", "content": user}
     ]
-    return _as_ids(tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, **template_kwargs))
+    controls = _control_texts(tokenizer)
+    if not any(c in m["content"] for m in messages for c in controls):
+        return _as_ids(tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True,
+                                                     **template_kwargs))
+    slots = [{**m, "content": _SLOT.format(i)} for i, m in enumerate(messages)]
+    rendered = tokenizer.apply_chat_template(slots, tokenize=False, add_generation_prompt=True, **template_kwargs)
+    ids: list[int] = []
+    for piece in _SLOT_RE.split(rendered):
+        if _SLOT_RE.fullmatch(piece):
+            ids += text_ids(tokenizer, messages[int(piece[1:-1])]["content"])
+        elif piece:
+            ids += _as_ids(tokenizer(piece, add_special_tokens=False)["input_ids"])
+    return ids
 
 
 def stop_token_ids(model: Any, tokenizer: Any) -> set[int]:
@@ -218,7 +255,7 @@ def build_edit_prompts(
             system_role=system_role, template_kwargs=template_kwargs,
         )
         student = chat_prompt_ids(tokenizer, req["prompt"], template_kwargs=template_kwargs)
-        target = [int(t) for t in tokenizer(passage, add_special_tokens=False)["input_ids"]]
+        target = text_ids(tokenizer, passage)
         if eot is not None:
             target.append(eot)
         out.append(EditPrompts(subject=subject, student_ids=student, teacher_ids=teacher, passage_ids=target))
