@@ -23,6 +23,7 @@ setup(
         "packaging>=20",  # version comparisons (hpse_easyedit.loading)
         "numpy>=1.22",  # np.random.default_rng: the bootstrap intervals (benchmarks.paired.bootstrap_ci)
         "nltk>=3.8",  # SelfBLEU-4 (benchmarks.metrics.bleu): the sentence_bleu Texygen calls
+        "charset-normalizer>=3",  # names the encoding of a passage file that is not UTF-8 (hpse_easyedit.encoding)
     ],
     extras_require={
         "test": ["pytest>=7", "pytest-timeout>=2"],

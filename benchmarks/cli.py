@@ -18,7 +18,7 @@ from hpse_easyedit.cli import DEBUG_FLAG, DEBUG_HELP, OneLineParser, run_cli, us
 from .distributed import DEFAULT_TIMEOUT, LaunchError, current_context
 from .judge import JudgeSettings
 from .report import judge_note, paper_table
-from .runner import RunOptions, run_benchmark, unjudged_note
+from .runner import RunOptions, failed_note, run_benchmark, unjudged_note
 from .sequence import parse_checkpoints
 from .store import IncompleteRunError
 from .tasks import TASKS
@@ -53,6 +53,9 @@ def add_run_arguments(parser: argparse.ArgumentParser, benchmark: str | None) ->
     g.add_argument("--dist-timeout-hours", type=float, default=DEFAULT_TIMEOUT.total_seconds() / 3600, metavar="H",
                    help="under accelerate launch: how long a process that finished its cases waits for the others "
                         f"(default {DEFAULT_TIMEOUT.total_seconds() / 3600:.0f})")
+    g.add_argument("--retry-failed", action="store_true",
+                   help="edit again the cases whose edits diverged in an earlier run (recorded as failed; in continual "
+                        "mode their whole sequences)")
     g.add_argument("--no-rollouts", action="store_true",
                    help="do not keep each round's rollout (token ids, step-in mask) in results.jsonl")
     for task in TASKS.values():  # each task's own options: all of them for run_compare.py (benchmark None)
@@ -83,6 +86,7 @@ def options_from_args(args: argparse.Namespace, benchmark: str, hparams: str, ov
         cases=args.cases,
         sequential=args.sequential,
         checkpoints=args.checkpoints,
+        retry_failed=args.retry_failed,
         batch_size=args.batch_size,
         max_new_tokens=args.max_new_tokens,
         data_file=getattr(args, TASKS[benchmark].file_option.lstrip("-").replace("-", "_"), None),
@@ -132,7 +136,8 @@ def _cli(benchmark: str, argv: Sequence[str]) -> int:
     parser = OneLineParser(
         description=f"Edit with the method of an hparams file over {title} and score it as the HPSE paper does. "
                     "Rerunning with the same --out resumes. Exit code 0: done; 1: done, but some cases are still "
-                    "unjudged (rerun to judge them); 2: a bad input, reported in one line before any edit.",
+                    "unjudged (rerun to judge them) or their edits diverged (see --retry-failed); 2: a bad input, "
+                    "reported in one line before any edit; 130: stopped by Ctrl-C (rerun to resume).",
     )
     parser.add_argument("--hparams", required=True, metavar="FILE", help="YAML hparams file; its alg_name picks the editor")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -144,10 +149,11 @@ def _cli(benchmark: str, argv: Sequence[str]) -> int:
     configure_logging(args.log_level)
     summary = run_benchmark(options_from_args(args, benchmark, args.hparams, args.set, args.out, args.label))
     if is_main_process():
-        print(paper_table([(summary["label"], {benchmark: summary})]) + judge_note([summary]) + unjudged_note([summary]),
+        print(paper_table([(summary["label"], {benchmark: summary})]) + judge_note([summary]) + unjudged_note([summary])
+              + failed_note([summary]),
               end="")
         print(f"\n{summary['n_cases']} case(s); summary: {Path(summary['out_dir']) / 'summary.json'}")
-    return 1 if summary.get("unjudged_cases") else 0
+    return 1 if summary.get("unjudged_cases") or summary.get("failed_cases") else 0
 
 
 def cli_main(benchmark: str, argv: Sequence[str] | None = None) -> int:

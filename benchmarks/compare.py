@@ -23,7 +23,7 @@ from hpse_easyedit.cli import OneLineParser, run_cli
 from .paired import multi_report, multi_table
 from .report import judge_note, paper_table, plot_stepin_rates
 from .cli import add_run_arguments, benchmark_errors, configure_logging, is_main_process, options_from_args
-from .runner import RunOptions, run_benchmark, unjudged_note
+from .runner import RunOptions, failed_note, run_benchmark, unjudged_note
 from .store import write_json_atomic
 from .tasks import TASKS
 
@@ -193,7 +193,7 @@ def _compare(argv: Sequence[str]) -> int:
     if not is_main_process():
         return 0
     every = [s for _, ss in rows for s in ss.values()]
-    table = paper_table(rows) + judge_note(every) + unjudged_note(every)
+    table = paper_table(rows) + judge_note(every) + unjudged_note(every) + failed_note(every)
     paired, reports = paired_tables(out, labels, reference, args.benchmark, resamples=args.resamples)
     details = ("Wall time per edit (mean over the row's cases):\n\n" + seconds_table(rows, args.benchmark)
                + (f"\nPaired with {reference}, per benchmark:\n\n" + paired if paired else ""))

@@ -59,7 +59,8 @@ METRICS = {name: task.metrics for name, task in TASKS.items()}
 
 
 def load_run(run_dir: str | Path) -> tuple[str, dict[str, dict]]:
-    """(benchmark name, {case_id: record}) of a run directory; clear errors for anything else."""
+    """(benchmark name, {case_id: record}) of a run directory, the cases whose edit diverged left out (they have no
+    scores; the run's summary counts them); clear errors for anything else."""
     run_dir = Path(run_dir)
     config = run_dir / "config.json"
     if not config.is_file():
@@ -68,9 +69,10 @@ def load_run(run_dir: str | Path) -> tuple[str, dict[str, dict]]:
     if benchmark not in METRICS:
         raise ValueError(f"{config}: 'benchmark' is {benchmark!r}; expected one of {sorted(METRICS)}")
     try:
-        return benchmark, merge_results(run_dir, None)
+        records = merge_results(run_dir, None)
     except IncompleteRunError as err:  # a case recorded twice
         raise ValueError(str(err)) from None
+    return benchmark, {cid: r for cid, r in records.items() if "failed" not in r}  # a failed edit has no scores
 
 
 def _mean(xs: Sequence[float]) -> float:

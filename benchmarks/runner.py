@@ -23,8 +23,10 @@ What differs between benchmarks (data file and loader, generation limit, judge, 
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -37,8 +39,9 @@ from .datasets import (
     file_sha256,
     load_mmlu_subset,
 )
-from hpse_easyedit.cli import UsageError, check_new_dir
+from hpse_easyedit.cli import ENVIRONMENT_ERRNOS, Interrupted, UsageError, check_new_dir, check_writable
 from hpse_easyedit.locks import writer_lock
+from hpse_easyedit.training import EditDivergedError
 
 from .distributed import DEFAULT_TIMEOUT, LaunchError, ProcessContext, process_context
 from .editors import Editor, editor_for_hparams_file
@@ -66,8 +69,8 @@ from .sequence import SequenceLog, checkpoint_records, same_edit
 from .tasks import TASKS, Task, unjudged_metrics
 
 __all__ = [
-    "PLACEMENT_KEYS", "RunOptions", "config_policy", "default_out_dir", "run_benchmark", "stepin_rate_by_round",
-    "unjudged_note",
+    "PLACEMENT_KEYS", "RunOptions", "config_policy", "default_out_dir", "failed_note", "run_benchmark",
+    "stepin_rate_by_round", "unjudged_note",
 ]
 
 log = logging.getLogger(__name__)
@@ -102,6 +105,7 @@ class RunOptions:
     mmlu_every: int = 1
     dist_timeout_hours: float = DEFAULT_TIMEOUT.total_seconds() / 3600
     store_rollouts: bool = True
+    retry_failed: bool = False
 
     def __post_init__(self) -> None:
         """Every option range is checked here, before any file is read or model loaded (``UsageError``)."""
@@ -293,9 +297,12 @@ class _Run:
             self._forget_config_of_a_run_that_never_started()
         check_run_config(self.out_dir, config, write=main, policy=self.policy)
         own = self.out_dir / results_name(self.ctx.rank, self.ctx.world)
+        retry_blocks: set[int] = set()
         if main:
             files = {p: ResultFile(p) for p in result_files(self.out_dir)}
             merge_results(self.out_dir, ids, require_all=False)  # refuses a case recorded twice
+            if self.opts.retry_failed:
+                retry_blocks = self._drop_failed(files, ids)
             if self.opts.sequential:
                 done = {cid for f in files.values() for cid in f.records}
                 selected = set(ids)
@@ -309,6 +316,7 @@ class _Run:
             self.sequence = SequenceLog(self.out_dir, self.ctx.rank, self.ctx.world)
             finished = {b for b, blk in enumerate(self._units()) if all(ids[i] in self.store.records for i in blk)}
             self.sequence.forget(lambda r: r.get("block") not in finished)  # moved to results, killed before dropping
+            self.sequence.checkpoints.drop(lambda r: r.get("block") not in retry_blocks)
         # Files of this launch's other processes hold only their cases, and are being written to.
         peers = {results_name(r, self.ctx.world) for r in range(self.ctx.world)} - {own.name}
         done = set(self.store.records)
@@ -316,6 +324,19 @@ class _Run:
             if path.name not in peers and path != own:
                 done |= set(read_results(path))
         return done
+
+    def _drop_failed(self, files: Mapping[Path, ResultFile], ids: list[str]) -> set[int]:
+        """``--retry-failed``: forget the records of failed edits (in continual mode, of their whole blocks) so
+        they are edited again; returns the blocks to redo."""
+        failed = {cid for f in files.values() for cid, r in f.records.items() if "failed" in r}
+        blocks = {b for b, unit in enumerate(self._units()) if any(ids[i] in failed for i in unit)}
+        if self.opts.sequential:
+            failed = {ids[i] for b in blocks for i in self._units()[b]}
+        for f in files.values():
+            f.drop(lambda r: str(r["case_id"]) not in failed)
+        if failed:
+            log.info("--retry-failed: %d case(s) are edited again", len(failed))
+        return blocks if self.opts.sequential else set()
 
     def _forget_config_of_a_run_that_never_started(self) -> None:
         """A config.json with no result and no MMLU baseline beside it was written by a run that stopped before its
@@ -447,18 +468,35 @@ class _Run:
 
     def _edit(self, model: Any, case: Mapping[str, Any]) -> tuple[Any, float]:
         t0 = time.time()
-        res = self.editor.edit(model, self.tok, [dict(r) for r in case["requests"]], self.hp)
+        try:
+            res = self.editor.edit(model, self.tok, [dict(r) for r in case["requests"]], self.hp)
+        except EditDivergedError as err:
+            err.seconds = time.time() - t0
+            raise
         return res, time.time() - t0
+
+    def _failed_record(self, index: int, case: Mapping[str, Any], err: EditDivergedError, block: int | None) -> dict:
+        """A case whose edit diverged: why, and no scores (left out of every mean, counted as failed)."""
+        log.warning("case %s: %s", case["case_id"], err)
+        return {"case_id": case["case_id"], "index": index, "block": block,
+                "subjects": [r["subject"] for r in case["requests"]], "edit_seconds": round(err.seconds, 3),
+                "rounds": [], "failed": str(err)}
 
     def _run_single(self, todo: list[int], progress: Any) -> None:
         for i in todo:
             case = self.cases[i]
-            res, seconds = self._edit(self.model, case)
+            try:
+                res, seconds = self._edit(self.model, case)
+            except EditDivergedError as err:
+                self.model = self.editor.restore(err.model, err.weights_copy)
+                write_kept(self.store, [self._failed_record(i, case, err, None)])
+                progress(1, None)
+                continue
             answers = self._answers(res.model, [case], [res])[0]
             mmlu_after = self._mmlu(res.model) if self._mmlu_due(i) else None
             self.model = self.editor.restore(res.model, res.weights_copy)
             rec = self._record(i, case, answers, res, seconds, None, mmlu_after)
-            self.store.append([rec])
+            write_kept(self.store, [rec])
             self._stop_if_judge_refused()
             progress(1, {m: f"{100 * rec[m]:.0f}" for m in self.task.metrics if rec.get(m) is not None})
 
@@ -467,13 +505,10 @@ class _Run:
             model, weights0, edits, results = self._resume_block(b, block)  # results: IN_CONTEXT's passages
             self._checkpoint(b, block, len(edits), model, results)
             for j in range(len(edits), len(block)):
-                i = block[j]
-                res, seconds = self._edit(model, self.cases[i])
-                weights0 = res.weights_copy if weights0 is None else weights0
-                model = res.model
-                results.append(res)
-                edits.append({**self._edit_record(i, self.cases[i], res, seconds, b), "position": j})
-                self.sequence.append(edits[-1])
+                model, weights0, edit, res = self._sequence_edit(model, weights0, b, j, block[j])
+                results += [res] if res is not None else []
+                edits.append(edit)
+                write_kept(self.sequence.edits, [edit])
                 if self.editor.resume is not None and len(block) > 1:
                     self.sequence.save_state(model, b, j + 1, weights0)
                 self._checkpoint(b, block, j + 1, model, results)
@@ -483,11 +518,12 @@ class _Run:
             records = []
             for i, a, edit in zip(block, answers, edits):
                 rec = {k: v for k, v in edit.items() if k != "position"}
-                rec.update(self._score(self.cases[i], a))
-                if mmlu_after is not None:
-                    rec["MMLU_after"] = mmlu_after
+                if "failed" not in rec:
+                    rec.update(self._score(self.cases[i], a))
+                    if mmlu_after is not None:
+                        rec["MMLU_after"] = mmlu_after
                 records.append(rec)
-            self.store.append(records)
+            write_kept(self.store, records)
             self.sequence.finish(b)
             self._stop_if_judge_refused()
             progress(len(block), None)
@@ -509,21 +545,29 @@ class _Run:
             log.info("block %d: replaying %d recorded edit(s) (%d to %d) without evaluating them", b,
                      len(edits) - done, done + 1, len(edits))
         for j in range(done, len(edits)):
-            res, seconds = self._edit(model, self.cases[block[j]])
-            weights0 = res.weights_copy if weights0 is None else weights0
-            model = res.model
-            results.append(res)
-            replayed = {**self._edit_record(block[j], self.cases[block[j]], res, seconds, b), "position": j}
+            model, weights0, replayed, res = self._sequence_edit(model, weights0, b, j, block[j])
+            results += [res] if res is not None else []
             if not same_edit(edits[j], replayed):
                 log.warning("block %d: edit %d computes other values than recorded (another machine or kernels?); "
                             "its record and every later one of the block are redone", b, j + 1)
                 self.sequence.forget_from(b, j)
                 edits = [*edits[:j], replayed]
-                self.sequence.append(replayed)
+                write_kept(self.sequence.edits, [replayed])
                 if self.editor.resume is not None:
                     self.sequence.save_state(model, b, j + 1, weights0)
                 return model, weights0, edits, results
         return model, weights0, edits, results
+
+    def _sequence_edit(self, model: Any, weights0: Any, b: int, j: int, i: int) -> tuple[Any, Any, dict, Any]:
+        """Edit ``j`` of block ``b`` (case ``i``): the model after it, the values before the block's first edit,
+        the edit's record and its result (None when it diverged: the model is then as before this edit)."""
+        try:
+            res, seconds = self._edit(model, self.cases[i])
+        except EditDivergedError as err:
+            return (err.model, err.weights_copy if weights0 is None else weights0,
+                    {**self._failed_record(i, self.cases[i], err, b), "position": j}, None)
+        weights0 = res.weights_copy if weights0 is None else weights0
+        return res.model, weights0, {**self._edit_record(i, self.cases[i], res, seconds, b), "position": j}, res
 
     def _checkpoint(self, b: int, block: list[int], edits: int, model: Any, results: Sequence[Any]) -> None:
         """At a checkpoint, the scores of the block's first ``edits`` cases on the model as edited so far."""
@@ -533,6 +577,7 @@ class _Run:
         ids = [str(self.cases[i]["case_id"]) for i in done]
         if self.sequence.has_checkpoint(b, edits, ids):
             return
+        failed = {str(r["case_id"]): r["failed"] for r in self.sequence.recorded(b) if "failed" in r}
         t0 = time.time()
         answers = self._answers(model, [self.cases[i] for i in done], results)
         mmlu_after = self._mmlu(model) if self.mmlu_enabled else None
@@ -541,11 +586,15 @@ class _Run:
             case = self.cases[i]
             rec: dict[str, Any] = {"case_id": case["case_id"], "index": i, "block": b, "checkpoint": edits,
                                    "subjects": [r["subject"] for r in case["requests"]]}
+            if str(case["case_id"]) in failed:
+                rec["failed"] = failed[str(case["case_id"])]
+                records.append(rec)
+                continue
             rec.update(self._score(case, a))
             if mmlu_after is not None:
                 rec["MMLU_after"] = mmlu_after
             records.append(rec)
-        self.sequence.add_checkpoint(records)
+        write_kept(self.sequence.checkpoints, records)
         self._stop_if_judge_refused()
         log.info("block %d: checkpoint after %d edits evaluated in %.0f s", b, edits, time.time() - t0)
 
@@ -555,8 +604,14 @@ class _Run:
         so a second run into the same ``--out`` stops at once instead of editing every case again."""
         if not self.ctx.is_main:
             return self._run()
+        check_writable("--out", self.out_dir)
         with writer_lock(self.out_dir, "--out"):
-            return self._run()
+            try:
+                return self._run()
+            except KeyboardInterrupt:
+                done = len(merge_results(self.out_dir, None, require_all=False)) if self.out_dir.is_dir() else 0
+                raise Interrupted(f"{done} case(s) are recorded in {self.out_dir}; run the same command again to "
+                                  "resume from there (a continual sequence resumes after its last edit)") from None
 
     def _run(self) -> dict:
         from tqdm.auto import tqdm
@@ -617,7 +672,7 @@ class _Run:
                      for c, part in summary.get("checkpoints", {}).items()]
             (self.out_dir / "table.md").write_text(
                 paper_table([*rows, (self.label, {self.task.name: summary})]) + judge_note([summary])
-                + unjudged_note([summary]),
+                + unjudged_note([summary]) + failed_note([summary]),
                 encoding="utf-8",
             )
         return summary
@@ -629,8 +684,11 @@ class _Run:
         elif self.client is not None:
             self.client.close()
 
-    def summary(self, mmlu_before: float | None, records: list[dict]) -> dict:
+    def summary(self, mmlu_before: float | None, all_records: list[dict]) -> dict:
+        records = [r for r in all_records if "failed" not in r]  # failed edits have no scores
         out: dict[str, Any] = self.task.summarize(records)
+        if len(records) < len(all_records):
+            out["failed_cases"] = len(all_records) - len(records)
         if self.task.measures_mmlu:
             out["MMLU_before"] = mmlu_before
             out["MMLU_after"] = mean(r.get("MMLU_after") for r in records)
@@ -639,9 +697,9 @@ class _Run:
             out["judge"] = self.judge.name if self.judge else None
             out["unjudged_cases"] = sum(bool(unjudged_metrics(r)) for r in records)
         out.update(
-            n_cases=len(records),
+            n_cases=len(all_records),
             stepin_rate_by_round=stepin_rate_by_round(records),
-            edit_seconds_mean=mean(r["edit_seconds"] for r in records),
+            edit_seconds_mean=mean(r["edit_seconds"] for r in all_records),
             **({"algorithm_seconds_mean": mean(r["algorithm_seconds"] for r in records)}
                if records and all("algorithm_seconds" in r for r in records) else {}),
             label=self.label,
@@ -649,7 +707,7 @@ class _Run:
             editor=self.editor.name,
             mode="sequential" if self.opts.sequential else "single",
             sequential=self.opts.sequential,
-            **({"checkpoints": self._checkpoint_summaries(records)} if self.opts.checkpoints else {}),
+            **({"checkpoints": self._checkpoint_summaries(all_records)} if self.opts.checkpoints else {}),
             out_dir=str(self.out_dir),
             hparams=self._recorded_hparams(),
         )
@@ -661,7 +719,11 @@ class _Run:
         out = {}
         for c, recs in sorted(checkpoint_records(self.out_dir).items()):
             recs = [r for r in recs.values() if r.get("block") in blocks]
+            failed = sum("failed" in r for r in recs)
+            recs = [r for r in recs if "failed" not in r]
             summary: dict[str, Any] = self.task.summarize(recs)
+            if failed:
+                summary["failed_cases"] = failed
             if self.task.measures_mmlu:
                 summary["MMLU_after"] = mean(r.get("MMLU_after") for r in recs)
             summary["n_cases"] = len(recs)
@@ -731,6 +793,56 @@ def run_benchmark(opts: RunOptions, context: ProcessContext | None = None) -> di
         return run.run()
     finally:
         run.close()
+
+
+def write_kept(file: ResultFile, records: list[dict]) -> None:
+    """Append finished records; on a full disk they are kept in memory and written as soon as space is freed
+    (tried every 10 s for ``$HPSE_DISK_FULL_WAIT`` seconds, default 600), then saved whole to a temporary file the
+    one-line error names, so no finished case is lost."""
+    wait, waited = float(os.environ.get("HPSE_DISK_FULL_WAIT", 600)), 0.0
+    while True:
+        try:
+            file.append(records)
+            return
+        except OSError as err:
+            if err.errno not in ENVIRONMENT_ERRNOS:
+                raise
+            if waited >= wait or err.errno not in (errno.ENOSPC, errno.EDQUOT):  # no space to wait for
+                kept = _save_elsewhere(records, file.path.name)
+                where = f"saved whole to {kept}: append it with `cat {kept} >> {file.path}`" if kept else "lost"
+                raise UsageError(f"{file.path}: {err.strerror or err}; the {len(records)} finished record(s) were "
+                                 f"{where} once space is freed, then run the same command again to go on") from None
+            if not waited:
+                log.warning("%s: %s; the %d finished record(s) are kept in memory and written as soon as space is "
+                            "freed (trying every 10 s for %.0f s)", file.path, err.strerror, len(records), wait)
+            step = min(10.0, wait - waited)
+            time.sleep(step)
+            waited += step
+
+
+def _save_elsewhere(records: list[dict], name: str) -> str | None:
+    import tempfile
+
+    payload = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+    for root in (tempfile.gettempdir(), "/dev/shm"):
+        try:
+            fd, path = tempfile.mkstemp(prefix=f"hpse-unwritten-{name}-", suffix=".jsonl", dir=root)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(payload)
+            return path
+        except OSError:
+            continue
+    return None
+
+
+def failed_note(summaries: Sequence[Mapping]) -> str:
+    """A line under a table saying how many cases' edits diverged (left out of the means, not counted as 0)."""
+    n = sum(int(s.get("failed_cases") or 0) for s in summaries if s)
+    if not n:
+        return ""
+    total = sum(int(s.get("n_cases") or 0) for s in summaries if s)
+    return (f"\nFAILED: the edits of {n} of {total} case(s) diverged (results.jsonl says why); they are left out of "
+            "every mean, not counted as 0. Lower lr and rerun with --retry-failed to edit them again.\n")
 
 
 def unjudged_note(summaries: Sequence[Mapping]) -> str:

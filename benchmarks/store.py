@@ -20,6 +20,7 @@ refused, so results of two configurations never mix and nobody's results are ove
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -310,17 +311,24 @@ class ResultFile:
         return len(self.records)
 
     def append(self, records: Iterable[Mapping[str, Any]]) -> None:
-        """Append records (one line each) in a single write, then flush and fsync."""
+        """Append records (one line each) in a single write, then flush and fsync; if the write fails the file is
+        cut back to what it held, so the same records can be appended again."""
         records = [dict(r) for r in records]
         for r in records:
             cid = self.key(r)
             if cid in self.records:
                 raise ValueError(f"case {cid} is already recorded in {self.path}; refusing to write it twice")
         payload = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
-        with open(self.path, "a", encoding="utf-8") as fh:
-            fh.write(payload)
-            fh.flush()
-            os.fsync(fh.fileno())
+        size = self.path.stat().st_size if self.path.exists() else 0
+        try:
+            with open(self.path, "a", encoding="utf-8") as fh:
+                fh.write(payload)
+                fh.flush()
+                os.fsync(fh.fileno())
+        except OSError:  # e.g. a full disk: no partial line is left behind, the caller may write them again
+            with contextlib.suppress(OSError):
+                os.truncate(self.path, size)
+            raise
         for r in records:
             self.records[self.key(r)] = r
 

@@ -15,21 +15,28 @@ traceback only with ``--debug`` (or ``HPSE_DEBUG=1``).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import json
 import logging
 import os
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .editor import RequestError, hpse_edit
+from .encoding import TextEncodingError, read_text
 from .executors import EXECUTORS
 from .generation import generate_answers
 from .hparams import HParamsError, HPSEHyperParams
 from .loading import ModelNotFoundError
+from .locks import DirectoryBusyError, writer_lock
+from .training import EditDivergedError, describe_loss
 
-__all__ = ["OneLineParser", "UsageError", "build_parser", "check_new_dir", "check_positive", "check_text_file", "main",
+__all__ = ["Interrupted", "OneLineParser", "UsageError", "build_parser", "check_new_dir", "check_positive", "check_text_file", "check_writable", "main",
            "run_cli", "save_edit", "user_error_types"]
 
 DEBUG_FLAG = "--debug"
@@ -38,6 +45,10 @@ DEBUG_HELP = "show the full traceback of an error instead of one line (or set HP
 
 class UsageError(ValueError):
     """A command-line option is out of range or names a file that cannot be used; the message says which and the fix."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, carrying one line: what was finished and how to go on (``run_cli`` prints it, exit code 130)."""
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -50,15 +61,15 @@ class OneLineParser(argparse.ArgumentParser):
 def user_error_types(extra: Sequence[type[BaseException]] = ()) -> tuple[type[BaseException], ...]:
     """Exceptions that mean bad input (one line, exit 2), not a bug (a traceback)."""
     from .integrations.easyedit_import import EasyEditNotFoundError, EasyEditVersionError
-    from .locks import DirectoryBusyError
 
     return (UsageError, HParamsError, ModelNotFoundError, RequestError, EasyEditNotFoundError, EasyEditVersionError,
-            DirectoryBusyError, FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError, *extra)
+            DirectoryBusyError, EditDivergedError, TextEncodingError, FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError, *extra)
 
 
 def run_cli(main: Callable[[list[str]], int], argv: Sequence[str] | None = None,
             extra: Sequence[type[BaseException]] = (), logger: logging.Logger | None = None) -> int:
-    """Run ``main(argv)``; a user error becomes one ``error: ...`` line on stderr and exit code 2.
+    """Run ``main(argv)``; a user error becomes one ``error: ...`` line on stderr and exit code 2, Ctrl-C one
+    ``interrupted: ...`` line (what was finished, from ``Interrupted``) and exit code 130.
 
     ``--debug`` (anywhere in ``argv``, removed before ``main`` sees it) or ``HPSE_DEBUG=1`` re-raises
     the error with its traceback instead. With ``logger`` (and logging configured) the line is logged
@@ -69,6 +80,18 @@ def run_cli(main: Callable[[list[str]], int], argv: Sequence[str] | None = None,
     args = [a for a in args if a != DEBUG_FLAG]
     try:
         return main(args)
+    except KeyboardInterrupt as err:
+        if debug:
+            raise
+        print(f"interrupted: {' '.join(str(err).split()) or 'stopped by Ctrl-C'}", file=sys.stderr)
+        return 130
+    except OSError as err:
+        if debug or err.errno not in ENVIRONMENT_ERRNOS:
+            raise
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"error: {where}{err.strerror or err}; free space or give a writable location, then run the same command "
+              "again (what was finished is kept)", file=sys.stderr)
+        return 2
     except user_error_types(extra) as err:
         if debug:
             raise
@@ -80,6 +103,25 @@ def run_cli(main: Callable[[list[str]], int], argv: Sequence[str] | None = None,
         else:
             print(f"error: {text}", file=sys.stderr)
         return 2
+
+
+#: OSErrors that are the machine's state, not a bug: a full disk, a quota, a read-only file system, no permission
+ENVIRONMENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
+
+
+def check_writable(option: str, directory: str | os.PathLike) -> None:
+    """``UsageError`` unless ``directory`` can be created and written (a probe file, removed again)."""
+    from .atomic import writer_tmp
+
+    path = Path(directory)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = writer_tmp(path / ".hpse-probe")
+        probe.write_bytes(b"\0" * 65536)
+        probe.unlink()
+    except OSError as err:
+        raise UsageError(f"{option} {path}: cannot write there ({err.strerror or err}); give a writable directory "
+                         "with free space") from None
 
 
 def check_positive(option: str, value: int | float | None, minimum: int | float = 1, what: str = "") -> None:
@@ -121,12 +163,34 @@ def save_edit(result: Any, hparams: HPSEHyperParams, out_dir: str | os.PathLike,
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"--save {out}: the directory exists and is not empty; choose a new directory")
     out.mkdir(parents=True, exist_ok=True)
-    weights = EXECUTORS[hparams.executor].save_edit(result.model, hparams, out)
-    hparams.to_yaml(out / "hparams.yaml")
-    manifest = {"weights": weights, "executor": hparams.executor, "model_name": hparams.model_name,
-                "requests": requests, "rounds": result.rounds, "seconds": result.seconds}
-    (out / "edit.json").write_text(json.dumps(manifest, indent=1))
+    try:
+        weights = EXECUTORS[hparams.executor].save_edit(result.model, hparams, out)
+        hparams.to_yaml(out / "hparams.yaml")
+        manifest = {"weights": weights, "executor": hparams.executor, "model_name": hparams.model_name,
+                    "requests": requests, "rounds": result.rounds, "seconds": result.seconds}
+        (out / "edit.json").write_text(json.dumps(manifest, indent=1))
+    except BaseException:  # a full disk, Ctrl-C: no half-saved edit is left behind (the directory is empty again)
+        for child in out.iterdir():
+            shutil.rmtree(child) if child.is_dir() else child.unlink()
+        raise
     return out
+
+
+def _save_elsewhere(result: Any, hparams: HPSEHyperParams, requests: list[dict], option_dir: Path,
+                    err: OSError) -> UsageError:
+    """``--save`` failed on the machine's state: save the edit whole to a temporary directory instead, so it is not
+    lost; returns the one-line error that says where it is."""
+    reason = err.strerror or str(err)
+    for root in (tempfile.gettempdir(), "/dev/shm"):
+        try:
+            fallback = Path(tempfile.mkdtemp(prefix="hpse-edit-", dir=root))
+            save_edit(result, hparams, fallback, requests)
+        except OSError:
+            continue
+        return UsageError(f"--save {option_dir}: {reason}; the edit was saved whole to {fallback} instead: move it "
+                          "where you want it once space is freed")
+    return UsageError(f"--save {option_dir}: {reason}, and no temporary directory could hold the edit either; free space "
+                      "and run the same command again")
 
 
 def _print_answers(title: str, questions: Sequence[str], answers: Sequence[str]) -> None:
@@ -136,14 +200,14 @@ def _print_answers(title: str, questions: Sequence[str], answers: Sequence[str])
 
 
 def _cmd_edit(args: argparse.Namespace) -> int:
-    from .loading import load_model
-
     check_positive("--max-answer-tokens", args.max_answer_tokens, 1, "new tokens per answer")
     check_new_dir("--save", args.save)
+    if args.save:
+        check_writable("--save", args.save)
     hp = HPSEHyperParams.from_hparams(args.hparams).with_overrides(args.set)
     passages = []
     for path in args.passage_file:
-        text = check_text_file("--passage-file", path).read_text(encoding="utf-8").strip()
+        text = read_text(check_text_file("--passage-file", path)).strip()
         if not text:
             raise UsageError(f"--passage-file {path}: the file is empty; put the passage to inject in it")
         passages.append(text)
@@ -153,19 +217,35 @@ def _cmd_edit(args: argparse.Namespace) -> int:
     if not all(subjects):
         raise UsageError("--subject is empty; give the topic phrase s of 'Introduce {s}.'")
     requests = [{"subject": s, "target_new": c, "prompt": hp.editing_prompt.format(subject=s)} for s, c in zip(subjects, passages)]
+    with writer_lock(args.save, "--save") if args.save else contextlib.nullcontext():
+        return _edit_and_save(args, hp, requests)
+
+
+def _edit_and_save(args: argparse.Namespace, hp: HPSEHyperParams, requests: list[dict]) -> int:
+    from .loading import load_model
+
     model, tok = load_model(hp)
     questions = [r["prompt"] for r in requests] + list(args.ask)
     kwargs = {"max_new_tokens": args.max_answer_tokens, "template_kwargs": hp.chat_template_kwargs}
     _print_answers("before the edit", questions, generate_answers(model, tok, questions, **kwargs))
     t0 = time.perf_counter()
-    result = hpse_edit(model, tok, requests, hp)
+    try:
+        result = hpse_edit(model, tok, requests, hp)
+    except KeyboardInterrupt:
+        raise Interrupted("stopped during the edit; nothing was saved" + (f" to --save {args.save}" if args.save else "")
+                          + "; run the same command again to edit") from None
     print(f"\n== edit: {time.perf_counter() - t0:.1f} s")
     for r in result.rounds:
         rate = "n/a" if r["stepin_rate"] is None else f"{100 * r['stepin_rate']:.1f}%"
-        print(f"round {r['round']}: step-in {rate}, loss {r['loss']:.3f} -> {r['loss_last']:.3f}, {r['seconds']:.1f} s")
+        print(f"round {r['round']}: step-in {rate}, {describe_loss(r, hp.inner_steps)}, {r['seconds']:.1f} s")
     _print_answers("after the edit", questions, generate_answers(result.model, tok, questions, **kwargs))
     if args.save:
-        print(f"saved to {save_edit(result, hp, args.save, requests)}")
+        try:
+            print(f"saved to {save_edit(result, hp, args.save, requests)}")
+        except OSError as err:
+            if err.errno not in ENVIRONMENT_ERRNOS:
+                raise
+            raise _save_elsewhere(result, hp, requests, Path(args.save), err) from None
     return 0
 
 

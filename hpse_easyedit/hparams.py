@@ -24,6 +24,8 @@ from typing import Any, ClassVar, Iterable, Mapping
 
 import yaml
 
+from .encoding import TextEncodingError, read_text
+
 __all__ = [
     "EditorHParams", "ExecutorHParams", "HPSEHyperParams", "HParamsError", "YamlHParams", "hp_field", "parse_overrides",
     "read_hparams_file",
@@ -208,6 +210,10 @@ class ExecutorHParams(EditorHParams):
     lr: float = hp_field(1e-4, "Adam step size (eta).", min=0.0, exclusive_min=True)
     adam_betas: list = hp_field([0.9, 0.999], "Adam betas.", length=2, check=_betas)
     weight_decay: float = hp_field(0.0, "Adam weight decay.", min=0.0)
+    max_loss_growth: float = hp_field(
+        2.0, "Divergence guard: an inner step whose loss is not finite, or above this multiple of its round's first "
+        "loss, stops the edit as diverged (the model is restored, nothing is saved). Within a round the loss falls "
+        "on every committed edit of docs/study (last/first at most 0.98).", min=1.0, exclusive_min=True)
 
 
 @dataclass
@@ -272,16 +278,15 @@ def read_hparams_file(path: str | os.PathLike) -> dict:
     if os.path.isdir(path):
         raise HParamsError(f"{path}: is a directory; pass an hparams YAML file such as hparams/HPSE/smollm2-135m.yaml")
     try:
-        with open(path, encoding="utf-8") as fh:
-            config = yaml.safe_load(fh)
+        config = yaml.safe_load(read_text(path))
+    except TextEncodingError as err:
+        raise HParamsError(f"{err}; an hparams file is YAML text") from None
     except FileNotFoundError:
         raise HParamsError(
             f"{path}: no such hparams file; pass the path of a YAML file such as hparams/HPSE/smollm2-135m.yaml"
         ) from None
     except yaml.YAMLError as err:
         raise HParamsError(f"{path}: not valid YAML ({' '.join(str(err).split())}); fix the syntax") from None
-    except UnicodeDecodeError:
-        raise HParamsError(f"{path}: not a text file; pass an hparams YAML file") from None
     if not isinstance(config, dict):
         raise HParamsError(f"{path}: expected a mapping of key: value at the top level, got {type(config).__name__}")
     return config

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy as copy_module
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Protocol, Sequence
@@ -28,7 +29,7 @@ import torch
 
 from .executors import Executor
 
-__all__ = ["EditResult", "Objective", "easyedit_apply", "train_edit"]
+__all__ = ["EditDivergedError", "EditResult", "Objective", "describe_loss", "easyedit_apply", "train_edit"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +50,22 @@ class EditResult:
     #: seconds inside EasyEdit's own algorithm function, for a method whose edit is EasyEdit's code (MEMIT,
     #: AlphaEdit, UnKE, AnyEdit); the rest of ``seconds`` is what this project's integration adds. None otherwise.
     algorithm_seconds: float | None = None
+
+
+class EditDivergedError(RuntimeError):
+    """An edit's loss became non-finite or grew past ``max_loss_growth``; the edit was stopped.
+
+    The trained tensors are back at their values before this edit (``model`` is as the edit found it,
+    wrapped as the executor wraps it); ``weights_copy`` is what restores the unedited model from there.
+    """
+
+    def __init__(self, message: str, *, model: Any, weights_copy: dict, round: int, loss: float) -> None:
+        super().__init__(message)
+        self.model, self.weights_copy, self.round, self.loss = model, weights_copy, round, loss
+
+
+def _diverged(total: float, start: float | None, growth: float) -> bool:
+    return not math.isfinite(total) or (start is not None and start > 0 and total > growth * start)
 
 
 class Objective(Protocol):
@@ -95,8 +112,12 @@ def train_edit(executor: Executor, hparams: Any, objective: Objective, *, rounds
                     loss.backward()
                 for name, (w, v) in group.items():
                     values[name], weights[name] = v.item(), w
-            optimizer.step()
             total = sum(weights[n] * values[n] for n in objective.terms if n in values)
+            if _diverged(total, history[0][0] if history else None, hparams.max_loss_growth):
+                student.train(was_training)
+                _stop_diverged(executor, result, objective.name, r, len(history) + 1, total,
+                               history[0][0] if history else None, hparams)
+            optimizer.step()
             history.append((total, values))
         result.inner_step_teacher_passes += executor.teacher_switches - teacher_before
         stats = {"round": r, **prepared, "loss": history[0][0], "loss_last": history[-1][0]}
@@ -105,13 +126,35 @@ def train_edit(executor: Executor, hparams: Any, objective: Objective, *, rounds
             stats[f"{name}_last"] = history[-1][1].get(name)
         stats["seconds"] = time.perf_counter() - t0
         result.rounds.append(stats)
-        logger.info("%s round %d/%d: %s, loss %.4f -> %.4f, %.1fs", objective.name, r, rounds,
-                    objective.describe_round(stats), stats["loss"], stats["loss_last"], stats["seconds"])
+        logger.info("%s round %d/%d: %s, %s, %.1fs", objective.name, r, rounds, objective.describe_round(stats),
+                    describe_loss(stats, inner_steps), stats["seconds"])
     student.train(was_training)
     optimizer.zero_grad(set_to_none=True)
     executor.finish()
     result.seconds = time.perf_counter() - start
     return result
+
+
+def describe_loss(stats: dict, inner_steps: int) -> str:
+    """A round's loss for a log line: at its first inner step and at its last (each before that step's update)."""
+    if inner_steps == 1:
+        return f"loss {stats['loss']:.4f} (one inner step)"
+    return f"loss {stats['loss']:.4f} (step 1) -> {stats['loss_last']:.4f} (step {inner_steps})"
+
+
+def _stop_diverged(executor: Executor, result: EditResult, name: str, round_: int, step: int, total: float,
+                   start: float | None, hparams: Any) -> None:
+    """Put the trained tensors back as the edit found them and raise ``EditDivergedError``."""
+    from .executors import copy_back
+
+    executor.finish()
+    copy_back(executor.model, result.weights_copy)
+    growth = f" (round start {start:.4g}, max_loss_growth {hparams.max_loss_growth:g})" if start is not None else ""
+    raise EditDivergedError(
+        f"the {name} edit diverged in round {round_}, inner step {step}: loss {total:.4g}{growth}; the edit was undone "
+        f"and nothing is kept. Lower 'lr' in the hparams (now {hparams.lr:g})",
+        model=executor.model, weights_copy=result.weights_copy, round=round_, loss=total,
+    )
 
 
 def easyedit_apply(edit: Callable[..., EditResult], name: str) -> Callable[..., tuple[Any, dict]]:
