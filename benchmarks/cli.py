@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Sequence
 
-from hpse_easyedit.cli import DEBUG_FLAG, DEBUG_HELP, OneLineParser, run_cli, user_error_types
+from hpse_easyedit.cli import DEBUG_FLAG, DEBUG_HELP, OneLineFormatter, OneLineParser, run_cli, user_error_types
 
 from .distributed import DEFAULT_TIMEOUT, LaunchError, current_context
 from .judge import JudgeSettings
@@ -111,8 +111,9 @@ def configure_logging(level: str) -> None:
     """Log to stderr at ``level``; under a multi-process launch every line names its process."""
     rank, world = os.environ.get("RANK", "0"), os.environ.get("WORLD_SIZE", "1")
     who = f"[{rank}/{world}] " if world.isdigit() and int(world) > 1 else ""
-    logging.basicConfig(level=getattr(logging, str(level).upper(), logging.INFO),
-                        format=f"%(asctime)s %(levelname)s {who}%(name)s: %(message)s")
+    handler = logging.StreamHandler()
+    handler.setFormatter(OneLineFormatter(f"%(asctime)s %(levelname)s {who}%(name)s: %(message)s"))
+    logging.basicConfig(level=getattr(logging, str(level).upper(), logging.INFO), handlers=[handler])
     for noisy in ("httpx", "httpx2", "openai"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 

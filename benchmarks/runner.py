@@ -64,6 +64,7 @@ from .store import (
     result_files,
     results_name,
     write_json_atomic,
+    write_text_atomic,
 )
 from .sequence import SequenceLog, checkpoint_records, same_edit
 from .tasks import TASKS, Task, unjudged_metrics
@@ -670,10 +671,10 @@ class _Run:
             write_json_atomic(self.out_dir / "summary.json", summary)
             rows = [(f"{self.label} after {c} edits", {self.task.name: part})
                      for c, part in summary.get("checkpoints", {}).items()]
-            (self.out_dir / "table.md").write_text(
+            write_text_atomic(
+                self.out_dir / "table.md",
                 paper_table([*rows, (self.label, {self.task.name: summary})]) + judge_note([summary])
                 + unjudged_note([summary]) + failed_note([summary]),
-                encoding="utf-8",
             )
         return summary
 

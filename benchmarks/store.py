@@ -35,7 +35,7 @@ from hpse_easyedit.atomic import replacing
 
 __all__ = [
     "KERNEL_KEYS", "PLACEMENT_KEYS", "ConfigMismatchError", "case_key", "ConfigPolicy", "IncompleteRunError", "ResultFile", "check_run_config",
-    "config_policy", "json_plain", "merge_results", "read_results", "result_files", "results_name", "write_json_atomic", "write_new_json",
+    "config_policy", "json_plain", "merge_results", "read_results", "result_files", "results_name", "write_json_atomic", "write_new_json", "write_text_atomic",
 ]
 
 log = logging.getLogger(__name__)
@@ -84,6 +84,14 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
     with replacing(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
         json.dump(obj, fh, indent=1, ensure_ascii=False, sort_keys=False)
         fh.write("\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write text to a temporary file, then rename it over ``path`` (never a half-written file)."""
+    with replacing(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
         fh.flush()
         os.fsync(fh.fileno())
 

@@ -36,7 +36,7 @@ from .loading import ModelNotFoundError
 from .locks import DirectoryBusyError, writer_lock
 from .training import EditDivergedError, describe_loss
 
-__all__ = ["Interrupted", "OneLineParser", "UsageError", "build_parser", "check_new_dir", "check_positive", "check_text_file", "check_writable", "main",
+__all__ = ["Interrupted", "OneLineFormatter", "OneLineParser", "UsageError", "build_parser", "check_new_dir", "check_positive", "check_text_file", "check_writable", "main",
            "run_cli", "save_edit", "user_error_types"]
 
 DEBUG_FLAG = "--debug"
@@ -66,43 +66,64 @@ def user_error_types(extra: Sequence[type[BaseException]] = ()) -> tuple[type[Ba
             DirectoryBusyError, EditDivergedError, TextEncodingError, FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError, *extra)
 
 
+class OneLineFormatter(logging.Formatter):
+    """The log format of a run, except for ``run_cli``'s one-line errors, which read ``error: ...`` exactly as
+    every other entry point prints them."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        prefix = getattr(record, "hpse_one_line", None)
+        return f"{prefix}: {record.getMessage()}" if prefix else super().format(record)
+
+
 def run_cli(main: Callable[[list[str]], int], argv: Sequence[str] | None = None,
             extra: Sequence[type[BaseException]] = (), logger: logging.Logger | None = None) -> int:
     """Run ``main(argv)``; a user error becomes one ``error: ...`` line on stderr and exit code 2, Ctrl-C one
     ``interrupted: ...`` line (what was finished, from ``Interrupted``) and exit code 130.
 
     ``--debug`` (anywhere in ``argv``, removed before ``main`` sees it) or ``HPSE_DEBUG=1`` re-raises
-    the error with its traceback instead. With ``logger`` (and logging configured) the line is logged
-    at ERROR level instead of printed, so it carries the same prefix as the run's other log lines.
+    the error with its traceback instead. With ``logger`` (and logging configured) the line goes through it
+    (so log handlers see it), formatted as the same ``error: ...`` line (``OneLineFormatter``).
     """
     args = list(sys.argv[1:] if argv is None else argv)
     debug = DEBUG_FLAG in args or os.environ.get("HPSE_DEBUG", "").lower() in ("1", "true", "yes")
     args = [a for a in args if a != DEBUG_FLAG]
+
+    def say(prefix: str, text: str) -> None:
+        text = " ".join(text.split())
+        if logger is not None and logging.getLogger().handlers:
+            logger.error("%s", text, extra={"hpse_one_line": prefix})
+        else:
+            print(f"{prefix}: {text}", file=sys.stderr)
+
     try:
         return main(args)
     except KeyboardInterrupt as err:
         if debug:
             raise
-        print(f"interrupted: {' '.join(str(err).split()) or 'stopped by Ctrl-C'}", file=sys.stderr)
+        say("interrupted", str(err) or "stopped by Ctrl-C")
         return 130
     except OSError as err:
-        if debug or err.errno not in ENVIRONMENT_ERRNOS:
+        if debug or (err.errno not in ENVIRONMENT_ERRNOS and not isinstance(err, user_error_types(extra))):
             raise
+        if err.errno not in ENVIRONMENT_ERRNOS:
+            say("error", _user_error_text(err))
+            return 2
         where = f"{err.filename}: " if err.filename else ""
-        print(f"error: {where}{err.strerror or err}; free space or give a writable location, then run the same command "
-              "again (what was finished is kept)", file=sys.stderr)
+        say("error", f"{where}{err.strerror or err}; free space or give a writable location, then run the same "
+                     "command again (what was finished is kept)")
         return 2
     except user_error_types(extra) as err:
         if debug:
             raise
-        text = " ".join(str(err).split()) or type(err).__name__
-        if isinstance(err, OSError) and err.filename and str(err.filename) not in text:
-            text = f"{err.filename}: {text}"
-        if logger is not None and logging.getLogger().handlers:
-            logger.error("%s", text)
-        else:
-            print(f"error: {text}", file=sys.stderr)
+        say("error", _user_error_text(err))
         return 2
+
+
+def _user_error_text(err: BaseException) -> str:
+    text = " ".join(str(err).split()) or type(err).__name__
+    if isinstance(err, OSError) and err.filename and str(err.filename) not in text:
+        text = f"{err.filename}: {text}"
+    return text
 
 
 #: OSErrors that are the machine's state, not a bug: a full disk, a quota, a read-only file system, no permission

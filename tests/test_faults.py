@@ -1,0 +1,277 @@
+"""Fault injection: SIGKILL at random points, a full disk at every write point, two writers at once, Ctrl-C at
+every stage. After each fault the same command finishes the run: every case exactly once, the records and the
+summary equal to an uninterrupted run's, nothing a user produced lost. docs/BENCHMARKS.md reports the counts."""
+
+import errno
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bench_helpers import DATA_DIR, isolate_judge_env
+from benchmarks import runner as runner_module
+from benchmarks import store as store_module
+from benchmarks.cli import cli_main
+from benchmarks.runner import RunOptions, run_benchmark
+from hpse_easyedit import cli as edit_cli
+from hpse_easyedit.executors import EXECUTORS
+from tiny_models import make_tiny_model_and_tokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(not DATA_DIR.is_dir(), reason="needs ../shared/data next to the repository")
+
+HPARAMS = "alg_name: HPSE\nmodel_name: {model}\nrounds: 2\ninner_steps: 2\nmax_new_tokens: 6\nlr: 1.0e-2\n"
+MODES = {"single": [], "sequential": ["--sequential", "3", "--checkpoints", "1,2"]}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("faults")
+    make_tiny_model_and_tokenizer("llama", tmp_path=root / "model")
+    (root / "hpse.yaml").write_text(HPARAMS.format(model=root / "model"))
+    return root
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch, tmp_path):
+    isolate_judge_env(monkeypatch, tmp_path)
+    monkeypatch.setenv("HPSE_DISK_FULL_WAIT", "0")
+
+
+def _args(tiny, out, mode):
+    return ["--hparams", str(tiny / "hpse.yaml"), "--data", str(DATA_DIR), "--limit", "3", "--max-new-tokens", "5",
+            "--out", str(out), "--log-level", "WARNING", *MODES[mode]]
+
+
+def _opts(tiny, out, mode):
+    seq = dict(sequential=3, checkpoints=[1, 2]) if mode == "sequential" else {}
+    return RunOptions(benchmark="mquake-uns", hparams=str(tiny / "hpse.yaml"), data_dir=str(DATA_DIR), limit=3,
+                      max_new_tokens=5, out_dir=str(out), **seq)
+
+
+def _strip(value):
+    if isinstance(value, dict):
+        return {k: _strip(v) for k, v in value.items() if "seconds" not in k and k != "out_dir"}
+    if isinstance(value, list):
+        return [_strip(v) for v in value]
+    return value
+
+
+def _outcome(out):
+    """What a finished run directory holds, timing fields and its own path aside."""
+    files = {}
+    for name in ("results.jsonl", "checkpoints.jsonl"):
+        path = out / name
+        if path.is_file():
+            files[name] = sorted((_strip(json.loads(x)) for x in path.read_text().splitlines()),
+                                 key=lambda r: (r.get("checkpoint", 0), str(r["case_id"])))
+    files["summary"] = _strip(json.loads((out / "summary.json").read_text()))
+    return files
+
+
+@pytest.fixture(scope="module")
+def reference(tiny, tmp_path_factory):
+    """The uninterrupted run of each mode."""
+    root = tmp_path_factory.mktemp("reference")
+    outcomes = {}
+    for mode in MODES:
+        run_benchmark(_opts(tiny, root / mode, mode))
+        outcomes[mode] = _outcome(root / mode)
+    return outcomes
+
+
+def _env(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "HPSE_JUDGE_"))}
+    env.update(HPSE_CACHE_DIR=str(tmp_path / "cache"), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    return env
+
+
+def _cmd(tiny, out, mode):
+    return [sys.executable, str(REPO / "run_examples" / "run_hpse_mquake.py"), *_args(tiny, out, mode)]
+
+
+# ------------------------------------------------------------------------------------------------- SIGKILL
+@pytest.mark.parametrize("mode", list(MODES))
+def test_sigkill_at_random_points_then_resume(tiny, tmp_path, reference, mode):
+    """Ten kills per mode, each at a random moment of a process that resumes what the killed one left."""
+    rng = random.Random(f"kill-{mode}")
+    out, kills, started = tmp_path / "run", 0, 0
+    while kills < 10 and started < 30:
+        proc = subprocess.Popen(_cmd(tiny, out, mode), env=_env(tmp_path), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        started += 1
+        try:
+            proc.wait(timeout=rng.uniform(1.0, 7.0))
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            kills += 1
+            continue
+        if (out / "summary.json").is_file():  # the run finished before its kill: start the chain again
+            out = tmp_path / f"run{started}"
+    assert kills == 10
+    done = subprocess.run(_cmd(tiny, out, mode), env=_env(tmp_path), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert _outcome(out) == reference[mode]
+
+
+# ------------------------------------------------------------------------------------------------- full disk
+#: where a run writes a whole file (config.json, mmlu_before.json, summary.json, table.md): every module's name
+WHOLE_FILE_WRITERS = [(store_module, "write_json_atomic"), (runner_module, "write_json_atomic"),
+                      (runner_module, "write_text_atomic")]
+
+
+def _full_disk_once(monkeypatch, target, attr, at):
+    """The ``at``-th call of ``target.attr`` (for ``"whole files"``: of any whole-file writer) fails with ENOSPC
+    after writing nothing; returns the call counter."""
+    calls = [0]
+    for tgt, name in (WHOLE_FILE_WRITERS if attr == "whole files" else [(target, attr)]):
+        def failing(*args, _real=getattr(tgt, name), **kwargs):
+            calls[0] += 1
+            if calls[0] == at:
+                raise OSError(errno.ENOSPC, "No space left on device", "injected")
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(tgt, name, failing)
+    return calls
+
+
+def _count_calls(monkeypatch, tiny, tmp_path, target, attr, mode):
+    calls = _full_disk_once(monkeypatch, target, attr, at=0)
+    run_benchmark(_opts(tiny, tmp_path / "count", mode))
+    monkeypatch.undo()
+    isolate_judge_env(monkeypatch, tmp_path)
+    monkeypatch.setenv("HPSE_DISK_FULL_WAIT", "0")
+    return calls[0]
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_a_full_disk_at_every_write_point_loses_no_case(tiny, tmp_path, reference, monkeypatch, mode):
+    """Every append (results, sequence, checkpoints) and every whole-file write (config, MMLU, summary) fails
+    once in its own run; the run stops with one line, the finished records are saved whole elsewhere, and the
+    same command finishes the run as if nothing had happened."""
+    points = {(store_module.ResultFile, "append"): 0, (None, "whole files"): 0}
+    for target, attr in points:
+        points[(target, attr)] = _count_calls(monkeypatch, tiny, tmp_path, target, attr, mode)
+    assert points[(store_module.ResultFile, "append")] >= 3
+    tried = 0
+    for (target, attr), n in points.items():
+        for at in range(1, n + 1):
+            out = tmp_path / f"{attr}-{at}"
+            _full_disk_once(monkeypatch, target, attr, at)
+            with pytest.raises((edit_cli.UsageError, OSError)) as info:
+                run_benchmark(_opts(tiny, out, mode))
+            if isinstance(info.value, edit_cli.UsageError):  # an append: its records were kept
+                assert "finished record(s) were saved whole to" in str(info.value)
+                kept = Path(str(info.value).split("saved whole to ")[1].split(":")[0])
+                assert kept.is_file() and kept.read_text().count("\n") >= 1
+            monkeypatch.undo()
+            isolate_judge_env(monkeypatch, tmp_path)
+            monkeypatch.setenv("HPSE_DISK_FULL_WAIT", "0")
+            run_benchmark(_opts(tiny, out, mode))
+            assert _outcome(out) == reference[mode], (attr, at)
+            tried += 1
+    assert tried == sum(points.values())
+
+
+def test_a_full_disk_that_is_freed_while_the_run_waits_costs_nothing(tiny, tmp_path, reference, monkeypatch):
+    monkeypatch.setenv("HPSE_DISK_FULL_WAIT", "1")
+    monkeypatch.setattr(runner_module.time, "sleep", lambda s: None)
+    _full_disk_once(monkeypatch, store_module.ResultFile, "append", at=2)
+    run_benchmark(_opts(tiny, tmp_path / "run", "single"))
+    assert _outcome(tmp_path / "run") == reference["single"]
+
+
+@pytest.mark.parametrize("point", ["save_edit", "to_yaml", "write_text"])
+def test_save_on_a_full_disk_keeps_the_edit_whole_elsewhere(tiny, tmp_path, monkeypatch, capsys, point):
+    passage = tmp_path / "passage.txt"
+    passage.write_text("Selma Varrick is a marine biologist born in Norway.")
+    target = {"save_edit": (EXECUTORS["lora"], "save_edit"), "to_yaml": (edit_cli.HPSEHyperParams, "to_yaml"),
+              "write_text": (Path, "write_text")}[point]
+    calls = _full_disk_once(monkeypatch, *target, at=1)
+    if point == "write_text":  # only edit.json's write: the check before the model loads writes a probe file
+        calls[0] = 0
+    save = tmp_path / "saved"
+    capsys.readouterr()
+    code = edit_cli.main(["edit", "--hparams", str(tiny / "hpse.yaml"), "--subject", "Selma Varrick",
+                          "--passage-file", str(passage), "--save", str(save), "--max-answer-tokens", "2"])
+    err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error")]
+    assert code == 2 and len(err) == 1 and "the edit was saved whole to" in err[0]
+    fallback = Path(err[0].split("saved whole to ")[1].split(" instead")[0])
+    assert sorted(p.name for p in fallback.iterdir()) == ["adapter", "edit.json", "hparams.yaml"]
+    assert not list(save.iterdir())  # nothing half-written; the same command may save there again
+
+
+def _one_line(caplog, capsys, prefix):
+    """The one line a CLI entry point said (through the run's log handler, or printed when it has none)."""
+    said = [f"{r.hpse_one_line}: {r.getMessage()}" for r in caplog.records if getattr(r, "hpse_one_line", None)]
+    said += [x for x in capsys.readouterr().err.splitlines() if x.startswith(prefix + ":")]
+    assert len(said) == 1, said
+    return said[0]
+
+
+def test_an_unwritable_out_is_one_line_before_the_model_loads(tiny, tmp_path, caplog, capsys, monkeypatch):
+    loaded = []
+    monkeypatch.setattr(runner_module._Run, "_ensure_model", lambda self: loaded.append(1))
+    unwritable = Path("/sys/hpse-faults")  # even root cannot create a directory in sysfs
+    assert cli_main("mquake-uns", _args(tiny, unwritable / "run", "single")) == 2
+    assert f"error: --out {unwritable / 'run'}: cannot write there" in _one_line(caplog, capsys, "error")
+    assert not loaded
+
+
+# ------------------------------------------------------------------------------------------------- two writers
+def test_a_second_run_into_the_same_directory_stops_at_once(tiny, tmp_path, reference):
+    out = tmp_path / "run"
+    first = subprocess.Popen(_cmd(tiny, out, "single"), env=_env(tmp_path), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while not (out / "config.json").is_file() and time.time() < deadline:
+        time.sleep(0.05)
+    second = subprocess.run(_cmd(tiny, out, "single"), env=_env(tmp_path), capture_output=True, text=True,
+                            timeout=120)
+    assert first.wait(timeout=600) == 0
+    lines = [x for x in second.stderr.splitlines() if "error" in x.lower()]
+    assert second.returncode == 2 and len(lines) == 1
+    assert f"process {first.pid} is writing into this directory" in lines[0]
+    assert _outcome(out) == reference["single"]
+
+
+# ------------------------------------------------------------------------------------------------- Ctrl-C
+STAGES = [("_ensure_model", 1), ("_edit", 1), ("_edit", 3), ("_answers", 1), ("_answers", 2), ("_score", 2),
+          ("_checkpoint", 2), ("summary", 1)]
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_ctrl_c_at_every_stage_is_one_line_and_the_same_command_resumes(tiny, tmp_path, reference, monkeypatch,
+                                                                       caplog, capsys, mode):
+    tried = 0
+    for stage, at in STAGES:
+        out = tmp_path / f"{stage}-{at}"
+        real, calls = getattr(runner_module._Run, stage), [0]
+
+        def interrupted(self, *args, _real=real, _calls=calls, _at=at, **kwargs):
+            _calls[0] += 1
+            if _calls[0] == _at:
+                raise KeyboardInterrupt
+            return _real(self, *args, **kwargs)
+
+        monkeypatch.setattr(runner_module._Run, stage, interrupted)
+        caplog.clear()
+        capsys.readouterr()
+        code = cli_main("mquake-uns", _args(tiny, out, mode))
+        monkeypatch.undo()
+        isolate_judge_env(monkeypatch, tmp_path)
+        if not calls[0] >= at:  # a stage this mode does not reach that often (single mode has no checkpoint)
+            continue
+        said = _one_line(caplog, capsys, "interrupted")
+        assert code == 130 and said.startswith("interrupted: ") and "run the same command again" in said
+        assert cli_main("mquake-uns", _args(tiny, out, mode)) == 0
+        assert _outcome(out) == reference[mode], (stage, at)
+        tried += 1
+    assert tried == len([s for s in STAGES if mode == "sequential" or s[0] != "_checkpoint"])
