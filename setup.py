@@ -23,6 +23,7 @@ setup(
         "packaging>=20",  # version comparisons (hpse_easyedit.loading)
         "numpy>=1.22",  # np.random.default_rng: the bootstrap intervals (benchmarks.paired.bootstrap_ci)
         "nltk>=3.8",  # SelfBLEU-4 (benchmarks.metrics.bleu): the sentence_bleu Texygen calls
+        "rouge>=1.0.1",  # UnKE's own ROUGE recall (benchmarks.unke_scores), the package EasyEdit calls
     ],
     extras_require={
         "test": ["pytest>=7", "pytest-timeout>=2"],
