@@ -24,6 +24,7 @@ setup(
         "numpy>=1.22",  # np.random.default_rng: the bootstrap intervals (benchmarks.paired.bootstrap_ci)
         "nltk>=3.8",  # SelfBLEU-4 (benchmarks.metrics.bleu): the sentence_bleu Texygen calls
         "charset-normalizer>=3",  # names the encoding of a passage file that is not UTF-8 (hpse_easyedit.encoding)
+        "rouge>=1.0.1",  # UnKE's own ROUGE recall (benchmarks.unke_scores), the package EasyEdit calls
     ],
     extras_require={
         "test": ["pytest>=7", "pytest-timeout>=2"],

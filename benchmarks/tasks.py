@@ -15,6 +15,8 @@ from typing import Any, Callable, Mapping, Sequence
 from .datasets import MQUAKE_FILE, UNKE_FILE, UNKE_SUBJECTS_FILE, load_mquake_uns, load_unkebench
 from .judge import LEXICAL_JUDGE_NAME, CoverageItem, Judge, JudgeError, LexicalJudge
 from .metrics import diversity, mean, mquake_case_scores
+from .unke_scores import KEY as UNKE_METRICS
+from .unke_scores import record_metrics, summarize_metrics
 
 __all__ = ["MQuAKEUns", "Question", "TASKS", "Task", "UnKEBench", "composition_given_hops", "unjudged_metrics"]
 
@@ -210,7 +212,9 @@ class MQuAKEUns(Task):
 
 class UnKEBench(Task):
     """Jnt: FActScore of the answers to ``question`` and ``para_question``; Dmp: judge per sub-question;
-    Div: 1 - SelfBLEU-4 among the sub-question answers."""
+    Div: 1 - SelfBLEU-4 among the sub-question answers. Records and summaries also carry UnKE's
+    own judge-free metrics (``unke_metrics``: BLEU and ROUGE against the passage and the gold
+    sub-answers, ``benchmarks.unke_scores``)."""
 
     name = "unkebench"
     title = "UnKEBench"
@@ -278,10 +282,11 @@ class UnKEBench(Task):
         """Copies of the records rescored from their stored answers, each cut by ``cut`` first.
 
         Div (1 - SelfBLEU-4 of the sub-question answers) is recomputed for every record. Jnt and Dmp are
-        recomputed only where the record was scored by the offline lexical judge, by running that judge
-        again on the cut answers (the passage and gold sub-answers come from ``cases``); a record scored by
-        an LLM judge gets Jnt and Dmp None, since that judge cannot be rerun offline. No aliases to rescore:
-        ``whole_word_max`` is not used.
+        recomputed only where the record was scored by the offline lexical judge, by rescoring
+        the cut answers with that judge (the passage and gold sub-answers come from ``cases``;
+        UnKE's metrics are recomputed with them); a record scored by an LLM judge gets Jnt and Dmp
+        None, since that judge cannot be rerun offline, and loses the UnKE metrics of its uncut
+        answers. No aliases to rescore: ``whole_word_max`` is not used.
         """
         if cut is None:
             return records
@@ -299,8 +304,11 @@ class UnKEBench(Task):
                     raise ValueError(f"case {cid} is not in the UnKEBench data given; pass the --data directory the runs used")
                 out[cid] = {**rec, **self.score(case, texts, lexical)}
             else:
-                out[cid] = {**rec, "answers": {"question": texts[0], "para_question": texts[1], "sub_questions": texts[2:]},
-                            "Jnt": None, "Dmp": None, "Div": diversity(texts[2:])}
+                kept = {k: v for k, v in rec.items() if k != UNKE_METRICS}
+                cut_answers = {"question": texts[0], "para_question": texts[1],
+                               "sub_questions": texts[2:]}
+                out[cid] = {**kept, "answers": cut_answers, "Jnt": None, "Dmp": None,
+                            "Div": diversity(texts[2:])}
         return out
 
     def score(self, case: Mapping[str, Any], answers: Sequence[str], judge: Judge | None) -> dict:
@@ -312,6 +320,7 @@ class UnKEBench(Task):
             "Div": diversity(subs),
             "judge": judge.name,
         }
+        rec[UNKE_METRICS] = record_metrics(case["passage"], case["sub_answers"], rec["answers"])
         facts = [judge.factscore(a, case["passage"], case["subject"]) for a in joint]
         items = [CoverageItem(q, e, a) for q, e, a in zip(case["sub_questions"], case["sub_answers"], subs)]
         dmp, dmp_complete = judge.coverage(items)
@@ -332,8 +341,10 @@ class UnKEBench(Task):
     def unjudged_record(self, case: Mapping[str, Any], answers: Sequence[str], judge: Judge, error: JudgeError) -> dict:
         """The record of a case whose judge failed for good: the answers and Div kept, Jnt/Dmp unjudged (not 0)."""
         subs = list(answers[2:])
+        stored = {"question": answers[0], "para_question": answers[1], "sub_questions": subs}
         return {
-            "answers": {"question": answers[0], "para_question": answers[1], "sub_questions": subs},
+            "answers": stored,
+            UNKE_METRICS: record_metrics(case["passage"], case["sub_answers"], stored),
             "Div": diversity(subs), "judge": judge.name, "factscore": None, "dmp_scores": None, "Jnt": None, "Dmp": None,
             "judge_complete": False, "unjudged": ["Jnt", "Dmp"], "judge_error": " ".join(str(error).split())[:300],
         }
@@ -348,6 +359,9 @@ class UnKEBench(Task):
         out = super().summarize(records)
         out["judge_incomplete_cases"] = sum(not r.get("judge_complete", True) for r in records)
         out["unjudged_cases"] = sum(bool(unjudged_metrics(r)) for r in records)
+        # records written before UnKE's metrics existed have none: their summaries stay as they were
+        if records and all(UNKE_METRICS in r for r in records):
+            out[UNKE_METRICS] = summarize_metrics([r[UNKE_METRICS] for r in records])
         return out
 
 

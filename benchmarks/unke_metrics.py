@@ -1,0 +1,177 @@
+"""UnKE's own metrics (``benchmarks.unke_scores``) for UnKEBench run directories, from their stored
+answers and the benchmark data: no model time.
+
+    python -m benchmarks.unke_metrics RUN [RUN ...] [--label NAME ...]   # a table of the runs
+    python -m benchmarks.unke_metrics docs/study --write   # add them to every UnKEBench run in it
+
+The printed table (also the ``unke`` tool of ``benchmarks.study``) holds BLEU and ROUGE in
+percent, never the MiniLM cosine, so that it reads the same on every machine. ``--write`` adds the
+key ``unke_metrics`` to each run's ``summary.json`` (nothing else in it changes; ``results*.jsonl``
+are only read), with ``Bert Score`` where the MiniLM is on the machine, and a section to its
+``table.md`` (replacing the one an earlier ``--write`` added).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from hpse_easyedit.cli import OneLineParser, UsageError, run_cli
+
+from .unke_scores import (BERT, BLEU, KEY, MINILM, ORIGINAL, PARA, ROUGE, SUB, Encoder,
+                          case_metrics, load_encoder, summarize_metrics)
+
+__all__ = ["main", "metrics_table", "run_metrics", "write_run"]
+
+log = logging.getLogger(__name__)
+
+_TABLE_MARK = "<!-- unke-metrics: python -m benchmarks.unke_metrics -->"
+# (group, metric) of the table's columns, in EasyEdit's order
+_COLUMNS = [(g, m) for g in (ORIGINAL, PARA) for m in (BLEU, *ROUGE)] + [(SUB, m) for m in ROUGE]
+_SHORT = {ORIGINAL: "Ori", PARA: "Para", SUB: "Sub", BLEU: "BLEU",
+          "ROUGE-1": "R-1", "ROUGE-2": "R-2", "ROUGE-L": "R-L"}
+
+
+def run_metrics(run_dir: str | Path, cases: Mapping[str, Mapping[str, Any]],
+                encoder: Encoder | None = None, bert_reason: str = "") -> dict:
+    """``summarize_metrics`` of an UnKEBench run directory (finished or not), from its records'
+    stored answers and the passages and gold sub-answers of ``cases`` (case id -> loaded case)."""
+    from .paired import load_run
+
+    benchmark, recs = load_run(run_dir)
+    if benchmark != "unkebench":
+        raise ValueError(f"{run_dir}: a {benchmark} run; UnKE's metrics are UnKEBench's")
+    per_case = []
+    for cid, rec in sorted(recs.items(), key=lambda kv: kv[1].get("index", 0)):
+        case = cases.get(cid)
+        if case is None:
+            raise ValueError(f"{run_dir}: case {cid} is not in the UnKEBench data given; "
+                             "pass the --data the run used")
+        answers = rec.get("answers") or {}
+        missing = [k for k in ("question", "para_question", "sub_questions") if k not in answers]
+        if missing:
+            raise ValueError(f"{run_dir}: case {cid} keeps no answer to {', '.join(missing)}")
+        per_case.append(case_metrics(case["passage"], case["sub_answers"], answers, encoder))
+    return summarize_metrics(per_case, bert_reason=bert_reason)
+
+
+def metrics_table(rows: Sequence[tuple[str, Mapping[str, Any]]],
+                  caps: Sequence[int | None] | None = None) -> str:
+    """A markdown table: per (label, ``summarize_metrics`` output) row its cases, the answer cap
+    when ``caps`` are given, and every BLEU and ROUGE column in percent; then a line on
+    ``Bert Score``, which the table shows only for the rows that have it."""
+    head = ["run", "cases"] + (["answer cap (tokens)"] if caps is not None else [])
+    head += [f"{_SHORT[g]} {_SHORT[m]}" for g, m in _COLUMNS]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    for i, (label, m) in enumerate(rows):
+        cells = [label, str(m["n_cases"])] + ([str(caps[i] or "-")] if caps is not None else [])
+        cells += [f"{m[g][name]:.1f}" if name in m[g] else "-" for g, name in _COLUMNS]
+        lines.append("| " + " | ".join(cells) + " |")
+    bert = [(label, m) for label, m in rows if BERT in m[ORIGINAL] and BERT in m[PARA]]
+    if bert:
+        lines += ["", "Bert Score (MiniLM cosine, Ori / Para): " + "; ".join(
+            f"{label} {m[ORIGINAL][BERT]:.1f} / {m[PARA][BERT]:.1f}" for label, m in bert)]
+    if len(bert) < len(rows):
+        lines += ["", f"Bert Score ({MINILM} cosine) is not in this table"
+                  + (" for the other runs" if bert else "")
+                  + ": `python -m benchmarks.unke_metrics RUN --write` computes it, into "
+                  "summary.json, only where sentence-transformers and that model are on the "
+                  "machine."]
+    return "\n".join(lines) + "\n"
+
+
+def write_run(run_dir: str | Path, metrics: Mapping[str, Any]) -> None:
+    """Add ``metrics`` to ``run_dir``'s summary.json under ``unke_metrics`` (every other key as it
+    was) and a section to its table.md (replacing the one an earlier call added)."""
+    from .store import write_json_atomic
+
+    run_dir = Path(run_dir)
+    summary_file = run_dir / "summary.json"
+    if not summary_file.is_file():
+        raise ValueError(f"{run_dir}: no summary.json yet (the run has not finished); "
+                         "finish it first")
+    summary = json.loads(summary_file.read_text(encoding="utf-8"))
+    summary[KEY] = dict(metrics)
+    write_json_atomic(summary_file, summary)
+    table = run_dir / "table.md"
+    if table.is_file():
+        kept = table.read_text(encoding="utf-8").split("\n" + _TABLE_MARK)[0].rstrip("\n") + "\n"
+        label = summary.get("label") or run_dir.name
+        section = (f"\n{_TABLE_MARK}\nUnKE's own metrics (EasyEdit's `eval_akew_unstructured`, "
+                   "percent):\n\n" + metrics_table([(label, metrics)]))
+        table.write_text(kept + section, encoding="utf-8")
+
+
+def _unkebench_runs(paths: Sequence[str]) -> list[Path]:
+    """The UnKEBench run directories among ``paths`` and below them (those with a config.json)."""
+    found = []
+    for p in map(Path, paths):
+        if not p.is_dir():
+            raise UsageError(f"{p}: no such directory")
+        own = p / "config.json"
+        configs = [own] if own.is_file() else sorted(p.rglob("config.json"))
+        found += [c.parent for c in configs
+                  if json.loads(c.read_text(encoding="utf-8")).get("benchmark") == "unkebench"]
+    if not found:
+        raise UsageError(f"no UnKEBench run directory in {', '.join(paths)}")
+    return found
+
+
+def _answer_cap(run_dir: Path) -> int | None:
+    return json.loads((run_dir / "config.json").read_text(encoding="utf-8")).get("max_new_tokens")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line; a bad input is one ``error: ...`` line on stderr and exit code 2."""
+    return run_cli(_main, argv)
+
+
+def _main(argv: Sequence[str]) -> int:
+    parser = OneLineParser(prog="python -m benchmarks.unke_metrics",
+                           description=__doc__.split("\n")[0])
+    parser.add_argument("runs", nargs="+", metavar="RUN",
+                        help="UnKEBench run directories, or directories to search for them "
+                             "(docs/study)")
+    parser.add_argument("--label", action="append", default=[], metavar="NAME",
+                        help="row label of each run, in order (repeat; default: the directory "
+                             "names)")
+    parser.add_argument("--data", help="data directory the runs used (default: $HPSE_DATA_DIR or "
+                                       "../shared/data)")
+    parser.add_argument("--write", action="store_true",
+                        help="add the metrics to each run's summary.json and table.md (Bert "
+                             "Score where the MiniLM is on the machine) instead of printing a "
+                             "table")
+    args = parser.parse_args(argv)
+    runs = _unkebench_runs(args.runs)
+    if args.label and len(args.label) != len(runs):
+        raise UsageError(f"{len(args.label)} --label for {len(runs)} runs; "
+                         "give one per run or none")
+    from .paired import load_cases
+
+    cases = load_cases("unkebench", args.data, "UnKE's metrics")
+    # the printed table never has Bert Score, so that it reads the same on every machine
+    encoder, reason = load_encoder() if args.write else (None, "")
+    rows = []
+    for run in runs:
+        try:
+            metrics = run_metrics(run, cases, encoder, reason)
+        except (FileNotFoundError, ValueError) as err:
+            raise UsageError(str(err)) from None
+        if args.write:
+            write_run(run, metrics)
+            log.info("%s: %s added", run, KEY)
+        rows.append(metrics)
+    if args.write:
+        print(f"added {KEY} to {len(runs)} UnKEBench run(s)"
+              + (f" (no Bert Score: {reason})" if reason else ""))
+        return 0
+    labels = args.label or [run.name for run in runs]
+    print(metrics_table(list(zip(labels, rows)), [_answer_cap(run) for run in runs]), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
