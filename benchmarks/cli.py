@@ -13,7 +13,15 @@ import os
 from pathlib import Path
 from typing import Sequence
 
-from hpse_easyedit.cli import DEBUG_FLAG, DEBUG_HELP, OneLineFormatter, OneLineParser, run_cli, user_error_types
+from hpse_easyedit.cli import (
+    DEBUG_FLAG,
+    DEBUG_HELP,
+    OneLineFormatter,
+    OneLineParser,
+    check_positive,
+    run_cli,
+    user_error_types,
+)
 
 from .distributed import DEFAULT_TIMEOUT, LaunchError, current_context
 from .judge import JudgeSettings
@@ -44,8 +52,10 @@ def add_run_arguments(parser: argparse.ArgumentParser, benchmark: str | None) ->
                    help="with --sequential T: also evaluate the cases edited so far after these many edits of each "
                         "sequence, e.g. 10,20,50 with T=100 (checkpoints.jsonl; summary.json's 'checkpoints')")
     g.add_argument("--batch-size", type=int, default=8, help="generation batch size (default 8)")
-    g.add_argument("--max-new-tokens", type=int, help="answer length cap (default "
-                   + ", ".join(f"{t.default_max_new_tokens} {t.title}" for t in TASKS.values()) + ")")
+    g.add_argument("--max-answer-tokens", type=int, metavar="N", help="new tokens per answer (default "
+                   + ", ".join(f"{t.default_max_new_tokens} {t.title}" for t in TASKS.values())
+                   + "); the rollout length of an edit is the hparams' max_new_tokens (--set max_new_tokens=N)")
+    g.add_argument("--max-new-tokens", type=int, dest="max_new_tokens_deprecated", help=argparse.SUPPRESS)
     g.add_argument("--cache-dir", metavar="DIR", help="judge answers and generated data (default: $HPSE_CACHE_DIR, else $XDG_CACHE_HOME/hpse_easyedit, i.e. ~/.cache/hpse_easyedit)")
     g.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper,
                    help="logging level (default INFO)")
@@ -75,6 +85,12 @@ def add_run_arguments(parser: argparse.ArgumentParser, benchmark: str | None) ->
 def options_from_args(args: argparse.Namespace, benchmark: str, hparams: str, overrides: Sequence[str],
                       out_dir: str | None, label: str | None = None) -> RunOptions:
     """RunOptions for one benchmark from parsed command-line arguments."""
+    answer_tokens = args.max_answer_tokens
+    if args.max_new_tokens_deprecated is not None:  # the old name of --max-answer-tokens
+        check_positive("--max-new-tokens", args.max_new_tokens_deprecated, 1, "answer length cap")
+        log.warning("--max-new-tokens is deprecated: it caps the answers, so it is --max-answer-tokens now (the "
+                    "hparams' max_new_tokens is the rollout length)")
+        answer_tokens = answer_tokens if answer_tokens is not None else args.max_new_tokens_deprecated
     return RunOptions(
         benchmark=benchmark,
         hparams=hparams,
@@ -88,7 +104,7 @@ def options_from_args(args: argparse.Namespace, benchmark: str, hparams: str, ov
         checkpoints=args.checkpoints,
         retry_failed=args.retry_failed,
         batch_size=args.batch_size,
-        max_new_tokens=args.max_new_tokens,
+        max_new_tokens=answer_tokens,
         data_file=getattr(args, TASKS[benchmark].file_option.lstrip("-").replace("-", "_"), None),
         subjects=getattr(args, "subjects", "auto"),
         subjects_file=getattr(args, "subjects_file", None),

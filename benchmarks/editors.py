@@ -32,7 +32,19 @@ from hpse_easyedit.methods import (
 
 from .references import InContextHParams, ReferenceHParams, keep_model, reference_edit
 
-__all__ = ["Editor", "editor_for_hparams_file", "get_editor", "register_editor", "registered_editors"]
+__all__ = ["Editor", "editor_for_hparams_file", "get_editor", "method_label", "register_editor", "registered_editors"]
+
+#: how tables name an executor
+EXECUTOR_LABELS = {"lora": "LoRA", "ft_m": "FT-M"}
+
+
+def method_label(name: str, hparams: dict) -> str:
+    """What a run edits with, as tables name it: ``LoRA`` (an HPSE file with ``kl_weight: 0``), ``LoRA + HPSE``,
+    ``FT-M + HPSE``, ``COIN*``; other methods by their ``alg_name``."""
+    if name == "HPSE":
+        executor = EXECUTOR_LABELS.get(str(hparams.get("executor")), str(hparams.get("executor")))
+        return f"{executor} + HPSE" if hparams.get("kl_weight") else executor
+    return {"COIN": "COIN*"}.get(name, name)
 
 #: The runner's name for a registry entry.
 Editor = MethodSpec

@@ -44,7 +44,7 @@ from hpse_easyedit.locks import writer_lock
 from hpse_easyedit.training import EditDivergedError
 
 from .distributed import DEFAULT_TIMEOUT, LaunchError, ProcessContext, process_context
-from .editors import Editor, editor_for_hparams_file
+from .editors import Editor, editor_for_hparams_file, method_label
 from .judge import LEXICAL_JUDGE_NAME, ChatClient, Judge, JudgeError, JudgeRefusedError, JudgeSettings, LLMJudge, make_judge
 from .metrics import mean
 from .paths import JUDGE_CACHE, default_cache_dir, default_data_dir
@@ -116,7 +116,7 @@ class RunOptions:
             ("--sequential", self.sequential, 1, "cases edited one after another"),
             ("--limit", self.limit, 1, "the first N cases"),
             ("--batch-size", self.batch_size, 1, "answers generated at once"),
-            ("--max-new-tokens", self.max_new_tokens, 1, "answer length cap"),
+            ("--max-answer-tokens", self.max_new_tokens, 1, "answer length cap"),
             ("--mmlu-n", self.mmlu_n, 0, "0 skips MMLU"),
             ("--mmlu-shots", self.mmlu_shots, 0, "dev examples per MMLU prompt"),
             ("--mmlu-batch-size", self.mmlu_batch_size, 1, "MMLU prompts at once"),
@@ -204,7 +204,9 @@ class _Run:
         self.hp = requested if self.ctx.device is None else self.editor.load_hparams(
             opts.hparams, [*opts.overrides, f"device={self.ctx.device}"])
         self.policy = config_policy(requested)
-        self.label = opts.label or Path(opts.hparams).stem + "".join(f" {o}" for o in _computing(opts.overrides))
+        self.method = method_label(self.editor.name, self.hp_dict)
+        self.label = opts.label or f"{self.method} ({Path(opts.hparams).stem})" + "".join(
+            f" {o}" for o in _computing(opts.overrides))
         self.max_new_tokens = opts.max_new_tokens or self.task.default_max_new_tokens
         settings = JudgeSettings(**{**opts.judge_settings.__dict__, "cache_path": str(self.cache_dir / JUDGE_CACHE)})
         self.judge: Judge | None = make_judge(opts.judge, settings, warn=False) if self.task.needs_judge else None
@@ -705,7 +707,7 @@ class _Run:
                if records and all("algorithm_seconds" in r for r in records) else {}),
             label=self.label,
             benchmark=self.task.name,
-            editor=self.editor.name,
+            editor=self.method,
             mode="sequential" if self.opts.sequential else "single",
             sequential=self.opts.sequential,
             **({"checkpoints": self._checkpoint_summaries(all_records)} if self.opts.checkpoints else {}),
