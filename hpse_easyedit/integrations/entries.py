@@ -20,9 +20,15 @@ import torch
 from ..executors import restore_weights
 from ..executors.lora import ADAPTER_NAME
 
-__all__ = ["EditHandle", "apply_coin_for_easyedit", "apply_hpse_for_easyedit", "apply_unke_for_easyedit"]
+__all__ = ["EditHandle", "UndoOrderError", "apply_coin_for_easyedit", "apply_hpse_for_easyedit",
+           "apply_unke_for_easyedit"]
 
 _WRAPPER_ATTR = "_hpse_easyedit_peft"
+_UNDO_ATTR = "_hpse_easyedit_undo"  # on the unwrapped model: the handles of its edits not undone yet, in order
+
+
+class UndoOrderError(RuntimeError):
+    """Edits on one model were undone out of order; the message says which handle to call first."""
 
 
 class EditHandle(dict):
@@ -35,12 +41,36 @@ class EditHandle(dict):
     def __init__(self, model: Any, weights: dict[str, torch.Tensor]) -> None:
         super().__init__(weights)
         self.model = model
+        self._pending = _base(model).__dict__.setdefault(_UNDO_ATTR, [])
+        self._pending.append(self)
 
     def __call__(self) -> Any:
+        if self._pending and self._pending[-1] is not self:
+            if self not in self._pending:
+                raise UndoOrderError("this edit was already undone; each weights_copy restores once")
+            position, n = self._pending.index(self) + 1, len(self._pending)
+            raise UndoOrderError(
+                f"undo sequential edits last first: this weights_copy undoes edit {position} of the {n} still on the "
+                f"model; call the weights_copy of edit {n} first"
+            )
         restored = restore_weights(self.model, dict(self))
+        if self._pending:
+            self._pending.pop()
         if restored is not self.model:  # the adapter was unloaded: forget the wrapper
             restored.__dict__.pop(_WRAPPER_ATTR, None)
         return restored
+
+    def __repr__(self) -> str:
+        values = sum(t.numel() for t in self.values())
+        return (f"<EditHandle: {len(self)} tensors ({values:,} values) from before the edit; call it to restore the "
+                "edited model>")
+
+    __str__ = __repr__
+
+
+def _base(model: Any) -> Any:
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if get_base is not None else model
 
 
 def _has_injected_adapter(model: Any) -> bool:

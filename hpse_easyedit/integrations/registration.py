@@ -121,4 +121,35 @@ def make_editor(hparams: Any, model: Any = None, tok: Any = None, editor_cls: An
     editor.model_name = call.model_name  # EasyEdit's evaluation reads the name as a string
     editor.hparams = call
     tok.padding_side = "right" if call.alg_name in _RIGHT_PADDED else "left"
+    if getattr(call, "alg_name", None) in plugin_methods() and hasattr(call, "editing_prompt"):
+        for name in ("edit", "batch_edit"):
+            setattr(editor, name, _checked(getattr(editor, name), call))
     return editor
+
+
+def _checked(method: Callable[..., Any], hparams: Any) -> Callable[..., Any]:
+    """``BaseEditor.edit`` / ``batch_edit`` that first checks the request lists with the project's own one-line
+    ``RequestError`` (EasyEdit's asserts would say nothing, or fail on an empty passage much later)."""
+    from ..editor import RequestError, normalize_requests
+
+    def as_list(value: Any) -> list | None:
+        return None if value is None else [value] if isinstance(value, (str, dict)) else list(value)
+
+    def call(prompts: Any, target_new: Any, *args: Any, **kwargs: Any) -> Any:
+        if "requests" not in kwargs:
+            listed = {"prompts": as_list(prompts), "target_new": as_list(target_new),
+                      "subject": as_list(kwargs.get("subject"))}
+            n = len(listed["prompts"] or [])
+            for key, values in listed.items():
+                if values is not None and len(values) != n:
+                    raise RequestError(f"{key} has {len(values)} entries but prompts has {n}; give one {key} per "
+                                       "prompt, in the same order")
+            normalize_requests([
+                {"prompt": p, "target_new": t, **({"subject": listed["subject"][i]} if listed["subject"] else {})}
+                for i, (p, t) in enumerate(zip(listed["prompts"] or [], listed["target_new"] or []))
+            ] or None, hparams)
+        return method(prompts, target_new, *args, **kwargs)
+
+    call.__doc__ = method.__doc__
+    call.__name__ = getattr(method, "__name__", "edit")
+    return call
