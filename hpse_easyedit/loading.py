@@ -173,7 +173,15 @@ def _convert_embedded(target: Path) -> None:
 def _resolve(name: str) -> tuple[str, dict]:
     """A local directory, the HF cache, the hub, or (for the embedded model) the converted GGUF copy."""
     if os.path.isdir(name):
+        if not os.path.isfile(os.path.join(name, "config.json")):
+            raise ModelNotFoundError(
+                f"model_name {name!r} is a directory but not a model (it has no config.json); point model_name to the "
+                "directory save_pretrained wrote, or to a model id"
+            )
         return name, {}
+    if os.path.isfile(name):
+        raise ModelNotFoundError(f"model_name {name!r} is a file, not a model; point model_name to a model directory "
+                                 "(the one save_pretrained wrote) or to a model id")
     try:
         from huggingface_hub import snapshot_download
 
@@ -248,6 +256,17 @@ def check_against_model(model: Any, hparams: Any, source: str | None = None) -> 
         return
     source = source or getattr(hparams, "_source", None) or "the hparams"
     n_layers = _num_layers(model)
+    config = getattr(model, "config", None)
+    context = getattr(config, "max_position_embeddings", None)
+    if isinstance(context, int) and getattr(hparams, "max_length", 0) > context:
+        raise HParamsError(
+            f"{source}: key 'max_length' is {hparams.max_length} but {hparams.model_name} reads at most {context} "
+            f"tokens (max_position_embeddings); set max_length to {context} or less"
+        )
+    vocab = getattr(config, "vocab_size", None)
+    if isinstance(vocab, int) and getattr(hparams, "top_k", 0) > vocab:
+        raise HParamsError(f"{source}: key 'top_k' is {hparams.top_k} but {hparams.model_name} has a vocabulary of "
+                           f"{vocab} tokens; set top_k to {vocab} or less")
     if executor == "lora":
         leaves = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
         missing = [m for m in hparams.target_modules if m not in leaves]

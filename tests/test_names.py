@@ -48,3 +48,26 @@ def test_a_one_step_round_does_not_read_as_nothing_learned(caplog):
         hpse_edit(model, tok, [{"subject": "Selma", "target_new": "Selma was born in Norway."}],
                   tiny_hparams(rounds=1, inner_steps=1))
     assert "(one inner step)" in caplog.text and " -> " not in caplog.text.split("loss")[-1].split(",")[0]
+
+
+@pytest.mark.parametrize("field,value,fragment", [
+    ("max_length", 4096, "key 'max_length' is 4096 but tiny reads at most 2048 tokens"),
+    ("top_k", 100000, "key 'top_k' is 100000 but tiny has a vocabulary of"),
+])
+def test_fields_are_checked_against_the_model_before_any_edit(field, value, fragment):
+    from hpse_easyedit.hparams import HParamsError
+    from hpse_easyedit.loading import check_against_model
+
+    model, _ = make_tiny_model_and_tokenizer("llama")
+    with pytest.raises(HParamsError, match=fragment):
+        check_against_model(model, tiny_hparams(**{field: value}))
+
+
+def test_a_model_name_that_is_not_a_model_is_one_line(tmp_path):
+    from hpse_easyedit.loading import ModelNotFoundError, load_model
+
+    (tmp_path / "notes.txt").write_text("not a model")
+    with pytest.raises(ModelNotFoundError, match="is a directory but not a model"):
+        load_model(tiny_hparams(model_name=str(tmp_path)))
+    with pytest.raises(ModelNotFoundError, match="is a file, not a model"):
+        load_model(tiny_hparams(model_name=str(tmp_path / "notes.txt")))
