@@ -144,7 +144,7 @@ def _full_disk_once(monkeypatch, target, attr, at):
 
 def _count_calls(monkeypatch, tiny, tmp_path, target, attr, mode):
     calls = _full_disk_once(monkeypatch, target, attr, at=0)
-    run_benchmark(_opts(tiny, tmp_path / "count", mode))
+    run_benchmark(_opts(tiny, tmp_path / f"count-{attr}", mode))
     monkeypatch.undo()
     isolate_judge_env(monkeypatch, tmp_path)
     monkeypatch.setenv("HPSE_DISK_FULL_WAIT", "0")
@@ -159,7 +159,7 @@ def test_a_full_disk_at_every_write_point_loses_no_case(tiny, tmp_path, referenc
     points = {(store_module.ResultFile, "append"): 0, (None, "whole files"): 0}
     for target, attr in points:
         points[(target, attr)] = _count_calls(monkeypatch, tiny, tmp_path, target, attr, mode)
-    assert points[(store_module.ResultFile, "append")] >= 3
+    assert points[(store_module.ResultFile, "append")] >= 3 and points[(None, "whole files")] == 3
     tried = 0
     for (target, attr), n in points.items():
         for at in range(1, n + 1):
