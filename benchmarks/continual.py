@@ -2,7 +2,8 @@
 
 Reads finished run directories of ``--sequential T`` runs (no model time) given as pairs, the executor
 alone then the same executor with HPSE, at the same T on the same cases (a single-editing run is T = 1,
-the reference the paper's figure starts from):
+the reference the paper's figure starts from; ``DIR@N`` is a ``--checkpoints`` run after N edits of each
+sequence, so one T = 100 pair with checkpoints 10,20,50 gives four T):
 
     python -m benchmarks.continual runs/mq-seq10-lora runs/mq-seq10-hpse runs/mq-seq20-lora runs/mq-seq20-hpse \\
         --name LoRA --png docs/img/continual.png
@@ -32,10 +33,20 @@ __all__ = ["continual_rows", "continual_table", "main", "plot_continual"]
 
 
 def _run(path: str) -> tuple[str, int, dict[str, dict]]:
+    """(benchmark, T, {case_id: record}) of a run directory, or of ``DIR@N``: the run's checkpoint after N edits
+    of each sequence (``--checkpoints``), which is T = N."""
     from .paired import load_run
+    from .sequence import checkpoint_records, split_checkpoint
 
-    benchmark, recs = load_run(path)
-    config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    run_dir, checkpoint = split_checkpoint(path)
+    benchmark, recs = load_run(run_dir)
+    if checkpoint is not None:
+        found = checkpoint_records(run_dir)
+        if checkpoint not in found:
+            raise UsageError(f"{path}: {run_dir} has no checkpoint after {checkpoint} edits (it has "
+                             f"{sorted(found) or 'none'}); give DIR@N with one of them")
+        return benchmark, checkpoint, {c: r for c, r in found[checkpoint].items() if "failed" not in r}
+    config = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
     return benchmark, int(config.get("sequential") or 1), recs  # a single-editing run is T = 1
 
 
@@ -162,8 +173,10 @@ def _recitation(args) -> Callable[[Sequence[str], list[tuple[str, dict]]], dict]
     """The recitation report of ``benchmarks.paired`` for one pair, the data and tokenizer loaded once."""
     from .paired import load_cases, model_token_spans, recitation_report, run_model_name
 
+    from .sequence import split_checkpoint
+
     loaded: dict[str, dict] = {}
-    spans, kind = model_token_spans(run_model_name(args.runs))
+    spans, kind = model_token_spans(run_model_name([split_checkpoint(r)[0] for r in args.runs]))
 
     def report(dirs: Sequence[str], runs: list[tuple[str, dict]]) -> dict:
         benchmark = runs[0][0]
@@ -194,7 +207,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str]) -> int:
     parser = OneLineParser(prog="python -m benchmarks.continual", description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", metavar="RUN",
-                        help="run directories in pairs: the executor alone, then the same executor with HPSE (same T, cases)")
+                        help="run directories in pairs: the executor alone, then the same executor with HPSE (same T, "
+                             "cases); DIR@N is a run's checkpoint after N edits of each sequence (--checkpoints)")
     parser.add_argument("--name", action="append", default=[],
                         help="the executor of each pair, in order (default: LoRA for every pair)")
     parser.add_argument("--first", action="append", default=[], metavar="N|all",

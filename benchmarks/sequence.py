@@ -34,7 +34,7 @@ from hpse_easyedit.atomic import replacing
 from .store import ResultFile, read_results, result_files, results_name
 
 __all__ = ["CHECKPOINTS", "SEQUENCE", "STATE_DIR", "SequenceLog", "checkpoint_key", "checkpoint_records",
-           "parse_checkpoints", "same_edit"]
+           "parse_checkpoints", "same_edit", "split_checkpoint"]
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,16 @@ def parse_checkpoints(value: str) -> list[int]:
         return [int(v) for v in value.split(",") if v.strip()]
     except ValueError:
         raise ValueError(f"--checkpoints takes comma-separated edit counts, e.g. 10,20,50; got {value!r}") from None
+
+
+def split_checkpoint(run: str | Path) -> tuple[Path, int | None]:
+    """``"runs/uk-seq100@20"`` -> ``(Path("runs/uk-seq100"), 20)``: a run directory at one of its checkpoints
+    (the reading tools take that form); a plain directory -> ``(dir, None)``."""
+    text = str(run)
+    head, sep, tail = text.rpartition("@")
+    if sep and tail.isdigit() and not Path(text).exists():
+        return Path(head), int(tail)
+    return Path(text), None
 
 
 def checkpoint_records(out_dir: str | Path) -> dict[int, dict[str, dict]]:

@@ -162,3 +162,18 @@ def test_checkpoint_options_are_checked_before_anything_runs(tiny, tmp_path, ref
         _opts(tiny, tmp_path / "x", checkpoints=[4])
     with pytest.raises(ConfigMismatchError, match="checkpoints"):  # other checkpoints are another run
         run_benchmark(_opts(tiny, reference[0], checkpoints=[2]))
+
+
+def test_the_continual_table_reads_a_run_at_each_checkpoint(tiny, tmp_path, reference):
+    from benchmarks.continual import continual_rows
+
+    hpse_out, _ = reference
+    lora_out = tmp_path / "lora"
+    run_benchmark(_opts(tiny, lora_out, overrides=["kl_weight=0"]))
+    pairs = [(f"{lora_out}@{c}", f"{hpse_out}@{c}") for c in (1, 3)] + [(str(lora_out), str(hpse_out))]
+    rows = continual_rows(pairs, ["LoRA"] * 3, resamples=200)
+    assert [(r["label"], r["T"], r["cases"]) for r in rows] == [
+        ("LoRA", 1, 1), ("LoRA + HPSE", 1, 1), ("LoRA", 3, 3), ("LoRA + HPSE", 3, 3), ("LoRA", 4, 4),
+        ("LoRA + HPSE", 4, 4)]
+    with pytest.raises(ValueError, match="no checkpoint after 2 edits"):
+        continual_rows([(f"{lora_out}@2", f"{hpse_out}@2")], ["LoRA"])
