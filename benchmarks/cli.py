@@ -24,7 +24,7 @@ from hpse_easyedit.cli import (
 )
 
 from .distributed import DEFAULT_TIMEOUT, LaunchError, current_context
-from .judge import JudgeSettings
+from .judge import JUDGE_KINDS, JudgeSettings
 from .report import judge_note, paper_table
 from .runner import RunOptions, failed_note, run_benchmark, unjudged_note
 from .sequence import parse_checkpoints
@@ -72,7 +72,7 @@ def add_run_arguments(parser: argparse.ArgumentParser, benchmark: str | None) ->
         if benchmark in (None, task.name):
             task.add_arguments(parser)
     j = parser.add_argument_group("judge (OpenAI-compatible endpoint)")
-    j.add_argument("--judge", default="auto", choices=["auto", "llm", "lexical"],
+    j.add_argument("--judge", default="auto", choices=JUDGE_KINDS,
                    help="llm = the endpoint below; lexical = offline fallback; auto = llm when an endpoint is configured")
     j.add_argument("--judge-base-url", metavar="URL", help="default: $HPSE_JUDGE_BASE_URL or $OPENAI_BASE_URL")
     j.add_argument("--judge-model", metavar="NAME", help="default: $HPSE_JUDGE_MODEL or gemini-2.5-flash")

@@ -25,12 +25,14 @@ from typing import Any, Callable
 
 from datasets import Dataset
 
+from hpse_easyedit.cli import choice_text
 from hpse_easyedit.data_files import (MMLU_DIR, MQUAKE_FILE, UNKE_FILE, UNKE_SUBJECTS_FILE, DataError, mmlu_file,
                                      mmlu_test_files, read_mmlu_csv)
 
 from .paths import default_cache_dir, default_data_dir
 
 __all__ = [
+    "SUBJECT_MODES",
     "DataError",
     "EDIT_PROMPT",
     "MMLUItem",
@@ -62,6 +64,10 @@ PASSAGE_PROMPT = (
     "contradicts what you know, state it explicitly, and do not mention that it is hypothetical.\n\n"
     "FACT: {fact}\n\nAnswer with the paragraph only."
 )
+
+#: where ``s`` of ``Introduce {s}.`` comes from for records without a subject (``--subjects``): the subjects
+#: file, the judge model, a heuristic, or ``auto`` (file, then the judge model if configured, then the heuristic)
+SUBJECT_MODES = ("auto", "file", "llm", "heuristic")
 
 
 def file_sha256(path: str | os.PathLike) -> str:
@@ -192,8 +198,8 @@ def _subjects_for(
     cache_dir: Path,
 ) -> tuple[dict[str, str], dict[str, str]]:
     """Subject and its source ('file', 'llm:<model>', 'heuristic') for every record id."""
-    if mode not in {"auto", "file", "llm", "heuristic"}:
-        raise ValueError(f"subjects must be auto, file, llm or heuristic, got {mode!r}")
+    if mode not in SUBJECT_MODES:
+        raise ValueError(f"subjects must be {choice_text(SUBJECT_MODES)}, got {mode!r}")
     ids = [str(r["id"]) for r in records]
     subjects: dict[str, str] = {}
     source: dict[str, str] = {}

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
+
+from hpse_easyedit.cli import choice_text
 
 from .llm.client import ChatClient, JudgeError, JudgeRefusedError, JudgeSettings, Parsed, ResponseCache
 from .llm.prompts import (
@@ -35,6 +37,9 @@ from .llm.prompts import (
 from .metrics import split_sentences, supported_fraction
 
 __all__ = [
+    "JUDGES",
+    "JUDGE_KINDS",
+    "register_judge",
     "ChatClient",
     "CoverageItem",
     "DEMONSTRATIONS",
@@ -175,16 +180,34 @@ def make_judge(kind: str, settings: JudgeSettings, warn: bool = True) -> Judge:
     ``warn=False`` leaves the warning about the lexical fallback to the caller (the runner logs it after
     its pre-flight checks, so a bad option is the only line a user sees).
     """
-    if kind not in {"auto", "llm", "lexical"}:
-        raise ValueError(f"--judge must be auto, llm or lexical, got {kind!r}")
-    if kind == "lexical" or (kind == "auto" and not settings.resolve().configured):
-        if kind == "auto" and warn:
+    if kind not in JUDGE_KINDS:
+        raise ValueError(f"--judge must be {choice_text(JUDGE_KINDS)}, got {kind!r}")
+    if kind == "auto":
+        kind = "llm" if settings.resolve().configured else "lexical"
+        if kind == "lexical" and warn:
             log.warning(
                 "no judge endpoint configured (--judge-base-url / HPSE_JUDGE_BASE_URL / OPENAI_BASE_URL or an API "
                 "key): scoring UnKEBench with the offline LEXICAL FALLBACK judge; its Jnt/Dmp are not the paper's"
             )
-        return LexicalJudge()
-    client = ChatClient(settings)
-    if warn:
-        log.info("judge: %s at %s", client.name, client.settings.base_url or "the OpenAI default URL")
-    return LLMJudge(client)
+    judge = JUDGES[kind](settings)
+    if warn and isinstance(judge, LLMJudge):
+        log.info("judge: %s at %s", judge.client.name, judge.client.settings.base_url or "the OpenAI default URL")
+    return judge
+
+
+#: ``--judge`` kind -> the judge it builds from the endpoint settings; ``auto`` picks ``llm`` when an endpoint is
+#: configured, else ``lexical``. A new judge is one class plus one ``register_judge`` line; ``--help``, the
+#: option checks and ``make_judge`` follow.
+JUDGES: dict[str, Callable[[JudgeSettings], Judge]] = {
+    "llm": lambda settings: LLMJudge(ChatClient(settings)),
+    "lexical": lambda settings: LexicalJudge(),
+}
+JUDGE_KINDS: list[str] = ["auto", *JUDGES]
+
+
+def register_judge(kind: str, factory: Callable[[JudgeSettings], Judge]) -> None:
+    """Make ``--judge KIND`` build ``factory(settings)``."""
+    JUDGES[kind] = factory
+    if kind not in JUDGE_KINDS:
+        JUDGE_KINDS.append(kind)
+

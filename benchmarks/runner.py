@@ -36,16 +36,24 @@ from typing import Any, Mapping, Sequence
 
 from .datasets import (
     EDIT_PROMPT,
+    SUBJECT_MODES,
     file_sha256,
     load_mmlu_subset,
 )
-from hpse_easyedit.cli import ENVIRONMENT_ERRNOS, Interrupted, UsageError, check_new_dir, check_writable
+from hpse_easyedit.cli import (
+    ENVIRONMENT_ERRNOS,
+    Interrupted,
+    UsageError,
+    check_new_dir,
+    check_writable,
+    choice_text,
+)
 from hpse_easyedit.locks import writer_lock
 from hpse_easyedit.training import EditDivergedError
 
 from .distributed import DEFAULT_TIMEOUT, LaunchError, ProcessContext, process_context
 from .editors import Editor, editor_for_hparams_file, method_label
-from .judge import LEXICAL_JUDGE_NAME, ChatClient, Judge, JudgeError, JudgeRefusedError, JudgeSettings, LLMJudge, make_judge
+from .judge import JUDGE_KINDS, LEXICAL_JUDGE_NAME, ChatClient, Judge, JudgeError, JudgeRefusedError, JudgeSettings, LLMJudge, make_judge
 from .metrics import mean
 from .paths import JUDGE_CACHE, default_cache_dir, default_data_dir
 from .report import judge_note, paper_table
@@ -144,10 +152,10 @@ class RunOptions:
                 raise UsageError(f"--checkpoints must be edit counts from 1 to {self.sequential - 1} (T itself is "
                                  f"always evaluated), e.g. 10,20,50 with --sequential 100; got {bad or 'none'}")
             self.checkpoints = sorted(set(self.checkpoints))
-        if self.subjects not in ("auto", "file", "llm", "heuristic"):
-            raise UsageError(f"--subjects must be auto, file, llm or heuristic, got {self.subjects!r}")
-        if self.judge not in ("auto", "llm", "lexical"):
-            raise UsageError(f"--judge must be auto, llm or lexical, got {self.judge!r}")
+        if self.subjects not in SUBJECT_MODES:
+            raise UsageError(f"--subjects must be {choice_text(SUBJECT_MODES)}, got {self.subjects!r}")
+        if self.judge not in JUDGE_KINDS:
+            raise UsageError(f"--judge must be {choice_text(JUDGE_KINDS)}, got {self.judge!r}")
         check_new_dir("--out", self.out_dir, may_hold_files=True)
         check_new_dir("--cache-dir", self.cache_dir, may_hold_files=True)
 

@@ -36,7 +36,7 @@ from .loading import ModelNotFoundError
 from .locks import DirectoryBusyError, writer_lock
 from .training import EditDivergedError, describe_loss
 
-__all__ = ["Interrupted", "OneLineFormatter", "OneLineParser", "UsageError", "build_parser", "check_new_dir", "check_positive", "check_text_file", "check_writable", "main",
+__all__ = ["Interrupted", "OneLineFormatter", "OneLineParser", "UsageError", "build_parser", "check_new_dir", "check_positive", "check_text_file", "check_writable", "choice_text", "main",
            "run_cli", "save_edit", "user_error_types"]
 
 DEBUG_FLAG = "--debug"
@@ -143,6 +143,12 @@ def check_writable(option: str, directory: str | os.PathLike) -> None:
     except OSError as err:
         raise UsageError(f"{option} {path}: cannot write there ({err.strerror or err}); give a writable directory "
                          "with free space") from None
+
+
+def choice_text(choices: Sequence[str]) -> str:
+    """``["auto", "llm", "lexical"]`` -> ``"auto, llm or lexical"``: the one wording of every choice message."""
+    choices = list(choices)
+    return choices[0] if len(choices) == 1 else ", ".join(choices[:-1]) + f" or {choices[-1]}"
 
 
 def check_positive(option: str, value: int | float | None, minimum: int | float = 1, what: str = "") -> None:
