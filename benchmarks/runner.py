@@ -686,6 +686,10 @@ class _Run:
                 paper_table([*rows, (self.label, {self.task.name: summary})]) + judge_note([summary])
                 + unjudged_note([summary]) + failed_note([summary]),
             )
+            if summary.get("unke_metrics"):  # UnKE's own metrics: the same section `unke_metrics --write` adds
+                from .unke_metrics import write_run
+
+                write_run(self.out_dir, summary["unke_metrics"])
         return summary
 
     def close(self) -> None:

@@ -86,7 +86,7 @@ def metrics_table(rows: Sequence[tuple[str, Mapping[str, Any]]],
 def write_run(run_dir: str | Path, metrics: Mapping[str, Any]) -> None:
     """Add ``metrics`` to ``run_dir``'s summary.json under ``unke_metrics`` (every other key as it
     was) and a section to its table.md (replacing the one an earlier call added)."""
-    from .store import write_json_atomic
+    from .store import write_json_atomic, write_text_atomic
 
     run_dir = Path(run_dir)
     summary_file = run_dir / "summary.json"
@@ -102,7 +102,7 @@ def write_run(run_dir: str | Path, metrics: Mapping[str, Any]) -> None:
         label = summary.get("label") or run_dir.name
         section = (f"\n{_TABLE_MARK}\nUnKE's own metrics (EasyEdit's `eval_akew_unstructured`, "
                    "percent):\n\n" + metrics_table([(label, metrics)]))
-        table.write_text(kept + section, encoding="utf-8")
+        write_text_atomic(table, kept + section)
 
 
 def _unkebench_runs(paths: Sequence[str]) -> list[Path]:
