@@ -1,6 +1,6 @@
 """Continual editing that can stop in the middle of a sequence, and be evaluated part-way through.
 
-A sequence of T edits (``--sequential T``) takes hours at T = 100 on a CPU, longer than a session. Two
+A sequence of T edits (``--sequential T``) takes hours at T = 100 on a CPU, longer than a machine may stay up. Two
 files of the run directory keep what a stopped sequence had done, and one folder what it had edited:
 
 - ``sequence.jsonl``: one line per finished edit of the block in progress (its record without scores:

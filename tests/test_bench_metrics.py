@@ -107,7 +107,7 @@ def test_split_sentences_keeps_initials_and_acronyms():
 
 
 # ----------------------------------------------------------------------- SelfBLEU-4 against nltk
-# ``bleu``/``self_bleu`` call nltk's ``sentence_bleu`` (issue 23, item 5). Two checks that can each fail:
+# ``bleu``/``self_bleu`` call nltk's ``sentence_bleu``. Two checks that can each fail:
 # self_bleu equals Texygen's loop written here with nltk (each answer the hypothesis, all the OTHER
 # answers its references, equal 4-gram weights, smoothing method1), and equals, to 1e-12, the plain-Python
 # BLEU the repo used before the switch (kept below as an oracle), on real answer sets (every stored
