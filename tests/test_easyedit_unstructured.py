@@ -25,6 +25,7 @@ from hpse_easyedit.editor import RequestError
 from hpse_easyedit.hparams import HParamsError
 from hpse_easyedit.integrations.baselines import AnyEditHyperParams, LocateThenEditHParams, UnKEHyperParams
 from hpse_easyedit.integrations.unstructured import (
+    apply_coin_uns_to_model,
     apply_hpse_uns_to_model,
     attach_subjects,
     uns_requests,
@@ -88,24 +89,34 @@ def test_items_become_requests_in_the_targeted_or_the_untargeted_regime():
         uns_requests(tok, items[0], hp)
 
 
-@pytest.mark.parametrize("executor", ["lora", "ft_m"])
-def test_the_scripts_restore_gives_the_unedited_model_and_the_next_edit_is_a_fresh_models(executor):
+ENTRIES = {
+    "HPSE lora": (apply_hpse_uns_to_model, lambda: tiny_hparams(rounds=1, inner_steps=2, max_new_tokens=4)),
+    "HPSE ft_m": (apply_hpse_uns_to_model,
+                  lambda: tiny_hparams(executor="ft_m", rounds=1, inner_steps=2, max_new_tokens=4)),
+    "COIN*": (apply_coin_uns_to_model,
+              lambda: COINHyperParams(model_name="tiny", steps=2, lr=1e-2, min_chunk_tokens=2, max_length=1024)),
+}
+
+
+@pytest.mark.parametrize("entry", sorted(ENTRIES))
+def test_the_scripts_restore_gives_the_unedited_model_and_the_next_edit_is_a_fresh_models(entry):
+    apply, make_hparams = ENTRIES[entry]
     model, tok = make_tiny_model_and_tokenizer("llama")
     fresh = copy.deepcopy(model)
-    hp = tiny_hparams(executor=executor, rounds=1, inner_steps=2, max_new_tokens=4)
+    hp = make_hparams()
     item_a = {"id": 0, "question": "Which language does AJ Lee speak?", "answer": PASSAGE_A}
     item_b = {"id": 1, "question": "Where is Ellie Kemper from?", "answer": PASSAGE_B, "subject": "Ellie Kemper"}
     before = probe_logits(model, tok)
 
-    weights_copy = apply_hpse_uns_to_model(model, tok, hp, [item_a])
+    weights_copy = apply(model, tok, hp, [item_a])
     names = dict(model.named_parameters())
     assert weights_copy and set(weights_copy) <= set(names)  # named as in the model the script holds
     assert not torch.equal(probe_logits(model, tok), before)
     script_restore(model, weights_copy)
     assert torch.equal(probe_logits(model, tok), before)
 
-    second = apply_hpse_uns_to_model(model, tok, hp, [item_b])
-    alone = apply_hpse_uns_to_model(fresh, tok, hp, [item_b])
+    second = apply(model, tok, hp, [item_b])
+    alone = apply(fresh, tok, hp, [item_b])
     assert set(second) == set(alone)
     edited, fresh_params = dict(model.named_parameters()), dict(fresh.named_parameters())
     assert all(torch.equal(edited[n], fresh_params[n]) for n in second)
