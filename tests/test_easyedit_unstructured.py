@@ -124,10 +124,12 @@ def test_the_scripts_restore_gives_the_unedited_model_and_the_next_edit_is_a_fre
 
 
 # ---------------------------------------------------------------------------------------------- from_json
-@pytest.mark.parametrize("name", ["smollm2-135m", "smollm2-135m-ftm"])
-def test_shipped_json_hparams_are_the_yaml_files(name):
-    from_json = HPSEHyperParams.from_json(REPO / "hparams" / "HPSE" / f"{name}.json")
-    assert from_json.to_dict() == HPSEHyperParams.from_hparams(REPO / "hparams" / "HPSE" / f"{name}.yaml").to_dict()
+def test_shipped_json_hparams_are_the_yaml_files():
+    json_files = sorted((REPO / "hparams" / "HPSE").glob("*.json"))
+    assert sorted(p.stem for p in json_files) == sorted(p.stem for p in (REPO / "hparams" / "HPSE").glob("*.yaml"))
+    for path in json_files:
+        from_yaml = HPSEHyperParams.from_hparams(path.with_suffix(".yaml")).to_dict()
+        assert HPSEHyperParams.from_json(path).to_dict() == from_yaml, path.name
 
 
 @pytest.mark.parametrize("cls, folder", [(COINHyperParams, "COIN"), (UnKEHyperParams, "UnKE"),
