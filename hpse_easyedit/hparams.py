@@ -106,8 +106,9 @@ class YamlHParams:
 
     @classmethod
     def from_json(cls, path: str | os.PathLike) -> "YamlHParams":
-        """Read a JSON file with the keys of the YAML files (``json.load``), checked as ``from_hparams`` checks
-        them: how EasyEdit's ``examples/run_AKEW_both.py`` reads hparams (``params_class.from_json(path)``)."""
+        """Read a JSON file with the keys of the YAML files (``json.load``), checked as
+        ``from_hparams`` checks them: how EasyEdit's ``examples/run_AKEW_both.py`` reads hparams
+        (``params_class.from_json(path)``)."""
         path = os.fspath(path)
         return cls.from_dict(read_hparams_json(path), source=path)
 
@@ -274,15 +275,18 @@ class HPSEHyperParams(ExecutorHParams):
 
 
 def read_hparams_file(path: str | os.PathLike) -> dict:
-    """The top-level mapping of a YAML hparams file (``yaml.safe_load``); every way it can be unreadable is an
-    ``HParamsError`` naming the file and the fix. Every YAML hparams file of every method is read here."""
-    return _read_mapping(path, "YAML", "hparams/HPSE/smollm2-135m.yaml", yaml.safe_load, yaml.YAMLError)
+    """The top-level mapping of a YAML hparams file (``yaml.safe_load``); every way it can be
+    unreadable is an ``HParamsError`` naming the file and the fix. Every YAML hparams file of every
+    method is read here."""
+    return _read_mapping(path, "YAML", "hparams/HPSE/smollm2-135m.yaml", yaml.safe_load,
+                         yaml.YAMLError)
 
 
 def read_hparams_json(path: str | os.PathLike) -> dict:
-    """The top-level object of a JSON hparams file (``json.load``; the same keys as the YAML files), with the
-    same one-line errors as ``read_hparams_file``: EasyEdit's unstructured example reads its hparams as JSON."""
-    return _read_mapping(path, "JSON", "hparams/HPSE/smollm2-135m.json", json.load, json.JSONDecodeError)
+    """The top-level object of a JSON hparams file (``json.load``; the keys of the YAML files), with
+    the one-line errors of ``read_hparams_file``: EasyEdit's unstructured example reads JSON."""
+    return _read_mapping(path, "JSON", "hparams/HPSE/smollm2-135m.json", json.load,
+                         json.JSONDecodeError)
 
 
 def _read_mapping(path: str | os.PathLike, kind: str, example: str, load: Callable[[Any], Any],
@@ -298,11 +302,13 @@ def _read_mapping(path: str | os.PathLike, kind: str, example: str, load: Callab
             f"{path}: no such hparams file; pass the path of a {kind} file such as {example}"
         ) from None
     except syntax_error as err:
-        raise HParamsError(f"{path}: not valid {kind} ({' '.join(str(err).split())}); fix the syntax") from None
+        reason = " ".join(str(err).split())
+        raise HParamsError(f"{path}: not valid {kind} ({reason}); fix the syntax") from None
     except UnicodeDecodeError:
         raise HParamsError(f"{path}: not a text file; pass an hparams {kind} file") from None
     if not isinstance(config, dict):
-        raise HParamsError(f"{path}: expected a mapping of key: value at the top level, got {type(config).__name__}")
+        raise HParamsError(f"{path}: expected a mapping of key: value at the top level, "
+                           f"got {type(config).__name__}")
     return config
 
 

@@ -63,8 +63,15 @@ from ..covariance import (
 from ..data_files import EDITEVERY_FILE, MMLU_LETTERS, data_dir, mmlu_test_files, mmlu_text, read_mmlu_csv
 from ..editor import RequestError, normalize_requests
 from ..executors import restore_weights
-from ..hparams import (EditorHParams, HParamsError, YamlHParams, hp_field, parse_overrides, read_hparams_file,
-                       read_hparams_json)
+from ..hparams import (
+    EditorHParams,
+    HParamsError,
+    YamlHParams,
+    hp_field,
+    parse_overrides,
+    read_hparams_file,
+    read_hparams_json,
+)
 from ..loading import offline_mode
 from ..prompts import end_of_turn_id
 from .easyedit_import import import_easyedit
@@ -436,7 +443,8 @@ class LocateThenEditHParams:
 
     @classmethod
     def from_json(cls, path: str | os.PathLike) -> "LocateThenEditHParams":
-        """Read a MEMIT/AlphaEdit JSON file with the keys of the YAML files (``json.load``), checked the same way."""
+        """Read a MEMIT/AlphaEdit JSON file with the keys of the YAML files (``json.load``), checked
+        the same way."""
         return load_locate_then_edit_hparams(path, read=read_hparams_json)
 
     @classmethod
@@ -482,10 +490,13 @@ def as_locate_then_edit(hparams: Any) -> Any:
     return hparams
 
 
-def load_locate_then_edit_hparams(path: str | os.PathLike, overrides: Sequence[str] | Mapping[str, Any] = (),
-                                  read: Callable[[str], dict] = read_hparams_file) -> LocateThenEditHParams:
-    """Read a MEMIT/AlphaEdit YAML file (EasyEdit's schema + optional adapter keys) into EasyEdit's hparams class;
-    ``read=read_hparams_json`` reads the same keys from a JSON file."""
+def load_locate_then_edit_hparams(
+    path: str | os.PathLike,
+    overrides: Sequence[str] | Mapping[str, Any] = (),
+    read: Callable[[str], dict] = read_hparams_file,
+) -> LocateThenEditHParams:
+    """Read a MEMIT/AlphaEdit YAML file (EasyEdit's schema + optional adapter keys) into EasyEdit's
+    hparams class; ``read=read_hparams_json`` reads the same keys from a JSON file."""
     path = os.fspath(path)
     config = read(path)
     alg = config.get("alg_name")
