@@ -30,8 +30,9 @@ setup(
         "test": ["pytest>=7", "pytest-timeout>=2"],
         # pure-Python packages EasyEdit's import chain needs for text editing (see docs/EASYEDIT.md), and a
         # transformers that still has the modules it imports (5.24 removed one that EasyEdit's UnKE imports;
-        # hpse_easyedit.integrations.easyedit_import.EASYEDIT_PINS holds the same pin)
-        "easyedit": ["higher==0.2.1", "einops", "hydra-core", "nltk", "rouge", "transformers<5.24"],
+        # hpse_easyedit.integrations.easyedit_import.EASYEDIT_PINS holds the same pin); sentence-transformers for
+        # the MiniLM score of eval_akew_unstructured, which EasyEdit's unstructured example imports
+        "easyedit": ["higher==0.2.1", "einops", "hydra-core", "nltk", "rouge", "sentence-transformers", "transformers<5.24"],
         # llama.cpp's OpenAI-compatible server, to run the judge locally (compiles llama.cpp: long on a small CPU)
         "judge-server": ["llama-cpp-python[server]>=0.3"],
     },

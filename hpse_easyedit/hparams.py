@@ -17,10 +17,11 @@ Every ablation of the paper is one field away: ``rollout: on_policy`` (w/o HP), 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Iterable, Mapping
+from typing import Any, Callable, ClassVar, Iterable, Mapping
 
 import yaml
 
@@ -28,7 +29,7 @@ from .encoding import TextEncodingError, read_text
 
 __all__ = [
     "EditorHParams", "ExecutorHParams", "HPSEHyperParams", "HParamsError", "YamlHParams", "hp_field", "parse_overrides",
-    "read_hparams_file",
+    "read_hparams_file", "read_hparams_json",
 ]
 
 
@@ -104,6 +105,14 @@ class YamlHParams:
         if not os.path.isfile(path) and os.path.isfile(path + ".yaml"):
             path = path + ".yaml"
         return cls.from_dict(read_hparams_file(path), source=path)
+
+    @classmethod
+    def from_json(cls, path: str | os.PathLike) -> "YamlHParams":
+        """Read a JSON file with the keys of the YAML files (``json.load``), checked as
+        ``from_hparams`` checks them: how EasyEdit's ``examples/run_AKEW_both.py`` reads hparams
+        (``params_class.from_json(path)``)."""
+        path = os.fspath(path)
+        return cls.from_dict(read_hparams_json(path), source=path)
 
     @classmethod
     def load(cls, path: str | os.PathLike, overrides: Iterable[str] | Mapping[str, Any] = ()) -> "YamlHParams":
@@ -272,23 +281,39 @@ class HPSEHyperParams(ExecutorHParams):
 
 
 def read_hparams_file(path: str | os.PathLike) -> dict:
-    """The top-level mapping of a YAML hparams file (``yaml.safe_load``); every way it can be unreadable is an
-    ``HParamsError`` naming the file and the fix. Every hparams file of every method is read here."""
+    """The top-level mapping of a YAML hparams file (``yaml.safe_load``); every way it can be
+    unreadable is an ``HParamsError`` naming the file and the fix. Every YAML hparams file of every
+    method is read here."""
+    return _read_mapping(path, "YAML", "hparams/HPSE/smollm2-135m.yaml", yaml.safe_load,
+                         yaml.YAMLError)
+
+
+def read_hparams_json(path: str | os.PathLike) -> dict:
+    """The top-level object of a JSON hparams file (``json.load``; the keys of the YAML files), with
+    the one-line errors of ``read_hparams_file``: EasyEdit's unstructured example reads JSON."""
+    return _read_mapping(path, "JSON", "hparams/HPSE/smollm2-135m.json", json.loads,
+                         json.JSONDecodeError)
+
+
+def _read_mapping(path: str | os.PathLike, kind: str, example: str, load: Callable[[Any], Any],
+                  syntax_error: type[Exception]) -> dict:
     path = os.fspath(path)
     if os.path.isdir(path):
-        raise HParamsError(f"{path}: is a directory; pass an hparams YAML file such as hparams/HPSE/smollm2-135m.yaml")
+        raise HParamsError(f"{path}: is a directory; pass an hparams {kind} file such as {example}")
     try:
-        config = yaml.safe_load(read_text(path))
+        config = load(read_text(path))
     except TextEncodingError as err:
-        raise HParamsError(f"{err}; an hparams file is YAML text") from None
+        raise HParamsError(f"{err}; an hparams file is {kind} text") from None
     except FileNotFoundError:
         raise HParamsError(
-            f"{path}: no such hparams file; pass the path of a YAML file such as hparams/HPSE/smollm2-135m.yaml"
+            f"{path}: no such hparams file; pass the path of a {kind} file such as {example}"
         ) from None
-    except yaml.YAMLError as err:
-        raise HParamsError(f"{path}: not valid YAML ({' '.join(str(err).split())}); fix the syntax") from None
+    except syntax_error as err:
+        reason = " ".join(str(err).split())
+        raise HParamsError(f"{path}: not valid {kind} ({reason}); fix the syntax") from None
     if not isinstance(config, dict):
-        raise HParamsError(f"{path}: expected a mapping of key: value at the top level, got {type(config).__name__}")
+        raise HParamsError(f"{path}: expected a mapping of key: value at the top level, "
+                           f"got {type(config).__name__}")
     return config
 
 

@@ -48,7 +48,7 @@ import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -63,7 +63,15 @@ from ..covariance import (
 from ..data_files import EDITEVERY_FILE, MMLU_LETTERS, data_dir, mmlu_test_files, mmlu_text, read_mmlu_csv
 from ..editor import RequestError, normalize_requests
 from ..executors import restore_weights
-from ..hparams import EditorHParams, HParamsError, YamlHParams, hp_field, parse_overrides, read_hparams_file
+from ..hparams import (
+    EditorHParams,
+    HParamsError,
+    YamlHParams,
+    hp_field,
+    parse_overrides,
+    read_hparams_file,
+    read_hparams_json,
+)
 from ..loading import offline_mode
 from ..prompts import end_of_turn_id
 from .easyedit_import import import_easyedit
@@ -434,6 +442,12 @@ class LocateThenEditHParams:
         return load_locate_then_edit_hparams(path)
 
     @classmethod
+    def from_json(cls, path: str | os.PathLike) -> "LocateThenEditHParams":
+        """Read a MEMIT/AlphaEdit JSON file with the keys of the YAML files (``json.load``), checked
+        the same way."""
+        return load_locate_then_edit_hparams(path, read=read_hparams_json)
+
+    @classmethod
     def load(cls, path: str | os.PathLike, overrides: Sequence[str] | Mapping[str, Any] = ()) -> "LocateThenEditHParams":
         """A MEMIT/AlphaEdit file with ``key=value`` overrides (applied before EasyEdit's class reads the keys)."""
         return load_locate_then_edit_hparams(path, overrides)
@@ -476,10 +490,15 @@ def as_locate_then_edit(hparams: Any) -> Any:
     return hparams
 
 
-def load_locate_then_edit_hparams(path: str | os.PathLike, overrides: Sequence[str] | Mapping[str, Any] = ()) -> LocateThenEditHParams:
-    """Read a MEMIT/AlphaEdit YAML file (EasyEdit's schema + optional adapter keys) into EasyEdit's hparams class."""
+def load_locate_then_edit_hparams(
+    path: str | os.PathLike,
+    overrides: Sequence[str] | Mapping[str, Any] = (),
+    read: Callable[[str], dict] = read_hparams_file,
+) -> LocateThenEditHParams:
+    """Read a MEMIT/AlphaEdit YAML file (EasyEdit's schema + optional adapter keys) into EasyEdit's
+    hparams class; ``read=read_hparams_json`` reads the same keys from a JSON file."""
     path = os.fspath(path)
-    config = read_hparams_file(path)
+    config = read(path)
     alg = config.get("alg_name")
     if alg not in LOCATE_THEN_EDIT:
         raise HParamsError(f"{path}: alg_name must be one of {list(LOCATE_THEN_EDIT)}, got {alg!r}")

@@ -58,7 +58,8 @@ OPTIONAL_MODULES: dict[str, str] = {
     "qwen_vl_utils": "Qwen2-VL processors; needs av",
     "scipy": "geometric-mean fluency metric and TF-IDF statistics (native)",
     "sklearn": "F1 metric of some evaluators and EAMET key statistics (native)",
-    "sentence_transformers": "IKE demonstrations and embedding-based evaluators; needs scipy and scikit-learn",
+    "sentence_transformers": "IKE demonstrations and embedding-based evaluators (the MiniLM score of "
+                             "eval_akew_unstructured: the easyedit extra installs it); needs scipy and scikit-learn",
     "zhipuai": "the DeepEdit API editor; needs the native cryptography package",
 }
 
