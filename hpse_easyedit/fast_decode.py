@@ -10,7 +10,7 @@ last bits (teacher top-K log-probabilities within 5e-5 on SmolLM2); greedy token
 same in every comparison made. ``fast_decode: false`` gives the ``F.linear`` path bit for bit.
 
 Which product is faster depends on the CPU and its BLAS: ``W @ x^T`` was 1.77x faster per rollout on the
-development VM of sessions 14-22, but 0.62x (slower) on the host of session 23, where ``F.linear`` at 2
+earlier development VM, but 0.62x (slower) on the current 2-core host, where ``F.linear`` at 2
 rows already streams the weight. ``fast_decode: auto`` (the default) therefore times both products once
 per process over the model's own switchable weights (``pays_off``) and switches only where ``W @ x^T``
 is at least ``AUTO_MARGIN`` times faster.
