@@ -18,6 +18,7 @@ statistics and timing. An ``Objective`` owns what differs:
 
 from __future__ import annotations
 
+import contextlib
 import copy as copy_module
 import logging
 import time
@@ -81,22 +82,25 @@ def train_edit(executor: Executor, hparams: Any, objective: Objective, *, rounds
         prepared = objective.start_round(student)
         student.train(was_training or hparams.lora_dropout > 0)
         teacher_before = executor.teacher_switches
+        steps = []  # per inner step: {name: (weight, detached loss)}, read on the host once the round ends
+        with _checkpointing(student, getattr(hparams, "gradient_checkpointing", False)):
+            for _ in range(inner_steps):
+                optimizer.zero_grad(set_to_none=True)
+                terms: dict[str, tuple[float, torch.Tensor]] = {}
+                for group in objective.step(student):
+                    loss = None
+                    for w, v in group.values():
+                        if w > 0:
+                            loss = w * v if loss is None else loss + w * v
+                    if loss is not None:
+                        loss.backward()
+                    terms.update((name, (w, v.detach())) for name, (w, v) in group.items())
+                optimizer.step()
+                steps.append(terms)
         history = []
-        for _ in range(inner_steps):
-            optimizer.zero_grad(set_to_none=True)
-            values: dict[str, float] = {}
-            weights: dict[str, float] = {}
-            for group in objective.step(student):
-                loss = None
-                for w, v in group.values():
-                    if w > 0:
-                        loss = w * v if loss is None else loss + w * v
-                if loss is not None:
-                    loss.backward()
-                for name, (w, v) in group.items():
-                    values[name], weights[name] = v.item(), w
-            optimizer.step()
-            total = sum(weights[n] * values[n] for n in objective.terms if n in values)
+        for terms in steps:
+            values = {name: v.item() for name, (_, v) in terms.items()}
+            total = sum(terms[n][0] * values[n] for n in objective.terms if n in values)
             history.append((total, values))
         result.inner_step_teacher_passes += executor.teacher_switches - teacher_before
         stats = {"round": r, **prepared, "loss": history[0][0], "loss_last": history[-1][0]}
@@ -112,6 +116,21 @@ def train_edit(executor: Executor, hparams: Any, objective: Objective, *, rounds
     executor.finish()
     result.seconds = time.perf_counter() - start
     return result
+
+
+@contextlib.contextmanager
+def _checkpointing(model: Any, enabled: bool) -> Iterator[None]:
+    """Inside: ``model``'s layers recompute their activations in backward (transformers' non-reentrant gradient
+    checkpointing), when ``enabled`` and the model supports it; switched off again on exit."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if not enabled or not getattr(base, "supports_gradient_checkpointing", False):
+        yield
+        return
+    base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    try:
+        yield
+    finally:
+        base.gradient_checkpointing_disable()
 
 
 def easyedit_apply(edit: Callable[..., EditResult], name: str) -> Callable[..., tuple[Any, dict]]:
