@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 __all__ = [
-    "EMBEDDED_MODEL", "ModelNotFoundError", "cache_dir", "check_against_model", "check_placement", "download_hint",
+    "DTYPE_KEYWORD", "EMBEDDED_MODEL", "ModelNotFoundError", "cache_dir", "check_against_model", "check_placement", "download_hint",
     "embedded_gguf_path", "load_model", "resolve_device",
 ]
 
@@ -36,7 +36,8 @@ def _dtype_keyword() -> str:
     return "dtype" if Version(transformers.__version__).release[:2] >= (4, 56) else "torch_dtype"  # 4.56 dev builds too
 
 
-_DTYPE_KW = _dtype_keyword()
+#: the ``from_pretrained`` / ``from_config`` keyword of the weights dtype in the installed transformers
+DTYPE_KEYWORD = _dtype_keyword()
 
 
 class ModelNotFoundError(RuntimeError):
@@ -189,7 +190,7 @@ def _convert_embedded(target: Path) -> None:
         kwargs["quantization_config"] = GgufConfig(dequantize=True)
     except ImportError:
         pass
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), **{_DTYPE_KW: torch.float32}, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), **{DTYPE_KEYWORD: torch.float32}, **kwargs)
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
@@ -250,7 +251,7 @@ def load_model(hparams: Any) -> tuple[Any, Any]:
     try:
         tok = AutoTokenizer.from_pretrained(source, trust_remote_code=trust)
         model = AutoModelForCausalLM.from_pretrained(
-            source, trust_remote_code=trust, **{_DTYPE_KW: hparams.torch_dtype}, **place, **attention
+            source, trust_remote_code=trust, **{DTYPE_KEYWORD: hparams.torch_dtype}, **place, **attention
         )
     except ValueError as err:
         if not attention or "attention" not in str(err).lower():

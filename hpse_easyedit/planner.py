@@ -43,7 +43,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .hparams import HParamsError
 
 __all__ = ["BACKBONE_DIR", "CARDS_GIB", "CUDA_OVERHEAD_GIB", "LiveBytes", "WORKLOADS", "Workload", "backbone_config",
-           "plan_edit", "plan_with_knobs"]
+           "plan_edit", "plan_with_knobs", "shipped_backbones"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +78,11 @@ WORKLOADS = {
 }
 
 
+def shipped_backbones() -> dict[str, str]:
+    """The shipped backbone configs: file stem (``qwen2.5-7b``) -> the hub id they describe."""
+    return {f.stem: json.loads(f.read_text())["_name_or_path"] for f in sorted(BACKBONE_DIR.glob("*.json"))}
+
+
 def backbone_config(model_name: str, layers: int | None = None, source: str = "the hparams") -> Any:
     """The transformers config of ``model_name``: a local directory's ``config.json``, else the shipped published
     config whose ``_name_or_path`` is that hub id; ``layers`` cuts the model to that many layers."""
@@ -87,7 +92,7 @@ def backbone_config(model_name: str, layers: int | None = None, source: str = "t
     if (path / "config.json").is_file():
         config = AutoConfig.from_pretrained(str(path))
     else:
-        shipped = {json.loads(f.read_text())["_name_or_path"]: f for f in sorted(BACKBONE_DIR.glob("*.json"))}
+        shipped = {hub_id: BACKBONE_DIR / f"{stem}.json" for stem, hub_id in shipped_backbones().items()}
         if model_name not in shipped:
             raise HParamsError(
                 f"{source}: key 'model_name' is {model_name!r}, which is neither a local model directory nor one of "
