@@ -48,7 +48,8 @@ __all__ = ["BACKBONE_DIR", "CARDS_GIB", "CUDA_OVERHEAD_GIB", "LiveBytes", "WORKL
 logger = logging.getLogger(__name__)
 
 BACKBONE_DIR = Path(__file__).with_name("backbones")
-#: the cards a plan is compared with (GiB as the card's marketing GB; 80 GB H100/A100, 48 GB L40S/A6000, ...)
+#: the cards a plan is compared with, by their nominal memory in GiB (24: RTX 3090/4090, A10; 40/80: A100; 48: L40S,
+#: RTX 6000 Ada; 80: H100); some show a little less to CUDA (an H100 80 GB: 79.6 GiB)
 CARDS_GIB = (24, 40, 48, 80)
 #: an estimate of what a CUDA process holds besides its tensors (context, cuBLAS workspace, allocator slack)
 CUDA_OVERHEAD_GIB = 1.0
