@@ -1,5 +1,6 @@
-"""Loading for GPUs: weights straight onto the card, the attn_implementation hparam, and offloaded placements refused
-in ``load_model`` (every entry point loads through it), each mistake one line naming the key and the fix."""
+"""Loading for GPUs: weights straight onto the card, the attn_implementation hparam, and offloaded
+placements refused in ``load_model`` (every entry point loads through it), each mistake one line
+naming the key and the fix."""
 
 from __future__ import annotations
 
@@ -30,8 +31,11 @@ def test_flash_attention_without_flash_attn_is_one_line(tiny_dir, monkeypatch):
     import transformers.utils
 
     monkeypatch.setattr(transformers.utils, "is_flash_attn_2_available", lambda: False)
-    with pytest.raises(HParamsError, match="key 'attn_implementation' is 'flash_attention_2' but this machine lacks "
-                                           "it.*set attn_implementation: sdpa") as err:
+    with pytest.raises(
+        HParamsError,
+        match="key 'attn_implementation' is 'flash_attention_2' but this machine lacks "
+        "it.*set attn_implementation: sdpa",
+    ) as err:
         load_model(tiny_hparams(model_name=tiny_dir, attn_implementation="flash_attention_2"))
     assert "\n" not in str(err.value)
 
@@ -61,12 +65,15 @@ def test_a_gpu_device_loads_the_weights_straight_onto_the_card(tiny_dir, monkeyp
     assert seen["device_map"] == {"": "cuda:1"}
 
 
-@pytest.mark.parametrize("device_map,refused", [
-    ({"model.layers.0": 0, "model.layers.1": 1}, False),
-    ({"": "cpu"}, False),
-    ({"model.layers.0": 0, "lm_head": "cpu"}, True),
-    ({"model": 0, "lm_head": "disk"}, True),
-])
+@pytest.mark.parametrize(
+    "device_map,refused",
+    [
+        ({"model.layers.0": 0, "model.layers.1": 1}, False),
+        ({"": "cpu"}, False),
+        ({"model.layers.0": 0, "lm_head": "cpu"}, True),
+        ({"model": 0, "lm_head": "disk"}, True),
+    ],
+)
 def test_offloaded_placements_are_refused_by_load_model(tiny_dir, monkeypatch, device_map, refused):
     from transformers import AutoModelForCausalLM
 
@@ -83,7 +90,9 @@ def test_offloaded_placements_are_refused_by_load_model(tiny_dir, monkeypatch, d
     if not refused:
         load_model(hp)
         return
-    with pytest.raises(HParamsError, match=r"key 'model_parallel'.*offloaded 1 module\(s\) to CPU/disk.*plan") as err:
+    with pytest.raises(
+        HParamsError, match=r"key 'model_parallel'.*offloaded 1 module\(s\) to CPU/disk.*plan"
+    ) as err:
         load_model(hp)
     assert "\n" not in str(err.value)
     with pytest.raises(HParamsError):

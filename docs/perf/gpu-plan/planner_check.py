@@ -1,9 +1,9 @@
-"""The planner against a measured edit: SmolLM2 (the shipped hparams/HPSE/smollm2-135m.yaml), the demo passage, one
-round of two inner steps, PyTorch's CPU allocator peak from torch.profiler memory events
-(benchmarks.gpu_path.planner_check). Run from the repository root:
+"""The planner against a measured edit: SmolLM2 (the shipped hparams/HPSE/smollm2-135m.yaml), the
+demo passage, one round of two inner steps, PyTorch's CPU allocator peak from torch.profiler memory
+events (benchmarks.gpu_path.planner_check). Run from the repository root:
 
-    OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python docs/perf/gpu-plan/planner_check.py > docs/perf/gpu-plan/smollm2-check.json
-"""
+    OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python docs/perf/gpu-plan/planner_check.py >
+    docs/perf/gpu-plan/smollm2-check.json"""
 
 import json
 import logging
