@@ -8,7 +8,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["hpse_easyedit", "hpse_easyedit.*", "benchmarks", "benchmarks.*"]),
-    package_data={"hpse_easyedit": ["demo_passage.txt"]},
+    package_data={"hpse_easyedit": ["demo_passage.txt", "backbones/*.json"]},
     install_requires=[
         "torch>=2.1",
         "transformers>=4.45",

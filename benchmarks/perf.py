@@ -46,6 +46,7 @@ from typing import Any, Sequence
 import torch
 
 from hpse_easyedit.cli import OneLineParser  # argparse errors: one line, exit 2
+from hpse_easyedit.planner import shipped_backbones
 from hpse_easyedit.rollout import input_device
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,19 +55,6 @@ DEFAULT_PASSAGE = REPO / "hpse_easyedit" / "demo_passage.txt"
 EASYEDIT_LORA_HPARAMS = Path(__file__).resolve().parent / "easyedit_lora.yaml"
 QUICK = dict(overrides=["rounds=2", "max_new_tokens=32"], rollout_repeats=1, sequential=[1, 3], mmlu_subjects=6,
              easyedit_lora_steps=16)
-
-# Architectures of the paper's backbones, for random-weight timing runs without a hub.
-RANDOM_CONFIGS: dict[str, tuple[str, dict]] = {
-    "qwen2.5-7b": ("qwen2", dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
-                                 num_attention_heads=28, num_key_value_heads=4, vocab_size=152064,
-                                 max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6,
-                                 tie_word_embeddings=False)),
-    "llama3.1-8b": ("llama", dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                                  num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
-                                  max_position_embeddings=131072, rope_theta=5e5, rms_norm_eps=1e-5,
-                                  tie_word_embeddings=False)),
-}
-
 
 def _rss_bytes() -> int:
     with open("/proc/self/statm") as fh:
@@ -95,18 +83,19 @@ def _load(hparams_path: str, overrides: Sequence[str], random_config: str | None
     hp = HPSEHyperParams.from_hparams(hparams_path).with_overrides(list(overrides))
     if random_config is None:
         return hp, *load_model(hp)
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    from hpse_easyedit.loading import EMBEDDED_MODEL
+    from hpse_easyedit.loading import DTYPE_KEYWORD, EMBEDDED_MODEL, resolve_device
+    from hpse_easyedit.planner import backbone_config, shipped_backbones
 
-    model_type, kwargs = RANDOM_CONFIGS[random_config]
     # The tokenizer only has to produce ids below the vocabulary size: take the embedded model's.
     _, tok = load_model(hp.with_overrides({"model_name": EMBEDDED_MODEL, "device": "cpu", "dtype": "float32",
                                            "model_parallel": False}))
-    config = AutoConfig.for_model(model_type, **kwargs)
-    device = f"cuda:{hp.device}" if isinstance(hp.device, int) else hp.device
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=hp.torch_dtype)
+    config = backbone_config(shipped_backbones()[random_config])  # the published architecture, shipped
+    if hp.attn_implementation != "auto":
+        config._attn_implementation = hp.attn_implementation
+    with torch.device(resolve_device(hp.device)):
+        model = AutoModelForCausalLM.from_config(config, **{DTYPE_KEYWORD: hp.torch_dtype})
     model.generation_config.eos_token_id = tok.eos_token_id
     model.eval()
     return hp, model, tok
@@ -212,8 +201,8 @@ def memory_bandwidth_gb_s(nbytes: int, dtype: torch.dtype, device: torch.device,
     cols = 1024
     nbytes = min(nbytes, 4 * 1024 ** 3)
     rows = max(1, nbytes // (cols * torch.tensor([], dtype=dtype).element_size()))
-    weight = torch.randn(rows, cols, device=device).to(dtype)
-    x = torch.randn(cols, 1, device=device).to(dtype)
+    weight = torch.randn(rows, cols, device=device, dtype=dtype)  # drawn in its dtype: no float32 copy beside it
+    x = torch.randn(cols, 1, device=device, dtype=dtype)
     seconds = _median_seconds(lambda: weight @ x, device, repeats)
     return weight.numel() * weight.element_size() / seconds / 1e9
 
@@ -435,6 +424,8 @@ def measure(args: argparse.Namespace) -> dict:
             _sync(device); t0 = time.perf_counter()
             res = hpse_edit(model, tok, _requests(passage), params)
             _sync(device); timings[name].append(time.perf_counter() - t0)
+            if on_gpu:
+                peaks["reserved"] = max(peaks.get("reserved", 0), torch.cuda.max_memory_reserved(device))
             if on_gpu or can_reset:
                 peak = torch.cuda.max_memory_allocated(device) if on_gpu else _peak_rss_since_reset()
                 peaks[name] = max(peaks.get(name, 0), peak - base)
@@ -466,6 +457,10 @@ def measure(args: argparse.Namespace) -> dict:
                             "hpse": peaks["hpse_total"], "nll_only": peaks["nll_only_total"],
                             "hpse_extra": peaks["hpse"], "nll_only_extra": peaks["nll_only"],
                             "ratio": peaks["hpse_total"] / peaks["nll_only_total"]}
+        if on_gpu:  # what the card holds: the allocator's reserved peak, plus the context and libraries beside it
+            free, total = torch.cuda.mem_get_info(device)
+            report["memory"]["reserved"] = peaks["reserved"]
+            report["memory"]["context"] = total - free - torch.cuda.memory_reserved(device)
         if not on_gpu and args.random_config is None and args.isolated_memory:
             report["memory"]["isolated"] = _isolated_memory(args, passage)
 
@@ -499,8 +494,30 @@ def measure(args: argparse.Namespace) -> dict:
     # 7. EasyEdit's own LoRA editor, same model and passage (last: it leaves gradient checkpointing on its copy).
     report["easyedit_lora"] = (_easyedit_lora(model, tok, hp, passage, args.easyedit_lora_steps)
                                if not args.no_easyedit else {"skipped": "--no-easyedit"})
+    # 8. the GPU path without a GPU: kernels and host syncs per decoded token at the backbone of --decode-hparams,
+    # graph breaks of the static decode step, the planner against this model's measured CPU edit (SmolLM2).
+    report["gpu_path"], model = _gpu_path(model, tok, hp, passage, args, on_gpu)
     report.update(_headline(report))
     return report
+
+
+def _gpu_path(model: Any, tok: Any, hp: Any, passage: str, args: argparse.Namespace,
+              on_gpu: bool) -> tuple[dict, Any]:
+    from hpse_easyedit import HPSEHyperParams
+    from hpse_easyedit.loading import EMBEDDED_MODEL
+
+    from .gpu_path import decode_counts, planner_check, static_step_graph_breaks
+
+    decode_hp = HPSEHyperParams.from_hparams(args.decode_hparams)
+    out: dict[str, Any] = {"decode_hparams": args.decode_hparams,
+                           "dynamic": decode_counts(decode_hp, static=False),
+                           "static": decode_counts(decode_hp, static=True),
+                           "static_graph_breaks": static_step_graph_breaks(decode_hp)}
+    if hp.model_name == EMBEDDED_MODEL and not on_gpu:
+        check = planner_check(model, tok, hp, passage)
+        model = check.pop("model")
+        out["planner_smollm2"] = check
+    return out, model
 
 
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
@@ -599,6 +616,7 @@ def _coin(model: Any, tok: Any, hp: Any, passage: str, args: argparse.Namespace)
 def _headline(report: dict) -> dict:
     """The flat keys the issue and docs/PERFORMANCE.md quote (null where a part was skipped)."""
     floors, mem, seq = report["floors"], report.get("memory", {}), report.get("sequential", {})
+    gpu = report["gpu_path"]
     return {
         "rollout_tok_s": report["rollout"]["tokens_per_s"],
         "generate_tok_s": report["generate"]["tokens_per_s"],
@@ -618,6 +636,11 @@ def _headline(report: dict) -> dict:
         "sequential_rss": seq.get("bytes_after"),
         "machine": report["machine"],
         "dtype": report["dtype"],
+        "decode_ops_per_token": gpu["static"]["ops_per_token"],
+        "decode_graph_breaks": gpu["static_graph_breaks"],
+        "decode_host_syncs_per_token": gpu["static"]["host_syncs_per_token"],
+        "planner_error_smollm2": gpu.get("planner_smollm2", {}).get("error"),
+        "gpu_peak_reserved_gib": ((mem["reserved"] + mem["context"]) / 1024 ** 3) if "reserved" in mem else None,
     }
 
 
@@ -696,9 +719,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = OneLineParser(prog="python -m benchmarks.perf", description=__doc__.split("\n")[0])
     parser.add_argument("--hparams", default=str(REPO / "hparams" / "HPSE" / "smollm2-135m.yaml"), help="HPSE YAML")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="hparams override; repeatable")
-    parser.add_argument("--random-config", choices=sorted(RANDOM_CONFIGS),
-                        help="build a random-weight model of this real architecture (GPU timing without a hub)")
+    parser.add_argument("--random-config", choices=sorted(shipped_backbones()),
+                        help="build a random-weight model of this real architecture (its published config, shipped in "
+                             "hpse_easyedit/backbones/; GPU timing without a hub)")
     parser.add_argument("--passage", default=str(DEFAULT_PASSAGE), help="passage file to inject (default: the demo's)")
+    parser.add_argument("--decode-hparams", default=str(REPO / "hparams" / "HPSE" / "qwen2.5-7b.yaml"),
+                        help="HPSE file whose backbone's decode kernels and host syncs per token are counted "
+                             "(meta device, no weights; default: the Qwen2.5-7B LoRA file)")
     parser.add_argument("--repeats", type=int, default=1, help="timed repetitions of each edit (median reported)")
     parser.add_argument("--rollout-repeats", type=int, default=3,
                         help="timed repetitions of the rollout and of generate(), interleaved (median reported)")

@@ -147,7 +147,8 @@ def _insert(config: dict, path: KeyPath, value: Any) -> None:
 PLACEMENT_KEYS = ("device", "model_parallel")
 #: hparams keys that choose kernels for the same computation (results differ only in float rounding, as they do
 #: on another CPU's BLAS): a rerun may change them too; config.json keeps the value the run started with.
-KERNEL_KEYS = ("fast_decode", "scored_logits_only")
+KERNEL_KEYS = ("fast_decode", "scored_logits_only", "static_decode", "decode_stop_every", "attn_implementation",
+               "gradient_checkpointing")
 
 
 def json_plain(value: Any) -> Any:

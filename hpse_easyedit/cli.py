@@ -276,6 +276,27 @@ def _edit_and_save(args: argparse.Namespace, hp: HPSEHyperParams, requests: list
     return 0
 
 
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from .planner import CARDS_GIB, WORKLOADS, plan_with_knobs
+
+    check_positive("--gpu-gib", args.gpu_gib, 1, "GiB of the card")
+    check_positive("--layers", args.layers, 1, "layers of the planned model")
+    hp = HPSEHyperParams.from_hparams(args.hparams).with_overrides(args.set)
+    plan = plan_with_knobs(hp, WORKLOADS[args.benchmark], args.gpu_gib, layers=args.layers)
+    if args.json:
+        print(json.dumps(plan, indent=1))
+        return 0
+    cards = " ".join(f"{c:>4}" for c in CARDS_GIB)
+    print(f"{plan['model_name']} ({plan['dtype']}, {plan['executor']}), {plan['benchmark']}: peak "
+          f"{plan['peak_gib']:.1f} GiB of tensors + {plan['cuda_overhead_gib']:.1f} GiB CUDA overhead (estimate)")
+    print(f"{'phase':<16} {'GiB':>6}  fits {cards}  knob for {args.gpu_gib:g} GiB")
+    for name, phase in plan["phases"].items():
+        fits = " ".join(f"{'yes' if phase['fits'][str(c)] else 'no':>4}" for c in CARDS_GIB)
+        knob = "" if "knob" not in phase else (phase["knob"] or "none of the knobs is enough")
+        print(f"{name:<16} {phase['peak_gib']:>6.2f}       {fits}  {knob}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="python -m hpse_easyedit", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -292,6 +313,17 @@ def build_parser() -> argparse.ArgumentParser:
     edit.add_argument("-v", "--verbose", action="store_true", help="log per-round progress")
     edit.add_argument(DEBUG_FLAG, action="store_true", help=DEBUG_HELP)
     edit.set_defaults(func=_cmd_edit)
+    plan = sub.add_parser("plan", help="predict the GPU memory of one edit per phase, without weights or a GPU")
+    plan.add_argument("--hparams", required=True, help="HPSE YAML file, e.g. hparams/HPSE/qwen2.5-7b.yaml")
+    plan.add_argument("--gpu-gib", type=float, default=24, help="the card's memory in GiB (default 24)")
+    plan.add_argument("--benchmark", choices=("unkebench", "mquake"), default="unkebench",
+                      help="the sequence lengths of one edit: one UnKEBench passage, or three MQuAKE-uns passages")
+    plan.add_argument("--layers", type=int, help="plan the model cut to this many layers (default: all)")
+    plan.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                      help="override an hparams field, e.g. --set executor=ft_m --set gradient_checkpointing=true")
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON (peak_gib, phases, fits, knobs)")
+    plan.add_argument(DEBUG_FLAG, action="store_true", help=DEBUG_HELP)
+    plan.set_defaults(func=_cmd_plan)
     return parser
 
 

@@ -184,14 +184,19 @@ class HPSEObjective:
                         for p in self.prompts]
             self.teacher_forward_tokens += sum(ro.teacher_forward_tokens for ro in rollouts)
         seconds = time.perf_counter() - t0
-        self.kl_batch = _KLBatch(self.prompts, rollouts, self.pad_id, self.device) if rollouts is not None else None
-        self.rollouts.append(rollouts)
+        self.use_rollouts(rollouts)
         n_tokens = sum(len(ro) for ro in rollouts) if rollouts else 0
         return {
             "stepin_rate": (sum(ro.stepin_count for ro in rollouts) / max(n_tokens, 1)) if rollouts else None,
             "rollout_len": (n_tokens / len(rollouts)) if rollouts else 0.0,
             "rollout_seconds": seconds,
         }
+
+    def use_rollouts(self, rollouts: Sequence[Rollout] | None) -> None:
+        """Train the inner steps that follow on ``rollouts`` (one per request; None: no KL term), as a round does
+        after drawing them (``start_round``); the memory planner hands in rollouts of the planned length."""
+        self.kl_batch = _KLBatch(self.prompts, rollouts, self.pad_id, self.device) if rollouts is not None else None
+        self.rollouts.append(rollouts)
 
     def step(self, student: Any) -> Iterator[Terms]:
         n = len(self.prompts)

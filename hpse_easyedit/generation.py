@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -9,8 +10,11 @@ import torch
 from .padding import pad_rows
 from .prompts import chat_prompt_ids, has_system_role, stop_token_ids
 from .rollout import input_device
+from .static_decode import plain_greedy, static_generate
 
 __all__ = ["generate_answers"]
+
+logger = logging.getLogger(__name__)
 
 
 @torch.no_grad()
@@ -23,11 +27,16 @@ def generate_answers(
     batch_size: int = 8,
     system: str | None = None,
     template_kwargs: Mapping[str, Any] | None = None,
+    static_decode: bool = False,
+    stop_every: int = 8,
 ) -> list[str]:
     """Answer each question greedily as a one-turn chat; returns the decoded new text, special tokens dropped.
 
     ``system``: a system message for every question (folded into the user turn for chat templates without
-    a system role, e.g. Gemma2's).
+    a system role, e.g. Gemma2's). ``static_decode``: decode on the graph-capturable path
+    (``static_decode.static_generate``, the stop test every ``stop_every`` tokens) instead of
+    ``model.generate``: the same tokens, unless the model's generation config asks for a logits processor
+    (e.g. a repetition penalty), in which case ``generate`` is used.
     """
     if not questions:
         return []
@@ -36,6 +45,9 @@ def generate_answers(
     device = input_device(model)
     stops = sorted(stop_token_ids(model, tok))
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else (stops[0] if stops else 0)
+    if static_decode and (field := plain_greedy(model)) is not None:
+        logger.info("static_decode: generation_config.%s is set, so answers use model.generate", field)
+        static_decode = False
     was_training = model.training
     model.eval()
     answers: list[str] = []
@@ -44,14 +56,18 @@ def generate_answers(
             chunk = questions[start: start + batch_size]
             rows = [chat_prompt_ids(tok, q, system, system_role=system_role, template_kwargs=template_kwargs)
                     for q in chunk]
-            ids, mask = pad_rows(rows, pad_id, left=True)
-            width = ids.shape[1]
-            out = model.generate(
-                input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new_tokens,
-                do_sample=False, eos_token_id=stops or None, pad_token_id=pad_id,
-                temperature=None, top_p=None, top_k=None,
-            )
-            for row in out[:, width:]:
+            if static_decode:
+                new = static_generate(model, rows, max_new_tokens=max_new_tokens, stop_ids=stops, pad_id=pad_id,
+                                      stop_every=stop_every)
+            else:
+                ids, mask = pad_rows(rows, pad_id, left=True)
+                out = model.generate(
+                    input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new_tokens,
+                    do_sample=False, eos_token_id=stops or None, pad_token_id=pad_id,
+                    temperature=None, top_p=None, top_k=None,
+                )
+                new = out[:, ids.shape[1]:]
+            for row in new:
                 answers.append(tok.decode(row, skip_special_tokens=True).strip())
     finally:
         model.train(was_training)

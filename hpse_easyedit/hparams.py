@@ -196,6 +196,11 @@ class EditorHParams(YamlHParams):
         True, "EasyEdit evaluation only: BaseEditor scores teacher-forced accuracy with prompts in the chat template.")
     editing_prompt: str = hp_field("Introduce {subject}.", "Untargeted editing prompt; '{subject}' is filled in.", contains="{subject}")
     chat_template_kwargs: dict = hp_field({}, "Extra keyword arguments for apply_chat_template (e.g. enable_thinking: false).")
+    attn_implementation: str = hp_field(
+        "auto", "Attention kernels when loading: 'auto' (transformers' choice, as before this key existed), 'sdpa', "
+        "'flash_attention_2' (needs the flash-attn package and a CUDA GPU) or 'eager'.",
+        choices=("auto", "sdpa", "flash_attention_2", "eager"),
+    )
 
 
 @dataclass
@@ -223,6 +228,10 @@ class ExecutorHParams(EditorHParams):
         2.0, "Divergence guard: an inner step whose loss is not finite, or above this multiple of its round's first "
         "loss, stops the edit as diverged (the model is restored, nothing is saved). Within a round the loss falls "
         "on every committed edit of docs/study (last/first at most 0.98).", min=1.0, exclusive_min=True)
+    gradient_checkpointing: bool = hp_field(
+        False, "Recompute each layer's activations in the backward pass instead of keeping them (transformers' "
+        "gradient checkpointing, non-reentrant) during the inner steps: less memory for about one more forward "
+        "per step; the same gradients up to float rounding. false = activations kept, as before this key existed.")
 
 
 @dataclass
@@ -266,6 +275,17 @@ class HPSEHyperParams(ExecutorHParams):
         "effect on GPU, in half precision, or in training.",
         types=(bool, str), choices=(True, False, "auto"),
     )
+    static_decode: bool | str = hp_field(
+        False, "Rollout decode on the graph-capturable path: a KV cache preallocated for the teacher prompt plus "
+        "max_new_tokens, masks and positions kept on the device, the stop test every decode_stop_every tokens; "
+        "the same tokens as the dynamic path. 'compile' also runs the step under torch.compile (CUDA graphs on "
+        "CUDA; compilation takes about a minute on CPU, where it does not pay per edit). false = the growing "
+        "DynamicCache with a host check per token, as before this key existed. Needs sdpa or eager attention.",
+        types=(bool, str), choices=(True, False, "compile"),
+    )
+    decode_stop_every: int = hp_field(
+        8, "static_decode: test for stop tokens every this many tokens (the decode loop's one host sync); the "
+        "steps decoded past a stop are discarded.", min=1)
     scored_logits_only: bool = hp_field(
         True, "Training forwards compute the output head only at the positions the losses score (logits_to_keep: "
         "the passage and rollout positions, not the prompt before them): the same gradients and weights, the logged "

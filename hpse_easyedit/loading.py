@@ -17,8 +17,8 @@ from typing import Any
 import torch
 
 __all__ = [
-    "EMBEDDED_MODEL", "ModelNotFoundError", "cache_dir", "check_against_model", "download_hint", "embedded_gguf_path",
-    "load_model", "resolve_device",
+    "DTYPE_KEYWORD", "EMBEDDED_MODEL", "ModelNotFoundError", "cache_dir", "check_against_model", "check_placement", "download_hint",
+    "embedded_gguf_path", "load_model", "resolve_device",
 ]
 
 logger = logging.getLogger(__name__)
@@ -36,7 +36,8 @@ def _dtype_keyword() -> str:
     return "dtype" if Version(transformers.__version__).release[:2] >= (4, 56) else "torch_dtype"  # 4.56 dev builds too
 
 
-_DTYPE_KW = _dtype_keyword()
+#: the ``from_pretrained`` / ``from_config`` keyword of the weights dtype in the installed transformers
+DTYPE_KEYWORD = _dtype_keyword()
 
 
 class ModelNotFoundError(RuntimeError):
@@ -127,9 +128,48 @@ def resolve_device(device: Any) -> str:
 
 
 def _device_kwargs(hparams: Any) -> tuple[dict, str | None]:
+    """How ``from_pretrained`` places the weights: spread over the GPUs (``model_parallel``), loaded straight onto
+    one card (``device_map={"": device}``: no copy of the model in CPU memory first), or, on CPU, as before."""
     if hparams.model_parallel:
         return {"device_map": "auto"}, None
-    return {}, resolve_device(hparams.device)
+    device = resolve_device(hparams.device)
+    if torch.device(device).type == "cpu":
+        return {}, device
+    return {"device_map": {"": device}}, None
+
+
+def _attention_kwargs(hparams: Any) -> dict:
+    """``attn_implementation`` for ``from_pretrained`` (nothing for ``auto``); flash attention is refused in one line
+    where the installed stack lacks it, before any weights are read."""
+    from .hparams import HParamsError
+
+    impl = getattr(hparams, "attn_implementation", "auto")
+    if impl == "auto":
+        return {}
+    if impl == "flash_attention_2":
+        from transformers.utils import is_flash_attn_2_available
+
+        if not is_flash_attn_2_available():
+            raise HParamsError(
+                f"{getattr(hparams, '_source', None) or 'the hparams'}: key 'attn_implementation' is "
+                "'flash_attention_2' but this machine lacks it (the flash-attn package and a CUDA GPU); "
+                "pip install flash-attn on a CUDA machine, or set attn_implementation: sdpa")
+    return {"attn_implementation": impl}
+
+
+def check_placement(model: Any) -> None:
+    """Refuse a model that ``device_map`` spread partly onto CPU or disk (offloaded weights cannot be edited and run
+    orders of magnitude slower), naming the fix; a model wholly on one device passes."""
+    from .hparams import HParamsError
+
+    placed = {name: str(where) for name, where in (getattr(model, "hf_device_map", None) or {}).items()}
+    off = sorted(name for name, where in placed.items() if where == "disk"
+                 or (where == "cpu" and set(placed.values()) - {"cpu", "disk"}))
+    if off:
+        raise HParamsError(
+            f"hparams key 'model_parallel': the model does not fit on the visible GPUs, so device_map='auto' "
+            f"offloaded {len(off)} module(s) to CPU/disk (first: {off[0]}), which cannot be edited; use more or "
+            "larger GPUs, a smaller dtype, or see `python -m hpse_easyedit plan --hparams FILE` for what fits")
 
 
 def _convert_embedded(target: Path) -> None:
@@ -150,7 +190,7 @@ def _convert_embedded(target: Path) -> None:
         kwargs["quantization_config"] = GgufConfig(dequantize=True)
     except ImportError:
         pass
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), **{_DTYPE_KW: torch.float32}, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), **{DTYPE_KEYWORD: torch.float32}, **kwargs)
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
@@ -214,12 +254,22 @@ def load_model(hparams: Any) -> tuple[Any, Any]:
 
     source, _ = _resolve(hparams.model_name)
     place, device = _device_kwargs(hparams)
+    attention = _attention_kwargs(hparams)
     trust = bool(getattr(hparams, "trust_remote_code", False))
     try:
         tok = AutoTokenizer.from_pretrained(source, trust_remote_code=trust)
         model = AutoModelForCausalLM.from_pretrained(
-            source, trust_remote_code=trust, **{_DTYPE_KW: hparams.torch_dtype}, **place
+            source, trust_remote_code=trust, **{DTYPE_KEYWORD: hparams.torch_dtype}, **place, **attention
         )
+    except ValueError as err:
+        if not attention or "attention" not in str(err).lower():
+            raise
+        from .hparams import HParamsError
+
+        raise HParamsError(
+            f"{getattr(hparams, '_source', None) or 'the hparams'}: key 'attn_implementation' is "
+            f"{attention['attn_implementation']!r}, which this model or stack refuses "
+            f"({' '.join(str(err).split())[:200]}); set attn_implementation: auto") from None
     except OSError as err:
         reason = " ".join(str(err).split())
         raise ModelNotFoundError(
@@ -227,6 +277,7 @@ def load_model(hparams: Any) -> tuple[Any, Any]:
             f"check the name, download it with `{download_hint(hparams.model_name)}`, or point model_name to a local "
             "directory"
         ) from None
+    check_placement(model)
     if device is not None:
         model.to(device)
     model.eval()

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from .fast_decode import few_row_linears
 from .losses import stepin_decision
 from .padding import pad_rows
+from .static_decode import StaticDecoder, compile_step
 
 __all__ = ["Rollout", "batched_hybrid_rollout", "draw_rollout", "hybrid_rollout", "input_device"]
 
@@ -124,6 +125,11 @@ class _Recorder:
 
     def step(self, s_logp: torch.Tensor, t_logp: torch.Tensor) -> tuple[torch.Tensor, bool]:
         """Record position n from the two next-token log-prob vectors; return the emitted token and 'stop'."""
+        token = self.record(s_logp, t_logp)
+        return token, bool(torch.isin(token, self.stop)) or self.n == self.tokens.shape[0]
+
+    def record(self, s_logp: torch.Tensor, t_logp: torch.Tensor) -> torch.Tensor:
+        """Record position n and return the emitted token (a device tensor; nothing is read on the host)."""
         s_logp, t_logp = s_logp.to(self.tokens.device), t_logp.to(self.tokens.device)
         gate, y_star, gap = stepin_decision(t_logp, s_logp, self.tau, self.kappa)
         if not self.hybrid:
@@ -134,10 +140,16 @@ class _Recorder:
         self.tokens[n], self.stepped[n], self.topk_ids[n], self.topk_lp[n] = token, gate, ids, values
         self.gap[n] = gap  # the margin the gate compared with tau
         self.n += 1
-        return token, bool(torch.isin(token, self.stop)) or self.n == self.tokens.shape[0]
+        return token
 
-    def result(self, teacher_tokens: int) -> Rollout:
-        n = self.n
+    def first_stop(self) -> int | None:
+        """The length of the rollout if a stop token was recorded so far (one host sync), else None."""
+        hits = torch.isin(self.tokens[: self.n], self.stop).nonzero()
+        return int(hits[0, 0]) + 1 if hits.numel() else None
+
+    def result(self, teacher_tokens: int, n: int | None = None) -> Rollout:
+        """The first ``n`` recorded positions (all of them by default) as a ``Rollout``."""
+        n = self.n if n is None else n
         return Rollout(self.tokens[:n].clone(), self.stepped[:n].clone(), self.topk_ids[:n].clone(),
                        self.topk_lp[:n].clone(), int(teacher_tokens), self.gap[:n].clone())
 
@@ -205,13 +217,27 @@ def batched_hybrid_rollout(
     stop_ids: Iterable[int],
     pad_id: int,
     hybrid: bool = True,
+    static_decode: bool | str = False,
+    stop_every: int = 8,
 ) -> Rollout:
     """The same rollout with student (row 0) and teacher (row 1) advanced in ONE batched forward per token.
 
     Prompts are left-padded to a common length with explicit position ids; ``row_switch`` makes row 1
     compute the frozen base model inside the shared module (adapter output zeroed, or the original
     FT-M matrix), so one set of weights and one KV cache of batch 2 serve both policies.
+
+    ``static_decode``: the graph-capturable decode (``static_decode.StaticDecoder``): a KV cache
+    preallocated for the teacher prompt plus ``max_new_tokens``, masks and positions on the device, and the
+    stop test every ``stop_every`` tokens (the loop's one host sync); the steps decoded past a stop are
+    discarded, and counted in ``teacher_forward_tokens``. Same tokens, step-ins and teacher top-K ids as the
+    dynamic path (``tests/test_static_decode.py``). ``"compile"``: the step under ``torch.compile`` (CUDA
+    graphs on CUDA).
     """
+    if static_decode:
+        return _static_rollout(model, row_switch, [list(student_prompt_ids), list(teacher_prompt_ids)], pad_id,
+                               _Recorder(max_new_tokens, top_k, _vocab(model), tau, kappa, hybrid, stop_ids,
+                                         _logits_device(model)),
+                               stop_every=stop_every, compiled=static_decode == "compile")
     device = input_device(model)
     rows = [list(student_prompt_ids), list(teacher_prompt_ids)]
     ids, mask = pad_rows(rows, pad_id, left=True)
@@ -244,12 +270,45 @@ def batched_hybrid_rollout(
             teacher_tokens += 1
 
 
+def _vocab(model: torch.nn.Module) -> int:
+    return model.get_output_embeddings().weight.shape[0]
+
+
+def _logits_device(model: torch.nn.Module) -> torch.device:
+    return model.get_output_embeddings().weight.device
+
+
+def _static_rollout(model: torch.nn.Module, row_switch: Callable[[torch.Tensor], ContextManager],
+                    rows: list[list[int]], pad_id: int, rec: _Recorder, *, stop_every: int,
+                    compiled: bool) -> Rollout:
+    """``batched_hybrid_rollout``'s loop on a ``StaticDecoder``: no host sync but the stop test every
+    ``stop_every`` tokens."""
+    max_new_tokens = rec.tokens.shape[0]
+    decoder = StaticDecoder(model, rows, pad_id, max_new_tokens)
+    step = compile_step(decoder) if compiled else decoder.step
+    teacher_rows = torch.tensor([False, True], device=decoder.kv_index.device)
+    teacher_tokens = len(rows[1])
+    with row_switch(teacher_rows):
+        logp = decoder.prefill()
+        for n in range(1, max_new_tokens + 1):
+            token = rec.record(logp[0], logp[1])
+            if n % stop_every == 0 or n == max_new_tokens:
+                end = rec.first_stop()
+                if end is not None or n == max_new_tokens:
+                    return rec.result(teacher_tokens, end)
+            logp = step(token.view(1, 1).expand(2, 1))
+            teacher_tokens += 1
+    raise AssertionError("unreachable: the loop returns at max_new_tokens")  # pragma: no cover
+
+
 def draw_rollout(executor: Any, prompts: Any, hparams: Any, *, stop_ids: Iterable[int], pad_id: int) -> Rollout:
     """One round's rollout of one request (``prompts``: its student and teacher prompt ids) as ``hparams`` choose.
 
     ``batched_rollout`` (default): student and teacher advance in ONE batched forward of ``executor.model``
     (the executor's ``row_switch``); otherwise two cached forwards, the teacher through ``teacher_context``.
     Same tokens either way. ``rollout: on_policy`` switches the gate off (the "w/o HP" ablation).
+    ``static_decode`` (off by default): the batched rollout on the graph-capturable decode (whatever
+    ``batched_rollout`` says); ``"compile"`` also compiles its step.
     ``fast_decode`` computes the decode steps' frozen CPU matmuls as ``W @ x^T`` (``fast_decode.py``; ``auto``, the
     default: where this machine runs that product clearly faster than ``F.linear``).
     """
@@ -257,8 +316,9 @@ def draw_rollout(executor: Any, prompts: Any, hparams: Any, *, stop_ids: Iterabl
                 stop_ids=stop_ids, hybrid=hparams.rollout == "hybrid")
     student = executor.model
     with few_row_linears(student, enabled=hparams.fast_decode):
-        if hparams.batched_rollout:
+        if hparams.batched_rollout or hparams.static_decode:
             return batched_hybrid_rollout(student, executor.row_switch, prompts.student_ids, prompts.teacher_ids,
-                                          pad_id=pad_id, **gate)
+                                          pad_id=pad_id, static_decode=hparams.static_decode,
+                                          stop_every=hparams.decode_stop_every, **gate)
         return hybrid_rollout(student, student, prompts.student_ids, prompts.teacher_ids,
                               teacher_context=executor.teacher_context, **gate)

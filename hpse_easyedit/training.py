@@ -18,6 +18,7 @@ statistics and timing. An ``Objective`` owns what differs:
 
 from __future__ import annotations
 
+import contextlib
 import copy as copy_module
 import logging
 import math
@@ -29,7 +30,8 @@ import torch
 
 from .executors import Executor
 
-__all__ = ["EditDivergedError", "EditResult", "Objective", "describe_loss", "easyedit_apply", "train_edit"]
+__all__ = ["EditDivergedError", "EditResult", "Objective", "activation_checkpointing", "describe_loss", "easyedit_apply",
+           "inner_step", "train_edit"]
 
 logger = logging.getLogger(__name__)
 
@@ -98,26 +100,16 @@ def train_edit(executor: Executor, hparams: Any, objective: Objective, *, rounds
         prepared = objective.start_round(student)
         student.train(was_training or hparams.lora_dropout > 0)
         teacher_before = executor.teacher_switches
+        with activation_checkpointing(student, getattr(hparams, "gradient_checkpointing", False)):
+            steps = [inner_step(objective, student, optimizer) for _ in range(inner_steps)]
         history = []
-        for _ in range(inner_steps):
-            optimizer.zero_grad(set_to_none=True)
-            values: dict[str, float] = {}
-            weights: dict[str, float] = {}
-            for group in objective.step(student):
-                loss = None
-                for w, v in group.values():
-                    if w > 0:
-                        loss = w * v if loss is None else loss + w * v
-                if loss is not None:
-                    loss.backward()
-                for name, (w, v) in group.items():
-                    values[name], weights[name] = v.item(), w
-            total = sum(weights[n] * values[n] for n in objective.terms if n in values)
+        for step, terms in enumerate(steps, 1):
+            values = {name: v.item() for name, (_, v) in terms.items()}
+            total = sum(terms[n][0] * values[n] for n in objective.terms if n in values)
             if _diverged(total, history[0][0] if history else None, hparams.max_loss_growth):
                 student.train(was_training)
-                _stop_diverged(executor, result, objective.name, r, len(history) + 1, total,
+                _stop_diverged(executor, result, objective.name, r, step, total,
                                history[0][0] if history else None, hparams)
-            optimizer.step()
             history.append((total, values))
         result.inner_step_teacher_passes += executor.teacher_switches - teacher_before
         stats = {"round": r, **prepared, "loss": history[0][0], "loss_last": history[-1][0]}
@@ -155,6 +147,49 @@ def _stop_diverged(executor: Executor, result: EditResult, name: str, round_: in
         f"and nothing is kept. Lower 'lr' in the hparams (now {hparams.lr:g})",
         model=executor.model, weights_copy=result.weights_copy, round=round_, loss=total,
     )
+
+
+def inner_step(objective: Objective, student: Any, optimizer: torch.optim.Optimizer) -> dict:
+    """One Adam step on ``objective.step``'s terms, each group back-propagated on its own; returns
+    ``{name: (weight, detached loss)}``, which the caller reads on the host when it needs the numbers (once a
+    round in ``train_edit``, so the device never waits for the host inside the inner steps)."""
+    optimizer.zero_grad(set_to_none=True)
+    terms: dict[str, tuple[float, torch.Tensor]] = {}
+    for group in objective.step(student):
+        loss = None
+        for w, v in group.values():
+            if w > 0:
+                loss = w * v if loss is None else loss + w * v
+        if loss is not None:
+            loss.backward()
+        terms.update((name, (w, v.detach())) for name, (w, v) in group.items())
+    optimizer.step()
+    return terms
+
+
+@contextlib.contextmanager
+def activation_checkpointing(model: Any, enabled: bool) -> Iterator[None]:
+    """Inside: ``model``'s layers recompute their activations in backward (transformers' non-reentrant gradient
+    checkpointing), when ``enabled`` and the model supports it; switched off again on exit."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if enabled and not getattr(base, "supports_gradient_checkpointing", False):
+        logger.warning("gradient_checkpointing: %s does not support it; activations are kept", type(base).__name__)
+    if not enabled or not getattr(base, "supports_gradient_checkpointing", False):
+        yield
+        return
+    base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    # transformers checkpoints a layer only in training mode; an edit trains in the mode the model came in (eval,
+    # so no dropout): only the checkpointed layers' own flags are set, their submodules keep theirs
+    layers = [m for m in base.modules() if getattr(m, "gradient_checkpointing", False) is True]
+    modes = [m.training for m in layers]
+    for m in layers:
+        m.training = True
+    try:
+        yield
+    finally:
+        for m, mode in zip(layers, modes):
+            m.training = mode
+        base.gradient_checkpointing_disable()
 
 
 def easyedit_apply(edit: Callable[..., EditResult], name: str) -> Callable[..., tuple[Any, dict]]:

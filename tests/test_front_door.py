@@ -376,7 +376,9 @@ def test_every_shipped_file_reaches_load_model_through_base_editor(he, workdir, 
     assert seen["trust_remote_code"] is False
     dtype = seen.get("dtype", seen.get("torch_dtype"))
     assert dtype == getattr(torch, config.get("dtype", "float32"))
-    assert ("device_map" in seen) == bool(config.get("model_parallel", False))
+    assert (seen.get("device_map") == "auto") == bool(config.get("model_parallel", False))
+    if not config.get("model_parallel") and str(config.get("device", "cpu")) != "cpu":  # straight onto the card
+        assert seen["device_map"] == {"": loading.resolve_device(config["device"])}
 
 
 def yaml_load(path):

@@ -33,10 +33,17 @@ def test_perf_report_on_tiny_model(tmp_path, capsys, monkeypatch):
     passage.write_text("AJ Lee speaks Russian fluently and lives in Moscow.")
     out = tmp_path / "perf.json"
     args = ["--hparams", str(hp_path), "--passage", str(passage), "--sequential", "1", "3", "--out", str(out),
-            "--mmlu-data", str(_mmlu_dir(tmp_path / "data")), "--no-easyedit"]
+            "--mmlu-data", str(_mmlu_dir(tmp_path / "data")), "--no-easyedit",
+            "--decode-hparams", "hparams/HPSE/smollm2-135m.yaml"]
     assert perf_main(args) == 0
     report = json.loads(out.read_text())
     assert KEYS <= set(report)
+    # the GPU path counted without a GPU (meta device): the static decode step is one graph with no host sync
+    gpu = report["gpu_path"]
+    assert report["decode_ops_per_token"] == gpu["static"]["ops_per_token"] > 0
+    assert gpu["static"]["layers"] == 30 and gpu["dynamic"]["host_syncs_per_token"] >= 1
+    assert report["decode_graph_breaks"] == 0 and report["decode_host_syncs_per_token"] == 1 / 8  # the stop test
+    assert report["planner_error_smollm2"] is None and report["gpu_peak_reserved_gib"] is None  # not SmolLM2, CPU
     assert report["edit_seconds_easyedit_lora"] is None and report["dtype"] == "float32"
     assert report["machine"]["allocator"]["MALLOC_MMAP_THRESHOLD_"] == "131072"  # the RSS figures move with it
     assert report["mmlu"]["questions"] == 4 and report["mmlu"]["identical_predictions"] is True
@@ -85,7 +92,8 @@ def test_perf_report_times_coin_on_the_same_passage_with_the_same_step_budget(tm
     passage.write_text("AJ Lee is a wrestler. She speaks Russian fluently. She lives in Moscow.")
     out = tmp_path / "perf.json"
     args = ["--hparams", str(hp_path), "--passage", str(passage), "--sequential", "--out", str(out), "--mmlu-n", "0",
-            "--no-easyedit", "--rollout-repeats", "1", "--no-isolated-memory", "--coin", str(coin_path)]
+            "--no-easyedit", "--rollout-repeats", "1", "--no-isolated-memory",
+            "--decode-hparams", "hparams/HPSE/smollm2-135m.yaml", "--coin", str(coin_path)]
     assert perf_main(args) == 0
     report = json.loads(out.read_text())
     assert "isolated" not in report["memory"] and report["peak_rss_ratio_isolated"] is None

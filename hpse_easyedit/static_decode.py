@@ -1,0 +1,241 @@
+"""A decode step that can be captured as one graph (the ``static_decode`` hparams switch).
+
+Today's decode (``rollout.py``, ``generation.py``) grows a ``DynamicCache`` token by token, lets
+transformers rebuild the attention mask from a 2D padding mask each step (which checks the mask on
+the host), and tests the stop tokens with ``bool(...)`` after every token: shapes change every step
+and the host waits for the device twice per token. Here every tensor a step touches is allocated
+once per decode:
+
+- a transformers ``StaticCache`` sized to the longest prompt plus ``max_new_tokens``;
+- the padding mask of the whole decode (prompt padding, then ones) and the key positions, from which
+  each step builds its 4D mask on the device (no host check, the same shape every step);
+- the write slot and the rows' position ids as device tensors that each step advances.
+
+``StaticDecoder.step`` is then a function of fixed-shape tensors with no host synchronisation: it
+compiles with ``torch.compile(fullgraph=True)`` (on CUDA ``mode="reduce-overhead"``, CUDA graphs)
+and its greedy tokens are the dynamic path's (``tests/test_static_decode.py``). The drivers test for
+stop tokens every ``stop_every`` tokens, the one host synchronisation of the loop, and discard the
+steps decoded past the stop.
+
+Limits: the attention implementation must take a 4D mask (``sdpa`` or ``eager``; not
+``flash_attention_2``), and a model with sliding-window layers must have a window at least as long
+as the decode (Gemma-2's 4096 covers ``max_length`` up to 4096)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from .padding import pad_rows
+
+__all__ = [
+    "StaticDecoder",
+    "check_static_decode",
+    "compile_step",
+    "plain_greedy",
+    "static_generate",
+]
+
+logger = logging.getLogger(__name__)
+
+#: attention implementations whose layers take the 4D mask this module builds
+MASK_4D_ATTENTION = ("sdpa", "eager")
+
+#: generation-config fields that change greedy tokens in ``model.generate`` (the static path applies
+#: none)
+_LOGIT_PROCESSING = {
+    "repetition_penalty": 1.0,
+    "no_repeat_ngram_size": 0,
+    "bad_words_ids": None,
+    "suppress_tokens": None,
+    "begin_suppress_tokens": None,
+    "forced_bos_token_id": None,
+    "forced_eos_token_id": None,
+    "min_length": 0,
+    "min_new_tokens": None,
+    "sequence_bias": None,
+    "encoder_repetition_penalty": 1.0,
+}
+
+
+def _text_config(model: Any) -> Any:
+    config = model.config
+    return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+
+
+def check_static_decode(model: Any, length: int) -> str | None:
+    """Why ``model`` cannot decode ``length`` tokens on the static path, or None when it can."""
+    config = _text_config(model)
+    impl = getattr(config, "_attn_implementation", None) or "eager"
+    if impl not in MASK_4D_ATTENTION:
+        return (
+            "static_decode needs attention that takes a 4D mask "
+            f"({', '.join(MASK_4D_ATTENTION)}), but the model runs {impl!r}; set "
+            "attn_implementation to sdpa or eager, or static_decode: false"
+        )
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None) or ()
+    if window and "sliding_attention" in types and length > window:
+        return (
+            f"static_decode needs the decode ({length} tokens) within the sliding window "
+            f"({window}); lower max_length, or set static_decode: false"
+        )
+    return None
+
+
+def _model_device(model: Any) -> torch.device:
+    try:
+        return model.get_input_embeddings().weight.device
+    except (AttributeError, NotImplementedError):
+        return next(model.parameters()).device
+
+
+class StaticDecoder:
+    """Greedy decoding of left-padded ``rows`` on a preallocated KV cache of ``len(prompt) +
+    max_new_tokens``.
+
+    ``prefill()`` runs the prompts and returns the last position's float32 log-probabilities ``[B,
+    V]``; each ``step(tokens)`` (``[B, 1]``) appends one token per row and returns the next
+    log-probabilities. Nothing in ``step`` reads a device value on the host."""
+
+    def __init__(
+        self, model: Any, rows: Sequence[Sequence[int]], pad_id: int, max_new_tokens: int
+    ) -> None:
+        from transformers import StaticCache
+
+        self.model = model
+        device = _model_device(model)
+        ids, mask = pad_rows(rows, pad_id, left=True)
+        batch, width = ids.shape
+        self.width, self.length = width, width + max_new_tokens
+        reason = check_static_decode(model, self.length)
+        if reason is not None:
+            raise ValueError(reason)
+        config = _text_config(model)
+        self.cache = StaticCache(config=config, max_cache_len=self.length)
+        self.ids = ids.to(device)
+        self.prompt_positions = (mask.cumsum(-1) - 1).clamp(min=0).to(device)
+        kv_ok = torch.ones(batch, self.length, dtype=torch.bool)
+        kv_ok[:, :width] = mask.bool()
+        self.kv_ok = kv_ok.to(device)[:, None, None, :]  # [B, 1, 1, L]: keys a real token wrote
+        self.kv_index = torch.arange(self.length, device=device)  # [L]
+        impl = getattr(config, "_attn_implementation", None) or "eager"
+        dtype = next(model.parameters()).dtype
+        self.additive = (
+            None if impl == "sdpa" else torch.finfo(dtype).min
+        )  # eager adds a float mask
+        self.mask_dtype = dtype
+        self.positions = self.prompt_positions[
+            :, -1:
+        ].clone()  # [B, 1]: the last written position per row
+        self.slot = torch.full(
+            (1,), width - 1, dtype=torch.long, device=device
+        )  # the last written cache slot
+
+    def _mask(self, query_slots: torch.Tensor) -> torch.Tensor:
+        """The 4D mask ``[B, 1, Q, L]`` of queries at cache slots ``query_slots`` ``[Q]``: causal,
+        padding keys masked, each query always seeing its own slot (so a padding query's row is
+        never empty)."""
+        keys = self.kv_index.view(1, 1, 1, -1)
+        queries = query_slots.view(1, 1, -1, 1)
+        allowed = (self.kv_ok & (keys <= queries)) | (keys == queries)
+        if self.additive is None:
+            return allowed
+        zero = torch.zeros((), dtype=self.mask_dtype, device=allowed.device)
+        return torch.where(allowed, zero, torch.full_like(zero, self.additive))
+
+    def _forward(
+        self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            cache=self.cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return F.log_softmax(out.logits[:, -1, :].float(), dim=-1)
+
+    def prefill(self) -> torch.Tensor:
+        """The prompts through the model (filling cache slots ``0..width-1``); next-token log-probs
+        ``[B, V]``."""
+        return self._forward(
+            self.ids, self.prompt_positions, self._mask(self.kv_index[: self.width])
+        )
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Append ``tokens`` ``[B, 1]`` at the next slot; next-token log-probs ``[B, V]``. No host
+        sync."""
+        self.slot.add_(1)
+        self.positions.add_(1)
+        return self._forward(tokens, self.positions, self._mask(self.slot))
+
+
+def compile_step(
+    decoder: StaticDecoder, backend: str | None = None
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``decoder.step`` under ``torch.compile(fullgraph=True)``: CUDA graphs (``reduce-overhead``)
+    on CUDA, inductor elsewhere; ``backend`` overrides the compiler (the tests trace with
+    ``"eager"``)."""
+    if backend is not None:
+        return torch.compile(decoder.step, fullgraph=True, backend=backend)
+    cuda = decoder.kv_index.device.type == "cuda"
+    return torch.compile(decoder.step, fullgraph=True, mode="reduce-overhead" if cuda else None)
+
+
+def plain_greedy(model: Any) -> str | None:
+    """The generation-config field that makes ``model.generate``'s greedy tokens differ from a plain
+    argmax (e.g. a repetition penalty), or None: the static path applies no logits processor."""
+    config = getattr(model, "generation_config", None)
+    for name, neutral in _LOGIT_PROCESSING.items():
+        value = getattr(config, name, neutral)
+        if value is not None and value != neutral:
+            return name
+    return None
+
+
+@torch.no_grad()
+def static_generate(
+    model: Any,
+    rows: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    stop_ids: Sequence[int],
+    pad_id: int,
+    stop_every: int = 8,
+    compile_backend: str | None = None,
+    compiled: bool = False,
+) -> torch.Tensor:
+    """Greedy continuation of each row as ``model.generate(do_sample=False)`` gives it: ``[B, T]``
+    new tokens, a row that has stopped continues with ``pad_id``, and ``T`` ends at the step where
+    the last row stopped (or at ``max_new_tokens``). The stop test runs every ``stop_every``
+    tokens."""
+    decoder = StaticDecoder(model, rows, pad_id, max_new_tokens)
+    step = compile_step(decoder, compile_backend) if compiled or compile_backend else decoder.step
+    device = decoder.kv_index.device
+    batch = decoder.ids.shape[0]
+    stops = torch.tensor(sorted(set(int(i) for i in stop_ids)) or [-1], device=device)
+    out = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    alive_after = torch.ones(max_new_tokens, dtype=torch.bool, device=device)
+    alive = torch.ones(batch, dtype=torch.bool, device=device)
+    pad = torch.full((batch,), pad_id, dtype=torch.long, device=device)
+    logp = decoder.prefill()
+    for n in range(max_new_tokens):
+        token = torch.where(alive, logp.argmax(-1), pad)
+        out[:, n] = token
+        alive = alive & ~torch.isin(token, stops)
+        alive_after[n] = alive.any()
+        last = n + 1 == max_new_tokens
+        if (n + 1) % stop_every == 0 or last:
+            done = (
+                ~alive_after[: n + 1]
+            ).nonzero()  # the loop's one host sync, every stop_every tokens
+            if done.numel():
+                return out[:, : int(done[0, 0]) + 1]
+        if not last:
+            logp = step(token.view(batch, 1))
+    return out

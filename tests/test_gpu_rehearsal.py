@@ -1,0 +1,138 @@
+"""The 7B dress rehearsal on CPU: each shipped backbone file's real architecture (its published
+config, ``hpse_easyedit/backbones/``) cut to 2 layers with random weights, in the file's dtype, runs
+one HPSE edit with LoRA and with FT-M through ``apply_hpse_to_model`` (and EasyEdit's ``BaseEditor``
+where EasyEdit is importable), restores bit for bit, and the graph-capturable decode gives the eager
+path's greedy rollout tokens. (Answers on the static path against ``model.generate`` are pinned in
+float32, ``tests/test_static_decode.py``: in bfloat16 a random model's near-tied logits let the two
+paths' rounding pick different tokens.)
+
+Only the vocabulary is shrunk (to ``VOCAB`` ids, the in-test tokenizer's): the real vocabularies'
+embedding and output head are 1-2 GB per model in bfloat16, more than the 2-layer rest of the model.
+The random weights are drawn with std 0.05 (see ``rehearsal``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from hpse_easyedit import HPSEHyperParams, apply_hpse_to_model, restore_weights
+from hpse_easyedit.executors import make_executor
+from hpse_easyedit.planner import backbone_config
+from hpse_easyedit.rollout import batched_hybrid_rollout
+from tiny_models import make_tokenizer, same_weights, weights_snapshot
+
+HPSE = Path(__file__).resolve().parents[1] / "hparams" / "HPSE"
+VOCAB = 512
+FILES = {"qwen2.5-7b": "qwen2", "qwen3-8b": "qwen3", "llama3.1-8b": "llama", "gemma2-9b": "gemma2"}
+TINY = {"device": "cpu", "rounds": 1, "inner_steps": 1, "max_new_tokens": 3, "ftm_layer": 1}
+REQUESTS = [{"subject": "AJ Lee", "target_new": "AJ Lee speaks Russian."}]
+
+
+@pytest.fixture(scope="module", params=sorted(FILES))
+def rehearsal(request):
+    """(file stem, its hparams, the 2-layer random model of its backbone in its dtype, a
+    tokenizer)."""
+    from transformers import AutoModelForCausalLM
+
+    stem = request.param
+    hp = HPSEHyperParams.from_hparams(HPSE / f"{stem}.yaml")
+    tok = make_tokenizer(FILES[stem], vocab_size=400)
+    config = backbone_config(hp.model_name, layers=2)
+    config.vocab_size = VOCAB
+    # peakier next-token distributions than the published 0.02: at std 0.02 a random bfloat16
+    # model's top two logits often tie within bfloat16's resolution, and greedy tokens then follow
+    # rounding, not the decode path
+    config.initializer_range = 0.05
+    config.pad_token_id, config.bos_token_id, config.eos_token_id = (
+        tok.pad_token_id,
+        tok.bos_token_id,
+        tok.eos_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config, dtype=hp.torch_dtype)
+    model.generation_config.eos_token_id, model.generation_config.pad_token_id = (
+        tok.eos_token_id,
+        tok.pad_token_id,
+    )
+    model.eval()
+    return stem, hp, model, tok
+
+
+@pytest.mark.parametrize("executor", ["", "-ftm"])
+def test_one_edit_per_executor_restores_bit_for_bit(rehearsal, executor):
+    stem, _, model, tok = rehearsal
+    hp = HPSEHyperParams.from_hparams(HPSE / f"{stem}{executor}.yaml").with_overrides(
+        {**TINY, "model_name": stem}
+    )
+    before = weights_snapshot(model)
+    edited, weights_copy = apply_hpse_to_model(model, tok, REQUESTS, hp)
+    trained = [n for n, p in edited.named_parameters() if n in weights_copy]
+    assert trained and all(
+        edited.get_parameter(n).dtype == (torch.float32 if "lora_" in n else hp.torch_dtype)
+        for n in trained
+    )
+    assert all(p.dtype == hp.torch_dtype for n, p in edited.named_parameters() if "lora_" not in n)
+    assert edited.hpse_last_edit["rounds"][0]["rollout_len"] > 0
+    restored = restore_weights(edited, weights_copy)
+    assert restored is model and same_weights(restored, before)
+
+
+def test_graph_decode_gives_the_eager_tokens(rehearsal):
+    stem, hp, model, tok = rehearsal
+    ex = make_executor(model, hp.with_overrides({**TINY, "model_name": stem}))
+    try:
+        gen = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for p in ex.trainable_parameters():
+                p.add_(torch.randn(p.shape, generator=gen).to(p.dtype) * 0.05)
+        s, t = (
+            tok("Introduce AJ Lee.")["input_ids"],
+            tok("AJ Lee speaks Russian. Who is AJ Lee?")["input_ids"],
+        )
+        kw = dict(
+            tau=0.5,
+            kappa=0.05,
+            top_k=4,
+            max_new_tokens=8,
+            stop_ids=[tok.eos_token_id],
+            pad_id=tok.pad_token_id,
+        )
+        eager = batched_hybrid_rollout(ex.model, ex.row_switch, s, t, **kw)
+        graph = batched_hybrid_rollout(
+            ex.model, ex.row_switch, s, t, static_decode=True, stop_every=3, **kw
+        )
+        assert eager.tokens.tolist() == graph.tokens.tolist()
+        assert eager.stepped_in.tolist() == graph.stepped_in.tolist()
+    finally:
+        restore_weights(ex.model, ex.weights_copy())
+
+
+def test_the_card_line_through_base_editor(he, workdir, rehearsal, monkeypatch):
+    """``BaseEditor.from_hparams(HPSEHyperParams.from_hparams(file))`` with the overrides a user
+    gives (model path, device, layers), its model loaded as ``load_model`` would, edits and undoes
+    the edit bit for bit."""
+    from easyeditor import BaseEditor
+
+    import hpse_easyedit.loading as loading
+
+    stem, _, model, tok = rehearsal
+    monkeypatch.setattr(
+        loading, "load_model", lambda hp: (model, tok)
+    )  # the random model in place of the hub's
+    hp = HPSEHyperParams.from_hparams(HPSE / f"{stem}.yaml").with_overrides(
+        {**TINY, "model_name": stem}
+    )
+    before = weights_snapshot(model)
+    editor = BaseEditor.from_hparams(hp)
+    _, edited, weights_copy = editor.edit(
+        prompts=["Introduce AJ Lee."],
+        target_new=[REQUESTS[0]["target_new"]],
+        subject=["AJ Lee"],
+        sequential_edit=True,
+    )
+    assert not same_weights(model, before)  # the edit is kept ...
+    weights_copy()
+    assert same_weights(model, before)  # ... and undone bit for bit
