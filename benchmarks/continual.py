@@ -36,16 +36,12 @@ def _run(path: str) -> tuple[str, int, dict[str, dict]]:
     """(benchmark, T, {case_id: record}) of a run directory, or of ``DIR@N``: the run's checkpoint after N edits
     of each sequence (``--checkpoints``), which is T = N."""
     from .paired import load_run
-    from .sequence import checkpoint_records, split_checkpoint
+    from .sequence import split_checkpoint
 
     run_dir, checkpoint = split_checkpoint(path)
-    benchmark, recs = load_run(run_dir)
+    benchmark, recs = load_run(path)
     if checkpoint is not None:
-        found = checkpoint_records(run_dir)
-        if checkpoint not in found:
-            raise UsageError(f"{path}: {run_dir} has no checkpoint after {checkpoint} edits (it has "
-                             f"{sorted(found) or 'none'}); give DIR@N with one of them")
-        return benchmark, checkpoint, {c: r for c, r in found[checkpoint].items() if "failed" not in r}
+        return benchmark, checkpoint, recs
     config = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
     return benchmark, int(config.get("sequential") or 1), recs  # a single-editing run is T = 1
 
@@ -173,10 +169,8 @@ def _recitation(args) -> Callable[[Sequence[str], list[tuple[str, dict]]], dict]
     """The recitation report of ``benchmarks.paired`` for one pair, the data and tokenizer loaded once."""
     from .paired import load_cases, model_token_spans, recitation_report, run_model_name
 
-    from .sequence import split_checkpoint
-
     loaded: dict[str, dict] = {}
-    spans, kind = model_token_spans(run_model_name([split_checkpoint(r)[0] for r in args.runs]))
+    spans, kind = model_token_spans(run_model_name(args.runs))
 
     def report(dirs: Sequence[str], runs: list[tuple[str, dict]]) -> dict:
         benchmark = runs[0][0]

@@ -60,18 +60,28 @@ METRICS = {name: task.metrics for name, task in TASKS.items()}
 
 def load_run(run_dir: str | Path) -> tuple[str, dict[str, dict]]:
     """(benchmark name, {case_id: record}) of a run directory, the cases whose edit diverged left out (they have no
-    scores; the run's summary counts them); clear errors for anything else."""
-    run_dir = Path(run_dir)
+    scores; the run's summary counts them); ``DIR@N``: the run's checkpoint after N edits of each sequence
+    (``--checkpoints``); clear errors for anything else."""
+    from .sequence import checkpoint_records, split_checkpoint
+
+    run_dir, checkpoint = split_checkpoint(run_dir)
     config = run_dir / "config.json"
     if not config.is_file():
         raise FileNotFoundError(f"{run_dir}: no config.json; pass a directory written by a benchmark run (--out DIR)")
     benchmark = json.loads(config.read_text(encoding="utf-8")).get("benchmark")
     if benchmark not in METRICS:
         raise ValueError(f"{config}: 'benchmark' is {benchmark!r}; expected one of {sorted(METRICS)}")
-    try:
-        records = merge_results(run_dir, None)
-    except IncompleteRunError as err:  # a case recorded twice
-        raise ValueError(str(err)) from None
+    if checkpoint is not None:
+        found = checkpoint_records(run_dir)
+        if checkpoint not in found:
+            raise ValueError(f"{run_dir}@{checkpoint}: {run_dir} has no checkpoint after {checkpoint} edits (it has "
+                             f"{sorted(found) or 'none'}); give DIR@N with one of them")
+        records = found[checkpoint]
+    else:
+        try:
+            records = merge_results(run_dir, None)
+        except IncompleteRunError as err:  # a case recorded twice
+            raise ValueError(str(err)) from None
     return benchmark, {cid: r for cid, r in records.items() if "failed" not in r}  # a failed edit has no scores
 
 
@@ -446,8 +456,10 @@ def load_cases(benchmark: str, data_dir: str | Path | None, why: str) -> dict[st
 
 def run_model_name(run_dirs: Sequence[str | Path]) -> str:
     """The ``hparams.model_name`` all the runs' ``config.json`` name (an error if they differ)."""
-    names = {json.loads((Path(d) / "config.json").read_text(encoding="utf-8")).get("hparams", {}).get("model_name")
-             for d in run_dirs}
+    from .sequence import split_checkpoint
+
+    names = {json.loads((split_checkpoint(d)[0] / "config.json").read_text(encoding="utf-8")).get("hparams", {})
+             .get("model_name") for d in run_dirs}
     names.discard(None)
     if len(names) != 1:
         raise ValueError(f"the runs name {len(names)} models ({', '.join(sorted(names)) or 'none'}) in config.json "

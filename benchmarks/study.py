@@ -156,7 +156,13 @@ def _argv(command: str, root: Path, line: str) -> list[str]:
     if tool not in TOOLS:
         raise StudyError(f"{line}: unknown tool {tool!r} in the marker; use one of {list(TOOLS)}")
     # a run directory is named relative to the study root
-    return [tool] + [str(root / a) if not a.startswith("-") and (root / a).is_dir() else a for a in args]
+    from .sequence import split_checkpoint
+
+    def located(arg: str) -> str:  # a run directory, or DIR@N (a run at one of its checkpoints)
+        run_dir, _ = split_checkpoint(root / arg)
+        return str(root / arg) if not arg.startswith("-") and run_dir.is_dir() else arg
+
+    return [tool] + [located(a) for a in args]
 
 
 def generate(blocks: Sequence[Block], root: str | Path, *, data: str | None = None, source: str = "RESULTS.md") -> list[str]:
