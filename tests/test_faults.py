@@ -46,6 +46,18 @@ def _isolated(monkeypatch, tmp_path):
     monkeypatch.setenv("HPSE_DISK_FULL_WAIT", "0")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """Every run here computes on one thread, in this process as in the ones it starts (``_env``): another thread
+    count sums in another order, and a sequence of edits carries the last bits into its answers."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _args(tiny, out, mode):
     return ["--hparams", str(tiny / "hpse.yaml"), "--data", str(DATA_DIR), "--limit", "3", "--max-new-tokens", "5",
             "--out", str(out), "--log-level", "WARNING", *MODES[mode]]
@@ -79,19 +91,12 @@ def _outcome(out):
 
 @pytest.fixture(scope="module")
 def reference(tiny, tmp_path_factory):
-    """The uninterrupted run of each mode, on one thread as the resuming processes run (``_env``): another
-    thread count sums in another order, and a sequence of edits carries the last bits into its answers."""
-    import torch
-
+    """The uninterrupted run of each mode (on one thread: ``_one_thread``)."""
     root = tmp_path_factory.mktemp("reference")
-    outcomes, threads = {}, torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        for mode in MODES:
-            run_benchmark(_opts(tiny, root / mode, mode))
-            outcomes[mode] = _outcome(root / mode)
-    finally:
-        torch.set_num_threads(threads)
+    outcomes = {}
+    for mode in MODES:
+        run_benchmark(_opts(tiny, root / mode, mode))
+        outcomes[mode] = _outcome(root / mode)
     return outcomes
 
 
