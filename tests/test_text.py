@@ -17,3 +17,12 @@ def test_no_split_before_lower_case_or_list_markup_and_nothing_for_blank_text():
     assert split_sentences("It rained. then it stopped. 1. **Bold** item.") == [
         "It rained. then it stopped.", "1. **Bold** item."]
     assert sentence_spans("") == sentence_spans(" \n\t\n") == [] and first_sentence("\n") == ""
+
+
+def test_nltk_untrained_punkt_splits_where_the_regex_keeps_one_sentence():
+    """Why ``sentence_spans`` is not nltk's: the untrained Punkt cuts after initials and list numbers."""
+    from nltk.tokenize.punkt import PunktSentenceTokenizer
+
+    text = "A book by J.J. Liu, a philosopher. 1. **Bold** item."
+    assert split_sentences(text) == ["A book by J.J. Liu, a philosopher.", "1. **Bold** item."]
+    assert PunktSentenceTokenizer().tokenize(text) != split_sentences(text)
