@@ -13,7 +13,9 @@ import torch
 import yaml
 
 from hpse_easyedit import HParamsError, HPSEHyperParams, restore_weights
+from hpse_easyedit.editor import RequestError
 from hpse_easyedit.integrations import baselines as B
+from hpse_easyedit.integrations.baselines import locality, unke
 from hpse_easyedit.methods import load_hparams
 from hpse_easyedit.integrations.registration import EditHandle, apply_hpse_for_easyedit
 from tiny_models import make_tiny_model_and_tokenizer, same_weights, tiny_hparams, weights_snapshot
@@ -139,7 +141,7 @@ def test_direct_layer_calls_get_tuples_while_the_models_own_forward_is_untouched
     with torch.no_grad():
         logits = model(input_ids=ids).logits
         bare = layer(hidden, position_embeddings=emb, position_ids=pos)
-        with B._tuple_layer_outputs(model, ["model.layers.0"]):
+        with unke._tuple_layer_outputs(model, ["model.layers.0"]):
             wrapped = layer(hidden, position_embeddings=emb, position_ids=pos)
             logits_inside = model(input_ids=ids).logits
         after = layer(hidden, position_embeddings=emb, position_ids=pos)
@@ -157,11 +159,59 @@ def test_locality_texts_from_alpaca_question_answer_and_plain_files(tmp_path):
     texts = B.load_instruction_texts(tok, [str(tmp_path / n) for n in ("alpaca.json", "qa.jsonl", "plain.txt")])
     assert texts[0] == "<|im_start|>user\nName a colour.<|im_end|>\n<|im_start|>assistant\nRed.<|im_end|>\n"
     assert "Add\n1 and 2" in texts[1] and texts[2].startswith("<|im_start|>user\nQ?") and texts[3] == "just text"
-    draw = B._draw(texts, 2, 0, [{"target_new": "p"}])
-    assert draw == B._draw(texts, 2, 0, [{"target_new": "p"}]) and len(draw) == 2  # same case, same draw
-    cut = B._cut(tok, texts[0], 4)
+    draw = locality._draw(texts, 2, 0, [{"target_new": "p"}])
+    assert draw == locality._draw(texts, 2, 0, [{"target_new": "p"}]) and len(draw) == 2  # same case, same draw
+    cut = locality._cut(tok, texts[0], 4)
     assert len(tok(cut, add_special_tokens=False)["input_ids"]) == 4 and texts[0].startswith(cut)
-    assert B._cut(tok, texts[0], 0) == texts[0] and B._cut(tok, "just text", 100) == "just text"
+    assert locality._cut(tok, texts[0], 0) == texts[0] and locality._cut(tok, "just text", 100) == "just text"
+
+
+def test_a_locality_cache_reads_each_source_set_once_and_draws_what_a_fresh_read_draws(tmp_path, monkeypatch):
+    _, tok = make_tiny_model_and_tokenizer("llama")
+    (tmp_path / "qa.jsonl").write_text("".join(json.dumps({"question": f"Q{i}?", "answer": f"A{i}."}) + "\n"
+                                               for i in range(6)))
+    (tmp_path / "plain.txt").write_text("just text")
+    reads = []
+    real = locality.load_instruction_texts
+    monkeypatch.setattr(locality, "load_instruction_texts", lambda *a: reads.append(a[1]) or real(*a))
+    hp = B.UnKEHyperParams(model_name="tiny", layers=[0], v_loss_layer=1, ex_data=[str(tmp_path / "qa.jsonl")],
+                           ex_data_num=3, ex_data_max_tokens=4)
+    reqs = [{"target_new": "AJ Lee speaks Russian."}]
+    cache = B.LocalityTexts()
+    first = locality.draw_locality_texts(tok, hp, reqs, cache)
+    assert locality.draw_locality_texts(tok, hp, reqs, cache) == first and len(reads) == 1  # read once
+    assert locality.draw_locality_texts(tok, hp, reqs) == first and len(reads) == 2  # no cache: read again
+    cache.texts(tok, [str(tmp_path / "plain.txt")], {})
+    assert len(reads) == 3 and len(first) == 3
+    assert all(len(tok(t, add_special_tokens=False)["input_ids"]) <= 4 for t in first)
+
+
+def test_easyedit_caches_are_emptied_for_another_model_and_alphaedit_starts_fresh_after_a_restore():
+    from types import SimpleNamespace
+
+    from hpse_easyedit.integrations.baselines.locate_then_edit import EasyEditCaches
+
+    memit, alpha = SimpleNamespace(COV_CACHE={}), SimpleNamespace(COV_CACHE={}, P_loaded=True, cache_c_new=True)
+    caches = EasyEditCaches(memit, alpha)
+    model_a, _ = make_tiny_model_and_tokenizer("llama")
+    model_b, _ = make_tiny_model_and_tokenizer("llama")
+    caches.reset_for(model_a)
+    assert not alpha.P_loaded and not alpha.cache_c_new and caches.take_fresh() and not caches.take_fresh()
+    memit.COV_CACHE["k"] = alpha.COV_CACHE["k"] = 1
+    alpha.P_loaded = True
+    caches.prepared.add("key")
+    caches.reset_for(model_a)  # the same model: EasyEdit's caches stay
+    assert memit.COV_CACHE and alpha.P_loaded and caches.prepared == {"key"} and not caches.take_fresh()
+    caches.use_projection("P.pt")
+    assert not alpha.P_loaded and caches.p_loc == "P.pt"
+    alpha.P_loaded = True
+    caches.use_projection("P.pt")  # the loaded P: kept
+    assert alpha.P_loaded
+    caches.reset_for(model_b)
+    assert not memit.COV_CACHE and not alpha.COV_CACHE and not alpha.P_loaded and not caches.prepared
+    assert caches.p_loc is None and caches.take_fresh()
+    B.restore_copied_weights(model_b, {}, caches)
+    assert caches.take_fresh()
 
 
 def test_locate_then_edit_requests_are_chat_templated_with_the_passage_closed(tmp_path):
@@ -170,7 +220,7 @@ def test_locate_then_edit_requests_are_chat_templated_with_the_passage_closed(tm
     (req,) = B.easyedit_requests(tok, [{"subject": "AJ Lee", "target_new": "She speaks Russian."}], hp)
     assert req["prompt"] == "<|im_start|>user\nIntroduce AJ Lee.<|im_end|>\n<|im_start|>assistant\n"
     assert req["subject"] == "AJ Lee" and req["target_new"] == "She speaks Russian.<|im_end|>"
-    with pytest.raises(B.RequestError, match="occurs 2 times"):
+    with pytest.raises(RequestError, match="occurs 2 times"):
         B.easyedit_requests(tok, [{"prompt": "Introduce AJ Lee, AJ Lee.", "subject": "AJ Lee", "target_new": "x"}], hp)
 
 
