@@ -8,7 +8,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["hpse_easyedit", "hpse_easyedit.*", "benchmarks", "benchmarks.*"]),
-    package_data={"hpse_easyedit": ["demo_passage.txt", "backbones/*.json"]},
+    package_data={"hpse_easyedit": ["demo_passage.txt", "backbones/*.json"], "benchmarks": ["report/templates/*"]},
     install_requires=[
         "torch>=2.1",
         "transformers>=4.45",
@@ -25,6 +25,7 @@ setup(
         "nltk>=3.8",  # SelfBLEU-4 (benchmarks.metrics.bleu): the sentence_bleu Texygen calls
         "charset-normalizer>=3",  # names the encoding of a passage file that is not UTF-8 (hpse_easyedit.encoding)
         "rouge>=1.0.1",  # UnKE's own ROUGE recall (benchmarks.unke_scores), the package EasyEdit calls
+        "jinja2>=3.0",  # the HTML report's templates (benchmarks/report/templates)
     ],
     extras_require={
         "test": ["pytest>=7", "pytest-timeout>=2"],

@@ -17,6 +17,10 @@ The file needs no network: styles, the filter script and the plot (a base64 PNG)
 
 Rollout text is decoded with the tokenizer of the run's ``hparams.model_name`` (the embedded SmolLM2
 works offline); without a tokenizer the token ids are shown.
+
+The markup is in ``templates/report.html.j2`` (Jinja2 macros, one per piece of the page), the style
+sheet and the script in ``templates/report.css`` and ``report.js``; this module reads the runs and
+hands the templates plain values.
 """
 
 from __future__ import annotations
@@ -27,10 +31,15 @@ import io
 import json
 import logging
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
+
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from jinja2.ext import Extension
+from markupsafe import Markup
 
 from hpse_easyedit.atomic import replacing
 
@@ -93,26 +102,43 @@ def load_tokenizer(model_name: str) -> Decoder | None:
     return lambda ids: tok.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
+# ---------------------------------------------------------------------------------------------- templates
+class JoinLines(Extension):
+    """A line break in a template and the indentation after it are not output, so the templates can be
+    indented for reading while the page stays one run of elements (as the report was always written)."""
+
+    def preprocess(self, source: str, name: str | None, filename: str | None = None) -> str:
+        return re.sub(r"\n[ \t]*", "", source)
+
+
+def _escape(value: Any) -> Markup:
+    """Every ``{{ value }}`` through ``html.escape`` (quotes as ``&quot;``/``&#x27;``); Markup stays as it is."""
+    return value if isinstance(value, Markup) else Markup(html.escape(str(value), quote=True))
+
+
+_TEMPLATES = Path(__file__).with_name("templates")
+_ENV = Environment(loader=FileSystemLoader(_TEMPLATES), autoescape=True, finalize=_escape, extensions=[JoinLines],
+                   undefined=StrictUndefined)
+_ENV.globals["zip"] = zip
+_ENV.filters["bool"] = bool
+
+
+def _macros() -> Any:
+    """The report template's macros, callable from Python (each returns Markup)."""
+    return _ENV.get_template("report.html.j2").module
+
+
+def _static(name: str) -> Markup:
+    """The style sheet or script, inlined after a line break (the page needs no other file)."""
+    return Markup("\n" + (_TEMPLATES / name).read_text(encoding="utf-8"))
+
+
 # ---------------------------------------------------------------------------------------------- html pieces
-def _e(text: Any) -> str:
-    return html.escape(str(text), quote=True)
-
-
-def _ci(mean_value: float, ci: Sequence[float]) -> str:
-    return f"{mean_value:.1f} <small>[{ci[0]:.1f}, {ci[1]:.1f}]</small>"
-
-
-def _paper_table_html(runs: Sequence[RunData]) -> str:
+def _paper_table_html(runs: Sequence[RunData]) -> Markup:
     rows = [(r.label, {r.benchmark: r.summary or _summary_from_records(r)}) for r in runs]
     groups, names, body = paper_cells(rows)
-    head = ""
-    if len(groups) > 1:
-        head = "<tr><th></th>" + "".join(f'<th colspan="{n}">{_e(t)}</th>' for t, n in groups) + "</tr>"
-    head += "<tr>" + "".join(f"<th>{_e(n)}</th>" for n in names) + "</tr>"
-    rows_html = "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in cells) + "</tr>" for cells in body)
     note = judge_note([r.summary or _summary_from_records(r) for r in runs]).strip()
-    return (f'<table class="num"><thead>{head}</thead><tbody>{rows_html}</tbody></table>'
-            + (f'<p class="note">{_e(note)}</p>' if note else ""))
+    return _macros().paper_table(groups, names, body, note)
 
 
 def _summary_from_records(run: RunData) -> dict:
@@ -120,7 +146,7 @@ def _summary_from_records(run: RunData) -> dict:
     return TASKS[run.benchmark].partial_summary(list(run.records.values()))
 
 
-def _comparison_html(runs: Sequence[RunData], resamples: int) -> tuple[str, dict[str, list[float | None]], int]:
+def _comparison_html(runs: Sequence[RunData], resamples: int) -> tuple[Markup, dict[str, list[float | None]], int]:
     """Means with intervals, paired differences against the first run; also the step-in series and n cases."""
     loaded = [(r.benchmark, r.records) for r in runs]
     if len(runs) == 1:
@@ -131,46 +157,21 @@ def _comparison_html(runs: Sequence[RunData], resamples: int) -> tuple[str, dict
         pairs, n = multi["pairs"], multi["n_cases"]
     metrics = [m for m in pairs[0]["metrics"] if all(m in p["metrics"] for p in pairs)]
     series = {runs[0].label: pairs[0]["stepin_rate_by_round"]["a"]}
-    lines = ["<tr><th>run</th>" + "".join(f"<th>{_e(m)}</th>" for m in metrics)
-             + (f"<th>Avg &minus; {_e(runs[0].label)}</th><th>wins / ties / losses</th>" if len(runs) > 1 else "") + "</tr>"]
-    lines.append(f"<tr><td>{_e(runs[0].label)}</td>"
-                 + "".join(f"<td>{_ci(pairs[0]['metrics'][m]['a'], pairs[0]['metrics'][m]['a_ci95'])}</td>" for m in metrics)
-                 + ("<td></td><td></td>" if len(runs) > 1 else "") + "</tr>")
-    diffs = []
     for run, p in zip(runs[1:], pairs if len(runs) > 1 else []):
         series[run.label] = p["stepin_rate_by_round"]["b"]
-        avg = p["metrics"]["Avg"]
-        lines.append(f"<tr><td>{_e(run.label)}</td>"
-                     + "".join(f"<td>{_ci(p['metrics'][m]['b'], p['metrics'][m]['b_ci95'])}</td>" for m in metrics)
-                     + f"<td>{avg['diff']:+.1f} <small>[{avg['diff_ci95'][0]:+.1f}, {avg['diff_ci95'][1]:+.1f}]</small></td>"
-                     + f"<td>{avg['b_wins']} / {avg['ties']} / {avg['b_losses']}</td></tr>")
-        rows = "".join(
-            f"<tr><td>{_e(m)}</td><td>{r['diff']:+.1f} <small>[{r['diff_ci95'][0]:+.1f}, {r['diff_ci95'][1]:+.1f}]</small></td>"
-            f"<td>{r['b_wins']} / {r['ties']} / {r['b_losses']}</td></tr>"
-            for m, r in p["metrics"].items())
-        diffs.append(f"<details><summary>{_e(run.label)} &minus; {_e(runs[0].label)}, every metric</summary>"
-                     f'<table class="num"><tr><th>metric</th><th>difference (95% CI)</th><th>wins / ties / losses</th></tr>'
-                     f"{rows}</table></details>")
-    finished_by = "the run" if len(runs) == 1 else ("both runs" if len(runs) == 2 else f"all {len(runs)} runs")
-    caption = (f"{n} case(s) finished by {finished_by}; means in percent with 95% bootstrap intervals "
-               f"({resamples} resamples of the cases)" + ("; differences are paired, case by case, against "
-                                                         f"{_e(runs[0].label)}" if len(runs) > 1 else ""))
-    table = f'<p class="note">{caption}</p><table class="num">{"".join(lines)}</table>' + "".join(diffs)
-    if ANSWER_DIVERSITY in metrics:
-        table += (f'<p class="note">{ANSWER_DIVERSITY} is a diagnostic, not a paper metric: 1 - SelfBLEU-4 among all '
-                  "answers of a case (near 0 when every question is answered by reciting the same passage).</p>")
+    table = _macros().comparison([r.label for r in runs], pairs, metrics, n, resamples, ANSWER_DIVERSITY)
     return table, series, n
 
 
-def _plot_html(series: Mapping[str, Sequence[float | None]], benchmark: str, n: int) -> str:
+def _plot_png(series: Mapping[str, Sequence[float | None]], benchmark: str, n: int) -> str:
+    """The step-in plot as base64 PNG."""
     buf = io.BytesIO()
     plot_stepin_rates(series, buf, title=f"Step-in rate per round, {benchmark}, {n} cases")
-    data = base64.b64encode(buf.getvalue()).decode("ascii")
-    return f'<img class="plot" alt="step-in rate per round" src="data:image/png;base64,{data}">'
+    return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def _mark_match(answer: str, aliases: Sequence[str]) -> tuple[str, bool]:
-    """The answer as HTML with the first matching alias marked, and the official verdict."""
+def _match(answer: str, aliases: Sequence[str]) -> tuple[tuple[str, str, str] | None, bool]:
+    """The answer cut around the first matching alias (None when none is marked), and the official verdict."""
     ok = answer_matches(answer, aliases)
     low = answer.lower()
     if ok and len(low) == len(answer):
@@ -178,56 +179,32 @@ def _mark_match(answer: str, aliases: Sequence[str]) -> tuple[str, bool]:
             at = low.find(alias.lower()) if alias else -1
             if at >= 0:
                 end = at + len(alias)
-                return f"{_e(answer[:at])}<mark>{_e(answer[at:end])}</mark>{_e(answer[end:])}", ok
-    return _e(answer), ok
+                return (answer[:at], answer[at:end], answer[end:]), ok
+    return None, ok
 
 
-def _verdict(ok: bool | None, text: str = "") -> str:
-    if ok is None:
-        return '<span class="v na">no verdict</span>'
-    return f'<span class="v {"ok" if ok else "no"}">{"&#10003;" if ok else "&#10007;"}{(" " + _e(text)) if text else ""}</span>'
-
-
-def _facts_html(fs: Mapping[str, Any] | None) -> str:
-    if not fs:
-        return ""
-    items = "".join(f"<li>{_verdict(bool(ok))} {_e(f)}</li>" for f, ok in zip(fs.get("facts") or [], fs.get("supported") or []))
-    score = fs.get("score")
-    head = f"Jnt (FActScore) {100 * score:.0f}" if isinstance(score, (int, float)) else "Jnt"
-    partial = (' <span class="v na">judge answer incomplete: facts without a verdict count as unsupported</span>'
-               if fs.get("complete") is False else "")
-    return (f'<details class="facts"><summary>{head}: {len(fs.get("facts") or [])} fact(s){partial}</summary>'
-            f"<ul>{items}</ul></details>")
-
-
-def _answer_cell(q: Question, rec: Mapping[str, Any] | None) -> str:
+def _answer_cell(q: Question, rec: Mapping[str, Any] | None) -> dict:
     """One run's answer to ``q`` with its verdict: the alias found (``alias``), the judge's verdict
-    (``coverage``) or the judge's facts (``facts``)."""
+    (``coverage``) or the judge's facts (``facts``); ``missing`` when the run has no record of the case."""
     if rec is None:
-        return '<td class="missing">not run</td>'
+        return {"kind": "missing"}
     answer = q.answer(rec)
     if q.check == "facts":
         fs = (rec.get("factscore") or [None, None])[q.facts] if len(rec.get("factscore") or []) > q.facts else None
-        return f"<td>{_e(answer)}{_facts_html(fs)}</td>"
+        return {"kind": "facts", "answer": answer, "facts": fs}
     if q.check == "coverage":
         dmp = rec.get("dmp_scores") or []
         ok = bool(dmp[q.index]) if q.index < len(dmp) and dmp[q.index] is not None else None
-        return f"<td>{_verdict(ok)} {_e(answer)}</td>"
-    text, ok = _mark_match(answer, q.expected)
-    return f"<td>{_verdict(ok)} {text}</td>"
+        return {"kind": "coverage", "answer": answer, "ok": ok}
+    match, ok = _match(answer, q.expected)
+    return {"kind": "alias", "answer": answer, "ok": ok, "match": match}
 
 
-def _qa_rows(questions: Sequence[Question], recs: Sequence[dict | None]) -> list[str]:
-    """One table row per question of a case (``Task.case_questions``): the question, the expected answer
-    (with its aliases; the passage for a question judged against it) and every run's answer."""
-    rows = []
-    for q in questions:
-        gold = q.expected
-        expected = ("<small>the passage</small>" if gold is None else f"<b>{_e(gold[0])}</b>"
-                    + (f'<br><small>also: {_e(", ".join(gold[1:]))}</small>' if len(gold) > 1 else ""))
-        cells = "".join(_answer_cell(q, rec) for rec in recs)
-        rows.append(f"<tr><td><small>{q.kind}</small><br>{_e(q.text)}</td><td>{expected}</td>{cells}</tr>")
-    return rows
+def _questions(questions: Sequence[Question], recs: Sequence[dict | None]) -> list[dict]:
+    """One row per question of a case (``Task.case_questions``): the question, the expected answer (with
+    its aliases; None for a question judged against the passage) and every run's answer."""
+    return [{"kind": q.kind, "text": q.text, "expected": q.expected, "cells": [_answer_cell(q, rec) for rec in recs]}
+            for q in questions]
 
 
 def rollout_html(stored: Mapping[str, Any], decode: Decoder | None, attrs: str) -> str:
@@ -235,183 +212,81 @@ def rollout_html(stored: Mapping[str, Any], decode: Decoder | None, attrs: str) 
 
     ``P`` is the teacher's probability of the token in percent (``pi*(y*)``, what the gate compares with
     kappa), ``G`` the gate's margin ``log pi*(y*) - log pi_theta(y*)`` in nats (what it compares with tau;
-    runs stored before the margin was kept have none); the page's script turns it, with the block's tau and kappa, into the hover text, so the
-    file carries a few bytes per step-in instead of a sentence. Runs of student tokens are decoded
-    together (multi-byte characters split over tokens survive); each stepped-in token is decoded
-    alone. Without ``decode`` the ids are shown.
+    runs stored before the margin was kept have none); the page's script turns it, with the block's tau
+    and kappa, into the hover text, so the file carries a few bytes per step-in instead of a sentence.
+    Runs of student tokens are decoded together (multi-byte characters split over tokens survive); each
+    stepped-in token is decoded alone. Without ``decode`` the ids are shown. ``attrs``: HTML attributes
+    of the block.
     """
     ids, mask, probs = unpack_rollout(stored)
     gaps = unpack_gaps(stored)
     show: Decoder = decode or (lambda seg: "".join(f"\u27e8{t}\u27e9" for t in seg))
-    parts, start = [], 0
+    pieces: list[tuple[str, dict | None]] = []
+    start = 0
     for t, stepped in enumerate(mask + [True]):
         if not stepped:
             continue
         if start < t:
-            parts.append(_e(show(ids[start:t])))
+            pieces.append((show(ids[start:t]), None))
         if t < len(ids):
-            p = f' data-p="{100 * probs[t]:.0f}"' if probs else ""
-            p += f' data-g="{gaps[t]:g}"' if gaps else ""
-            parts.append(f'<mark data-t="{t}"{p}>{_e(show(ids[t:t + 1]))}</mark>')
+            pieces.append((show(ids[t:t + 1]), {"t": t, "p": f"{100 * probs[t]:.0f}" if probs else None,
+                                               "g": f"{gaps[t]:g}" if gaps else None}))
         start = t + 1
-    n_in = sum(mask)
-    return (f'<div class="ro" {attrs} data-n="{len(ids)}" data-stepins="{n_in}">'
-            f'<div class="ro-head">{len(ids)} tokens, {n_in} stepped in ({100 * n_in / max(len(ids), 1):.1f}%)</div>'
-            f'<div class="ro-text">{"".join(parts)}</div></div>')
+    return _macros().rollout(pieces, Markup(attrs), len(ids), sum(mask))
 
 
-def _rollouts_html(run_index: int, run: RunData, rec: Mapping[str, Any]) -> str:
+def _rollouts_html(run_index: int, run: RunData, rec: Mapping[str, Any]) -> Markup | str:
     rounds = rec.get("rollouts")
     if not rounds:
         return ""
     subjects = rec.get("subjects") or []
-    out, previous = [], None
+    shown, previous = [], None
     for r, requests in enumerate(rounds, 1):
         if requests is None:
-            out.append(f"<h5>round {r}: no rollout</h5>")
+            shown.append({"round": r, "requests": None})
         elif previous is not None and requests == rounds[previous - 1]:
-            out.append(f"<h5>round {r}: the same rollout{'s' if len(requests) > 1 else ''} as round {previous}</h5>")
+            shown.append({"round": r, "requests": requests, "same_as": previous})
         else:
             previous = r
-            out.append(f"<h5>round {r}</h5>")
-            for k, stored in enumerate(requests):
-                subject = subjects[k] if k < len(subjects) else f"request {k + 1}"
-                out.append(f'<div class="req">Introduce <b>{_e(subject)}</b>.</div>'
-                           + rollout_html(stored, run.decode, f'data-run="{run_index}" data-round="{r}" data-req="{k}"'))
+            blocks = [(subjects[k] if k < len(subjects) else f"request {k + 1}",
+                       rollout_html(stored, run.decode, f'data-run="{run_index}" data-round="{r}" data-req="{k}"'))
+                      for k, stored in enumerate(requests)]
+            shown.append({"round": r, "requests": blocks, "same_as": None})
     hp = run.hparams
-    return (f'<details class="rollouts" data-tau="{_e(hp.get("tau"))}" data-kappa="{_e(hp.get("kappa"))}"><summary>'
-            f"{_e(run.label)}: rollouts, the teacher's tokens highlighted (hover for the gate)</summary>{''.join(out)}</details>")
+    return _macros().rollouts(run.label, hp.get("tau"), hp.get("kappa"), shown)
 
 
 def _case_values(run: RunData, rec: Mapping[str, Any]) -> list[float]:
     return [float(rec[m]) for m in METRICS[run.benchmark]]
 
 
-def _case_html(cid: str, case: Mapping[str, Any] | None, runs: Sequence[RunData]) -> str:
+def _case_html(cid: str, case: Mapping[str, Any] | None, runs: Sequence[RunData]) -> Markup:
     recs = [r.records.get(cid) for r in runs]
     values = [None if rec is None else _case_values(run, rec) for run, rec in zip(runs, recs)]
-    avgs = ["" if v is None else f"{sum(v) / len(v):.6f}" for v in values]
     present = [tuple(round(x, 9) for x in v) for v in values if v is not None]
-    disagree = int(len(set(present)) > 1)
     metrics = METRICS[runs[0].benchmark]
-    chips = "".join(
-        f'<span class="chip">{_e(run.label)}: ' + ("not run" if v is None else
-                                                   " ".join(f"{m} {100 * x:.0f}" for m, x in zip(metrics, v))
-                                                   + f" &middot; Avg {100 * sum(v) / len(v):.0f}"
-                                                   + (" &middot; judge incomplete" if rec.get("judge_complete") is False else ""))
-        + "</span>"
-        for run, v, rec in zip(runs, values, recs))
     subjects = next((rec.get("subjects") for rec in recs if rec and rec.get("subjects")), None) or (
         [r["subject"] for r in case["requests"]] if case else [])
-    head = (f'<summary><b>case {_e(cid)}</b> &middot; {_e(", ".join(subjects))}'
-            f'{" &middot; <i>runs disagree</i>" if disagree else ""}<br>{chips}</summary>')
-    body = []
-    if case is not None:
-        passages = "".join(f"<p><b>{_e(r['subject'])}</b>: {_e(r['target_new'])}</p>" for r in case["requests"])
-        body.append(f'<details class="passages"><summary>edited passage(s)</summary>{passages}</details>')
-        rows = _qa_rows(TASKS[runs[0].benchmark].case_questions(case), recs)
-        header = "<tr><th>question</th><th>expected</th>" + "".join(f"<th>{_e(r.label)}</th>" for r in runs) + "</tr>"
-        body.append(f'<table class="qa">{header}{"".join(rows)}</table>')
-    else:
-        body.append('<p class="note">the runs&#x27; data file was not found (--data, --data-file), so questions are '
-                    "not shown; the answers:</p>")
-        body += [f"<p><b>{_e(run.label)}</b>: {_e(json.dumps(rec.get('answers'), ensure_ascii=False))}</p>"
-                 for run, rec in zip(runs, recs) if rec]
-    body += [_rollouts_html(i, run, rec) for i, (run, rec) in enumerate(zip(runs, recs)) if rec]
-    return (f'<details class="case" id="case-{_e(cid)}" data-case="{_e(cid)}" data-avg="{",".join(avgs)}" '
-            f'data-disagree="{disagree}">{head}{"".join(body)}</details>')
+    view = {
+        "id": cid,
+        "avgs": ["" if v is None else f"{sum(v) / len(v):.6f}" for v in values],
+        "disagree": int(len(set(present)) > 1),
+        "subjects": subjects,
+        "chips": [(run.label, metrics, v, v is not None and rec.get("judge_complete") is False)
+                  for run, v, rec in zip(runs, values, recs)],
+        "passages": None if case is None else [(r["subject"], r["target_new"]) for r in case["requests"]],
+        "questions": None if case is None else _questions(TASKS[runs[0].benchmark].case_questions(case), recs),
+        "answers": [(run.label, json.dumps(rec.get("answers"), ensure_ascii=False)) for run, rec in zip(runs, recs) if rec],
+        "rollouts": [_rollouts_html(i, run, rec) for i, (run, rec) in enumerate(zip(runs, recs)) if rec],
+    }
+    return _macros().case(view, [r.label for r in runs])
 
 
-_CSS = """
-body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0 auto;max-width:1400px;padding:0 18px 40px;color:#1d2430}
-h1{font-size:22px;margin:18px 0 4px} h2{font-size:17px;margin:26px 0 8px;border-bottom:1px solid #dde2ea;padding-bottom:3px}
-h5{margin:10px 0 3px;font-size:13px;color:#445}
-table{border-collapse:collapse;margin:6px 0} td,th{border:1px solid #d5dae3;padding:4px 7px;vertical-align:top;text-align:left}
-th{background:#f1f4f8} table.num td:not(:first-child){text-align:right;white-space:nowrap} small{color:#667}
-.note{color:#556;font-size:13px;margin:4px 0} .plot{max-width:520px;border:1px solid #e3e6ec}
-.runs td{font-size:13px} .chip{display:inline-block;background:#eef1f6;border-radius:9px;padding:0 8px;margin:3px 6px 0 0;font-size:12px}
-details.case{border:1px solid #d5dae3;border-radius:6px;margin:8px 0;padding:6px 10px;background:#fff}
-details.case>summary{cursor:pointer} details.case[open]>summary{margin-bottom:8px}
-table.qa{width:100%;table-layout:fixed;font-size:13px} table.qa td{word-wrap:break-word}
-table.qa th:first-child{width:20%} table.qa th:nth-child(2){width:11%}
-mark{background:#c6f0c2;border-radius:2px;padding:0 1px} .ro mark{background:#ffb347;cursor:help;box-shadow:inset -1px 0 0 rgba(0,0,0,.28)}
-.v{font-weight:bold;margin-right:3px} .v.ok{color:#18803c} .v.no{color:#c0392b} .v.na{color:#888;font-weight:normal}
-.missing{color:#999;font-style:italic} .req{margin-top:4px;font-size:12px;color:#445}
-.ro{border-left:3px solid #e6dccb;padding:2px 8px;margin:2px 0 6px;background:#fffaf3}
-.ro-head{font-size:11px;color:#777} .ro-text{white-space:pre-wrap;font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px}
-.filters{position:sticky;top:0;background:#f8f9fb;border:1px solid #dde2ea;border-radius:6px;padding:6px 10px;z-index:2}
-.filters label{margin-right:12px} .hidden{display:none}
-ul{margin:3px 0 3px 18px;padding:0} li{margin:1px 0} .passages p{margin:4px 0;font-size:13px}
-"""
-
-_JS = """
-(function(){
-  var cases=[].slice.call(document.querySelectorAll('details.case'));
-  var count=document.getElementById('shown');
-  function apply(){
-    var mode=document.querySelector('input[name=f]:checked').value;
-    var a=+document.getElementById('runA').value, b=+document.getElementById('runB').value, n=0;
-    cases.forEach(function(el){
-      var avg=el.dataset.avg.split(','), show=true;
-      if(mode==='disagree'){show=el.dataset.disagree==='1';}
-      else if(mode==='wins'||mode==='losses'){
-        if(avg[a]===''||avg[b]===''){show=false;}
-        else{var d=parseFloat(avg[b])-parseFloat(avg[a]); show=mode==='wins'?d>1e-9:d<-1e-9;}
-      }
-      el.classList.toggle('hidden',!show); if(show){n++;}
-    });
-    count.textContent=n+' of '+cases.length+' cases shown';
-  }
-  [].slice.call(document.querySelectorAll('.filters input,.filters select')).forEach(function(el){el.addEventListener('change',apply);});
-  document.getElementById('openall').addEventListener('click',function(){cases.forEach(function(el){if(!el.classList.contains('hidden')){el.open=true;}});});
-  document.getElementById('closeall').addEventListener('click',function(){cases.forEach(function(el){el.open=false;});});
-  apply();
-  document.addEventListener('mouseover',function(e){
-    var m=e.target; if(m.tagName!=='MARK'||!m.dataset.p||m.title){return;}
-    var g=m.closest('details.rollouts').dataset;
-    m.title='the teacher wrote this token: pi*(y*) = '+(m.dataset.p/100).toFixed(2)+' > kappa '+g.kappa+
-      ', and log pi*(y*) - log pi_theta(y*) = '+(m.dataset.g===undefined?'(not stored)':m.dataset.g)+' > tau '+g.tau;
-  });
-  var h=decodeURIComponent(location.hash.slice(1));
-  if(h.indexOf('filter=')===0){
-    var q={}; h.split('&').forEach(function(kv){var p=kv.split('='); q[p[0]]=p[1];});
-    var r=document.querySelector('input[name=f][value="'+q.filter+'"]'); if(r){r.checked=true;}
-    if(q.a){document.getElementById('runA').value=q.a;} if(q.b){document.getElementById('runB').value=q.b;}
-    apply();
-  }
-  else if(h==='open-all'){[].slice.call(document.querySelectorAll('details')).forEach(function(el){el.open=true;});}
-  else if(h){var el=document.getElementById(h); if(el&&el.tagName==='DETAILS'){
-    el.open=true; [].slice.call(el.querySelectorAll('details')).forEach(function(d){d.open=true;}); el.scrollIntoView();}}
-})();
-"""
-
-
-def _filters_html(runs: Sequence[RunData]) -> str:
-    def select(ident: str, chosen: int) -> str:
-        opts = "".join(f'<option value="{i}"{" selected" if i == chosen else ""}>{_e(r.label)}</option>'
-                       for i, r in enumerate(runs))
-        return f'<select id="{ident}">{opts}</select>'
-
-    return ('<div class="filters"><label><input type="radio" name="f" value="all" checked> all</label>'
-            '<label><input type="radio" name="f" value="disagree"> runs disagree</label>'
-            '<label><input type="radio" name="f" value="wins"> wins of B</label>'
-            '<label><input type="radio" name="f" value="losses"> losses of B</label>'
-            f'A: {select("runA", 0)} B: {select("runB", min(1, len(runs) - 1))} '
-            '<small>(wins / losses: per-case Avg of B vs A)</small> &nbsp; '
-            '<button id="openall" type="button">open all</button> <button id="closeall" type="button">close all</button> '
-            '<span id="shown" class="note"></span></div>')
-
-
-def _runs_html(runs: Sequence[RunData]) -> str:
-    rows = []
-    for r in runs:
-        hp = r.hparams
-        with_rollouts = sum(bool(rec.get("rollouts")) for rec in r.records.values())
-        rows.append(f"<tr><td>{_e(r.label)}</td><td><code>{_e(r.path)}</code></td><td>{_e(r.config.get('editor', ''))}</td>"
-                    f"<td>{_e(hp.get('model_name', ''))}</td><td>{len(r.records)}</td>"
-                    f"<td>{_e((r.summary or {}).get('judge') or '')}</td><td>{with_rollouts}</td></tr>")
-    return ('<table class="runs"><tr><th>label</th><th>directory</th><th>editor</th><th>model</th><th>cases</th>'
-            f'<th>judge</th><th>cases with rollouts</th></tr>{"".join(rows)}</table>')
+def _runs_view(runs: Sequence[RunData]) -> list[dict]:
+    return [{"label": r.label, "path": r.path, "editor": r.config.get("editor", ""),
+             "model": r.hparams.get("model_name", ""), "cases": len(r.records),
+             "judge": (r.summary or {}).get("judge") or "",
+             "with_rollouts": sum(bool(rec.get("rollouts")) for rec in r.records.values())} for r in runs]
 
 
 def _load_cases(runs: Sequence[RunData], data_dir: str | os.PathLike | None, data_file: str | None,
@@ -482,27 +357,13 @@ def write_html_report(run_dirs: Sequence[str | os.PathLike], out: str | os.PathL
     order += sorted(ids - set(order), key=lambda c: (len(c), c))
     names = " vs ".join(r.label for r in runs) if len(runs) <= 3 else f"{len(runs)} runs against {runs[0].label}"
     title = title or f"{TASKS[benchmark].title}: {names}"
-    parts = [
-        f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{_e(title)}</title>"
-        f"<style>{_CSS}</style></head><body>",
-        f"<h1>{_e(title)}</h1>",
-        _runs_html(runs),
-        "<h2>Paper layout</h2>",
-        '<p class="note">each run on all the cases it finished (its summary.json; its records while it runs)</p>',
-        _paper_table_html(runs),
-        "<h2>Case by case</h2>", table,
-        "<h2>Step-in rate per round</h2>", _plot_html(series, benchmark, n_common),
-        f"<h2>Cases ({len(order)})</h2>",
-        '<p class="note">Green: the expected answer or alias found in the answer (the official MQuAKE check); '
-        "&#10003;/&#10007;: the verdict (substring check, or the judge's per fact and per sub-question). "
-        "Orange in a rollout: a token the privileged teacher wrote (hover for pi*(y*) and the gates); "
-        "a round whose rollouts equal the previous round's is not repeated.</p>",
-        _filters_html(runs),
-        *(_case_html(c, (cases or {}).get(c), runs) for c in order),
-        f"<script>{_JS}</script></body></html>",
-    ]
+    page = _macros().page({
+        "title": title, "css": _static("report.css"), "js": _static("report.js"), "runs": _runs_view(runs),
+        "labels": [r.label for r in runs], "paper_table": _paper_table_html(runs), "comparison": table,
+        "plot": _plot_png(series, benchmark, n_common), "cases": [_case_html(c, (cases or {}).get(c), runs) for c in order],
+    })
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with replacing(out) as tmp:
-        tmp.write_text("".join(parts), encoding="utf-8")
+        tmp.write_text(str(page), encoding="utf-8")
     return out
