@@ -276,7 +276,8 @@ def _case_html(cid: str, case: Mapping[str, Any] | None, runs: Sequence[RunData]
                   for run, v, rec in zip(runs, values, recs)],
         "passages": None if case is None else [(r["subject"], r["target_new"]) for r in case["requests"]],
         "questions": None if case is None else _questions(TASKS[runs[0].benchmark].case_questions(case), recs),
-        "answers": [(run.label, json.dumps(rec.get("answers"), ensure_ascii=False)) for run, rec in zip(runs, recs) if rec],
+        "answers": [(run.label, json.dumps(rec.get("answers"), ensure_ascii=False))
+                    for run, rec in zip(runs, recs) if rec],
         "rollouts": [_rollouts_html(i, run, rec) for i, (run, rec) in enumerate(zip(runs, recs)) if rec],
     }
     return _macros().case(view, [r.label for r in runs])
@@ -360,7 +361,8 @@ def write_html_report(run_dirs: Sequence[str | os.PathLike], out: str | os.PathL
     page = _macros().page({
         "title": title, "css": _static("report.css"), "js": _static("report.js"), "runs": _runs_view(runs),
         "labels": [r.label for r in runs], "paper_table": _paper_table_html(runs), "comparison": table,
-        "plot": _plot_png(series, benchmark, n_common), "cases": [_case_html(c, (cases or {}).get(c), runs) for c in order],
+        "plot": _plot_png(series, benchmark, n_common),
+        "cases": [_case_html(c, (cases or {}).get(c), runs) for c in order],
     })
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

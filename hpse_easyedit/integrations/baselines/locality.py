@@ -128,4 +128,5 @@ def draw_locality_texts(tok: Any, hparams: Any, reqs: Sequence[Mapping[str, str]
     """The ``ex_data_num`` locality texts of one edit (a draw seeded by its passages), each cut to
     ``ex_data_max_tokens``."""
     texts = (cache or LocalityTexts()).texts(tok, hparams.ex_data, hparams.chat_template_kwargs)
-    return [_cut(tok, t, hparams.ex_data_max_tokens) for t in _draw(texts, hparams.ex_data_num, hparams.ex_data_seed, reqs)]
+    drawn = _draw(texts, hparams.ex_data_num, hparams.ex_data_seed, reqs)
+    return [_cut(tok, t, hparams.ex_data_max_tokens) for t in drawn]
