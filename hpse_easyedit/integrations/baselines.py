@@ -52,7 +52,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 
-from ..covariance import (
+from .covariance import (
     BUILTIN_CORPORA,
     DOWNLOADED_DATASETS,
     CorpusError,
@@ -61,7 +61,7 @@ from ..covariance import (
     stats_relpath,
 )
 from ..data_files import EDITEVERY_FILE, MMLU_LETTERS, data_dir, mmlu_test_files, mmlu_text, read_mmlu_csv
-from ..editor import RequestError, normalize_requests
+from ..edit_requests import RequestError, normalize_requests
 from ..executors import restore_weights
 from ..hparams import (
     EditorHParams,
