@@ -62,7 +62,10 @@ _FORWARD_KEYWORDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def accepts_keyword(model: torch.nn.Module, name: str) -> bool:
     """Whether ``model``'s forward (or, for a peft wrapper, its base model's) takes the keyword ``name``."""
-    keywords = _FORWARD_KEYWORDS.get(model)
+    try:
+        keywords = _FORWARD_KEYWORDS.get(model)
+    except TypeError:  # an object that cannot be weakly referenced: inspected at every call
+        keywords = None
     if keywords is None:
         try:
             keywords = set(inspect.signature(model.forward).parameters)
@@ -71,7 +74,11 @@ def accepts_keyword(model: torch.nn.Module, name: str) -> bool:
                 keywords |= set(inspect.signature(base().forward).parameters)
         except (TypeError, ValueError):
             keywords = set()
-        _FORWARD_KEYWORDS[model] = frozenset(keywords)
+        keywords = frozenset(keywords)
+        try:
+            _FORWARD_KEYWORDS[model] = keywords
+        except TypeError:
+            pass
     return name in keywords
 
 
