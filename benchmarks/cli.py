@@ -18,10 +18,10 @@ from hpse_easyedit.cli import (
     DEBUG_HELP,
     OneLineFormatter,
     OneLineParser,
-    check_positive,
     run_cli,
     user_error_types,
 )
+from hpse_easyedit.errors import check_positive
 
 from .distributed import DEFAULT_TIMEOUT, LaunchError, current_context
 from .judge import JUDGE_KINDS, JudgeSettings

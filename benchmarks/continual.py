@@ -24,7 +24,8 @@ import sys
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from hpse_easyedit.cli import OneLineParser, UsageError, check_positive, run_cli
+from hpse_easyedit.cli import OneLineParser, run_cli
+from hpse_easyedit.errors import UsageError, check_positive
 
 from .paired import CUTS
 from .tasks import TASKS

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from datasets import Dataset
 
-from hpse_easyedit.cli import choice_text
+from hpse_easyedit.errors import choice_text
 from hpse_easyedit.data_files import (MMLU_DIR, MQUAKE_FILE, UNKE_FILE, UNKE_SUBJECTS_FILE, DataError, mmlu_file,
                                      mmlu_test_files, read_mmlu_csv)
 

@@ -19,7 +19,7 @@ import logging
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from hpse_easyedit.cli import choice_text
+from hpse_easyedit.errors import choice_text
 
 from .llm.client import ChatClient, JudgeError, JudgeRefusedError, JudgeSettings, Parsed, ResponseCache
 from .llm.prompts import (

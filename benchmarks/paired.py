@@ -271,9 +271,9 @@ def model_token_spans(model_name: str) -> tuple[Callable[[str], list[tuple[int, 
     try:
         from transformers import AutoTokenizer
 
-        from hpse_easyedit.loading import _resolve  # the same lookup load_model uses, without loading weights
+        from hpse_easyedit.loading import model_source  # the same lookup load_model uses, without loading weights
 
-        tok = AutoTokenizer.from_pretrained(_resolve(model_name)[0])
+        tok = AutoTokenizer.from_pretrained(model_source(model_name))
         if not tok.is_fast:
             raise ValueError("not a fast tokenizer, so no character offsets")
     except Exception as err:  # any failure leaves the documented fallback, named in the table

@@ -66,7 +66,7 @@ def keep_model(model: Any, weights_copy: Any) -> Any:
 def reference_edit(model: Any, tok: Any, requests: list[dict], hp: ReferenceHParams) -> ReferenceResult:
     """No weight changes; IN_CONTEXT keeps the requests' passages for the answers' system prompt
     (requests checked and read exactly as an HPSE edit reads them)."""
-    from hpse_easyedit.editor import normalize_requests
+    from hpse_easyedit.edit_requests import normalize_requests
 
     t0 = time.perf_counter()
     context = []

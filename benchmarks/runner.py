@@ -40,7 +40,7 @@ from .datasets import (
     file_sha256,
     load_mmlu_subset,
 )
-from hpse_easyedit.cli import (
+from hpse_easyedit.errors import (
     ENVIRONMENT_ERRNOS,
     Interrupted,
     UsageError,

@@ -38,7 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from hpse_easyedit.cli import OneLineParser, UsageError, run_cli
+from hpse_easyedit.cli import OneLineParser, run_cli
+from hpse_easyedit.errors import UsageError
 
 __all__ = ["Block", "StudyError", "check", "find_blocks", "generate", "prose_numbers", "runs_table", "table_numbers", "write"]
 

@@ -19,7 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from hpse_easyedit.cli import OneLineParser, UsageError, run_cli
+from hpse_easyedit.cli import OneLineParser, run_cli
+from hpse_easyedit.errors import UsageError
 
 from .unke_scores import (BERT, BLEU, KEY, MINILM, ORIGINAL, PARA, ROUGE, SUB, Encoder,
                           case_metrics, load_encoder, summarize_metrics)

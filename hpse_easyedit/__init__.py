@@ -1,11 +1,16 @@
 """Hybrid-Policy Self-Editing (HPSE) for unstructured knowledge editing, as an EasyEdit plugin."""
 
-from .editor import EditResult, RequestError, apply_hpse_to_model, hpse_edit, normalize_requests
+from . import builtin_methods  # noqa: F401  (registers HPSE, COIN*, UnKE, AnyEdit, MEMIT and AlphaEdit)
+from .edit_requests import RequestError, normalize_requests
+from .editor import hpse_edit
 from .executors import restore_weights
 from .generation import generate_answers
 from .hparams import HParamsError, HPSEHyperParams
+from .integrations.entries import apply_hpse_to_model
 from .loading import ModelNotFoundError, load_model
 from .methods import MethodSpec, get_method, register_method, registered_methods
+from .model_io import load_edit, save_edit
+from .training import EditResult
 
 __version__ = "0.1.0"
 
@@ -28,10 +33,12 @@ __all__ = [
     "generate_answers",
     "get_method",
     "hpse_edit",
+    "load_edit",
     "load_model",
     "normalize_requests",
     "register",
     "register_method",
     "registered_methods",
     "restore_weights",
+    "save_edit",
 ]

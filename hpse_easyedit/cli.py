@@ -16,39 +16,38 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
 import json
 import logging
 import os
-import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .editor import RequestError, hpse_edit
+from .edit_requests import RequestError
+from .editor import hpse_edit
 from .encoding import TextEncodingError, read_text
-from .executors import EXECUTORS
+from .errors import (
+    ENVIRONMENT_ERRNOS,
+    Interrupted,
+    UsageError,
+    check_new_dir,
+    check_positive,
+    check_text_file,
+    check_writable,
+)
 from .generation import generate_answers
 from .hparams import HParamsError, HPSEHyperParams
 from .loading import ModelNotFoundError
 from .locks import DirectoryBusyError, writer_lock
+from .model_io import save_edit
 from .training import EditDivergedError, describe_loss
 
-__all__ = ["Interrupted", "OneLineFormatter", "OneLineParser", "UsageError", "build_parser", "check_new_dir", "check_positive", "check_text_file", "check_writable", "choice_text", "main",
-           "run_cli", "save_edit", "user_error_types"]
+__all__ = ["OneLineFormatter", "OneLineParser", "build_parser", "main", "run_cli", "user_error_types"]
 
 DEBUG_FLAG = "--debug"
 DEBUG_HELP = "show the full traceback of an error instead of one line (or set HPSE_DEBUG=1)"
-
-
-class UsageError(ValueError):
-    """A command-line option is out of range or names a file that cannot be used; the message says which and the fix."""
-
-
-class Interrupted(KeyboardInterrupt):
-    """Ctrl-C, carrying one line: what was finished and how to go on (``run_cli`` prints it, exit code 130)."""
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -124,83 +123,6 @@ def _user_error_text(err: BaseException) -> str:
     if isinstance(err, OSError) and err.filename and str(err.filename) not in text:
         text = f"{err.filename}: {text}"
     return text
-
-
-#: OSErrors that are the machine's state, not a bug: a full disk, a quota, a read-only file system, no permission
-ENVIRONMENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
-
-
-def check_writable(option: str, directory: str | os.PathLike) -> None:
-    """``UsageError`` unless ``directory`` can be created and written (a probe file, removed again)."""
-    from .atomic import writer_tmp
-
-    path = Path(directory)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = writer_tmp(path / ".hpse-probe")
-        probe.write_bytes(b"\0" * 65536)
-        probe.unlink()
-    except OSError as err:
-        raise UsageError(f"{option} {path}: cannot write there ({err.strerror or err}); give a writable directory "
-                         "with free space") from None
-
-
-def choice_text(choices: Sequence[str]) -> str:
-    """``["auto", "llm", "lexical"]`` -> ``"auto, llm or lexical"``: the one wording of every choice message."""
-    choices = list(choices)
-    return choices[0] if len(choices) == 1 else ", ".join(choices[:-1]) + f" or {choices[-1]}"
-
-
-def check_positive(option: str, value: int | float | None, minimum: int | float = 1, what: str = "") -> None:
-    """``UsageError`` unless ``value`` is None or >= ``minimum``."""
-    if value is not None and value < minimum:
-        raise UsageError(f"{option} must be >= {minimum}{' (' + what + ')' if what else ''}, got {value}")
-
-
-def check_text_file(option: str, path: str | os.PathLike) -> Path:
-    """``UsageError`` unless ``path`` is a readable file."""
-    p = Path(path)
-    if not p.exists():
-        raise UsageError(f"{option} {p}: no such file; give the path of an existing file")
-    if not p.is_file():
-        raise UsageError(f"{option} {p}: is a directory, not a file; give the path of a file")
-    return p
-
-
-def check_new_dir(option: str, path: str | os.PathLike | None, *, may_hold_files: bool = False) -> None:
-    """``UsageError`` when ``path`` names an existing file (or, unless ``may_hold_files``, a non-empty directory)."""
-    if path is None:
-        return
-    p = Path(path)
-    if p.exists() and not p.is_dir():
-        raise UsageError(f"{option} {p}: is a file, not a directory; give a directory path")
-    if not may_hold_files and p.is_dir() and any(p.iterdir()):
-        raise UsageError(f"{option} {p}: the directory exists and is not empty; choose a new directory")
-    parent = next((q for q in p.parents if q.exists()), None)
-    if parent is not None and not parent.is_dir():
-        raise UsageError(f"{option} {p}: {parent} is a file, so the directory cannot be created there")
-
-
-def save_edit(result: Any, hparams: HPSEHyperParams, out_dir: str | os.PathLike, requests: list[dict]) -> Path:
-    """Write the edited weights (LoRA adapter, or the one FT-M matrix) with the hparams beside them.
-
-    Refuses to write into a directory that already has files, so nothing is overwritten.
-    """
-    out = Path(out_dir)
-    if out.exists() and any(out.iterdir()):
-        raise FileExistsError(f"--save {out}: the directory exists and is not empty; choose a new directory")
-    out.mkdir(parents=True, exist_ok=True)
-    try:
-        weights = EXECUTORS[hparams.executor].save_edit(result.model, hparams, out)
-        hparams.to_yaml(out / "hparams.yaml")
-        manifest = {"weights": weights, "executor": hparams.executor, "model_name": hparams.model_name,
-                    "requests": requests, "rounds": result.rounds, "seconds": result.seconds}
-        (out / "edit.json").write_text(json.dumps(manifest, indent=1))
-    except BaseException:  # a full disk, Ctrl-C: no half-saved edit is left behind (the directory is empty again)
-        for child in out.iterdir():
-            shutil.rmtree(child) if child.is_dir() else child.unlink()
-        raise
-    return out
 
 
 def _save_elsewhere(result: Any, hparams: HPSEHyperParams, requests: list[dict], option_dir: Path,

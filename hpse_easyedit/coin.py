@@ -50,26 +50,24 @@ from typing import Any, Iterator, Sequence
 import torch
 import torch.nn.functional as F
 
-from .editor import RequestError, normalize_requests
+from .edit_requests import RequestError, normalize_requests
 from .executors import make_executor
 from .hparams import ExecutorHParams, HParamsError, hp_field
 from .losses import sequence_nll
-from .padding import next_token_labels, pad_rows
+from .padding import next_token_labels, pad_rows, pad_token_id
 from .prompts import chat_prompt_ids, end_of_turn_id
 from .rollout import input_device
 from .text import sentence_spans
-from .training import EditResult, Terms, easyedit_apply, train_edit
+from .training import EditResult, Terms, train_edit
 
 __all__ = [
     "COINHyperParams",
     "COINObjective",
-    "apply_coin_to_model",
     "coin_edit",
     "context_consistency_kl",
     "hidden_alignment",
     "sentence_chunks",
 ]
-
 
 
 @dataclass
@@ -245,11 +243,8 @@ def coin_edit(
     through the shared training loop (one round); returns the edited model and what restores it."""
     reqs = normalize_requests(requests, hparams)
     items = _build_items(tok, reqs, hparams)
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
+    pad_id = pad_token_id(tok)
     executor = make_executor(model, hparams, keep_original_weight=keep_original_weight)
     objective = COINObjective(items, hparams, pad_id, input_device(executor.model))
     return train_edit(executor, hparams, objective, rounds=1, inner_steps=hparams.steps)
 
-
-#: COIN* under EasyEdit's editor contract, ``(edited_model, weights_copy)`` (see ``training.easyedit_apply``).
-apply_coin_to_model = easyedit_apply(coin_edit, "apply_coin_to_model")

@@ -28,8 +28,9 @@ from .integrations.easyedit_import import (
     check_easyedit,
     import_easyedit,
 )
+from .integrations.entries import EditHandle
 from .integrations.factory import is_project_hparams
-from .integrations.registration import EditHandle, make_editor, plugin_methods, register
+from .integrations.registration import make_editor, plugin_methods, register
 from .methods import MethodSpec, get_method, load_hparams, register_method, registered_methods
 
 __all__ = [

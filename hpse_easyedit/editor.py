@@ -1,4 +1,4 @@
-"""``apply_hpse_to_model``: R rounds of (one greedy hybrid rollout, then M Adam steps on it).
+"""``hpse_edit``: R rounds of (one greedy hybrid rollout, then M Adam steps on it).
 
 Data flows one way: requests -> prompts (``prompts.py``) -> rollout (``rollout.py``) -> loss
 (``losses.py``, the ``HPSEObjective`` here) -> the training loop and its executor (``training.py``,
@@ -8,72 +8,20 @@ Data flows one way: requests -> prompts (``prompts.py``) -> rollout (``rollout.p
 from __future__ import annotations
 
 import time
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 
+from .edit_requests import RequestError, normalize_requests
 from .executors import Executor, make_executor
 from .hparams import HPSEHyperParams
 from .losses import sequence_nll, topk_forward_kl
-from .padding import next_token_labels, pad_rows
+from .padding import next_token_labels, pad_rows, pad_token_id
 from .prompts import EditPrompts, build_edit_prompts, stop_token_ids
-from .rollout import Rollout, _accepts, draw_rollout, input_device
-from .training import EditResult, Terms, easyedit_apply, train_edit
+from .rollout import Rollout, accepts_keyword, draw_rollout, input_device
+from .training import EditResult, Terms, train_edit
 
-__all__ = ["EditResult", "HPSEObjective", "RequestError", "apply_hpse_to_model", "edit_prompts", "hpse_edit",
-           "normalize_requests"]
-
-
-class RequestError(ValueError):
-    """An edit request is malformed; the message names the request, the field and the fix."""
-
-
-def normalize_requests(requests: Any, hparams: HPSEHyperParams) -> list[dict]:
-    """EasyEdit request dicts -> ``{"prompt", "subject", "target_new"}`` with clear errors for bad input."""
-    if isinstance(requests, Mapping):
-        requests = [requests]
-    if not isinstance(requests, Sequence) or isinstance(requests, str) or not requests:
-        raise RequestError("requests must be a non-empty list of dicts with 'subject' and 'target_new' (the passage)")
-    out = []
-    head, _, tail = hparams.editing_prompt.partition("{subject}")
-    for i, req in enumerate(requests):
-        if not isinstance(req, Mapping):
-            raise RequestError(f"request {i}: expected a dict, got {type(req).__name__}")
-        passage = req.get("target_new")
-        if isinstance(passage, Mapping):
-            passage = passage.get("str")
-        if not isinstance(passage, str) or not passage.strip():
-            raise RequestError(f"request {i}: 'target_new' must be the non-empty passage to inject, got {passage!r}")
-        if not any(ch.isalnum() for ch in passage):
-            raise RequestError(f"request {i}: 'target_new' has no letter or digit ({passage.strip()[:40]!r}); give the "
-                               "passage to inject as text")
-        subject = req.get("subject")
-        prompt = req.get("prompt")
-        if isinstance(subject, str) and not subject.strip():
-            subject = None
-        if isinstance(prompt, str) and not prompt.strip():
-            prompt = None
-        if subject is None and prompt is None:
-            raise RequestError(
-                f"request {i}: needs 'subject' (the topic phrase s of 'Introduce {{s}}.'); "
-                f"'prompt' alone is accepted when it follows editing_prompt {hparams.editing_prompt!r}"
-            )
-        if subject is None:
-            if prompt.startswith(head) and prompt.endswith(tail) and len(prompt) > len(head) + len(tail):
-                subject = prompt[len(head): len(prompt) - len(tail)]
-            else:
-                raise RequestError(
-                    f"request {i}: 'subject' is missing and cannot be read from prompt {prompt!r} "
-                    f"(editing_prompt is {hparams.editing_prompt!r}); add a 'subject' field"
-                )
-        if not isinstance(subject, str):
-            raise RequestError(f"request {i}: 'subject' must be a string, got {type(subject).__name__}")
-        if prompt is None:
-            prompt = hparams.editing_prompt.format(subject=subject)
-        if not isinstance(prompt, str):
-            raise RequestError(f"request {i}: 'prompt' must be a string, got {type(prompt).__name__}")
-        out.append({"prompt": prompt, "subject": subject, "target_new": passage})
-    return out
+__all__ = ["HPSEObjective", "edit_prompts", "hpse_edit"]
 
 
 def _check_lengths(prompts: Sequence[EditPrompts], hparams: HPSEHyperParams) -> None:
@@ -110,7 +58,7 @@ def _logits_from(model: Any, ids: torch.Tensor, mask: torch.Tensor, first: int,
     ``logits_to_keep``; otherwise every position's logits come back, starting at 0. The kept logits, and
     so the gradients, are the same values either way.
     """
-    if scored_only and first > 0 and _accepts(model, "logits_to_keep"):
+    if scored_only and first > 0 and accepts_keyword(model, "logits_to_keep"):
         return model(input_ids=ids, attention_mask=mask, logits_to_keep=ids.shape[1] - first).logits, first
     return model(input_ids=ids, attention_mask=mask).logits, 0
 
@@ -233,7 +181,7 @@ def hpse_edit(
     start = time.perf_counter()
     prompts = edit_prompts(model, tok, requests, hparams)
     stop_ids = stop_token_ids(model, tok)
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else next(iter(stop_ids), 0)
+    pad_id = pad_token_id(tok, stop_ids)
     executor = make_executor(model, hparams, keep_original_weight=keep_original_weight)
     objective = HPSEObjective(executor, prompts, hparams, stop_ids=stop_ids, pad_id=pad_id)
     result = train_edit(executor, hparams, objective, rounds=hparams.rounds, inner_steps=hparams.inner_steps)
@@ -242,6 +190,3 @@ def hpse_edit(
     result.seconds = time.perf_counter() - start
     return result
 
-
-#: HPSE under EasyEdit's editor contract, ``(edited_model, weights_copy)`` (see ``training.easyedit_apply``).
-apply_hpse_to_model = easyedit_apply(hpse_edit, "apply_hpse_to_model")

@@ -7,7 +7,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from .padding import pad_rows
+from .padding import pad_rows, pad_token_id
 from .prompts import chat_prompt_ids, has_system_role, stop_token_ids
 from .rollout import input_device
 from .static_decode import plain_greedy, static_generate
@@ -44,7 +44,7 @@ def generate_answers(
         tok, getattr(getattr(model, "config", None), "model_type", ""), template_kwargs)
     device = input_device(model)
     stops = sorted(stop_token_ids(model, tok))
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else (stops[0] if stops else 0)
+    pad_id = pad_token_id(tok, stops)
     if static_decode and (field := plain_greedy(model)) is not None:
         logger.info("static_decode: generation_config.%s is set, so answers use model.generate", field)
         static_decode = False

@@ -16,9 +16,11 @@ from typing import Any
 
 import torch
 
+from .executors import EXECUTORS
+
 __all__ = [
-    "DTYPE_KEYWORD", "EMBEDDED_MODEL", "ModelNotFoundError", "cache_dir", "check_against_model", "check_placement", "download_hint",
-    "embedded_gguf_path", "load_model", "resolve_device",
+    "DTYPE_KEYWORD", "EMBEDDED_MODEL", "ModelNotFoundError", "cache_dir", "check_against_model", "check_placement",
+    "download_hint", "embedded_gguf_path", "load_model", "model_source", "resolve_device",
 ]
 
 logger = logging.getLogger(__name__)
@@ -210,22 +212,25 @@ def _convert_embedded(target: Path) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _resolve(name: str) -> tuple[str, dict]:
-    """A local directory, the HF cache, the hub, or (for the embedded model) the converted GGUF copy."""
+def model_source(name: str) -> str:
+    """Where ``from_pretrained`` reads the model ``name`` (hparams ``model_name``) from, without loading it: a local
+    directory, the Hugging Face cache, the hub id itself, or (for the embedded model) its converted GGUF copy.
+    ``ModelNotFoundError`` names the fix when it is none of these."""
     if os.path.isdir(name):
         if not os.path.isfile(os.path.join(name, "config.json")):
             raise ModelNotFoundError(
                 f"model_name {name!r} is a directory but not a model (it has no config.json); point model_name to the "
                 "directory save_pretrained wrote, or to a model id"
             )
-        return name, {}
+        return name
     if os.path.isfile(name):
         raise ModelNotFoundError(f"model_name {name!r} is a file, not a model; point model_name to a model directory "
                                  "(the one save_pretrained wrote) or to a model id")
     try:
         from huggingface_hub import snapshot_download
 
-        return snapshot_download(name, local_files_only=True, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]), {}
+        return snapshot_download(name, local_files_only=True,
+                                 allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"])
     except Exception:
         pass
     if name != EMBEDDED_MODEL:
@@ -235,12 +240,12 @@ def _resolve(name: str) -> tuple[str, dict]:
                 f"({_hub_cache()}), and offline mode is set (HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE); download it first with "
                 f"`{download_hint(name)}` where the hub is reachable, or set model_name to a local directory"
             )
-        return name, {}
+        return name
     converted = cache_dir() / "SmolLM2-135M-Instruct-gguf-f32"
     if not (converted / "config.json").is_file():
         _convert_embedded(converted)
     logger.info("Using the embedded SmolLM2-135M-Instruct (Q4_1 GGUF dequantised) from %s", converted)
-    return str(converted), {}
+    return str(converted)
 
 
 def load_model(hparams: Any) -> tuple[Any, Any]:
@@ -252,7 +257,7 @@ def load_model(hparams: Any) -> tuple[Any, Any]:
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    source, _ = _resolve(hparams.model_name)
+    source = model_source(hparams.model_name)
     place, device = _device_kwargs(hparams)
     attention = _attention_kwargs(hparams)
     trust = bool(getattr(hparams, "trust_remote_code", False))
@@ -287,18 +292,12 @@ def load_model(hparams: Any) -> tuple[Any, Any]:
     return model, tok
 
 
-def _num_layers(model: Any) -> int | None:
-    config = getattr(model, "config", None)
-    config = getattr(config, "text_config", None) or config
-    return getattr(config, "num_hidden_layers", None)
-
-
 def check_against_model(model: Any, hparams: Any, source: str | None = None) -> None:
-    """Refuse executor settings that do not fit ``model`` (``HParamsError``), before any edit starts.
+    """Refuse settings that do not fit ``model`` (``HParamsError``), before any edit starts.
 
-    LoRA: every ``target_modules`` name must be the last part of some module name, and every ``layers``
-    index must be a layer of the model. FT-M: ``ftm_module_template.format(ftm_layer) + '.weight'`` must
-    be a parameter. Hparams without an ``executor`` field are left alone.
+    ``max_length`` must fit the model's context and ``top_k`` its vocabulary; then the executor the hparams
+    name checks its own keys (``Executor.model_mismatch``: LoRA's ``target_modules`` and ``layers``, FT-M's
+    matrix). Hparams without an ``executor`` field are left alone.
     """
     from .hparams import HParamsError
 
@@ -306,7 +305,6 @@ def check_against_model(model: Any, hparams: Any, source: str | None = None) -> 
     if executor is None:
         return
     source = source or getattr(hparams, "_source", None) or "the hparams"
-    n_layers = _num_layers(model)
     config = getattr(model, "config", None)
     context = getattr(config, "max_position_embeddings", None)
     if isinstance(context, int) and getattr(hparams, "max_length", 0) > context:
@@ -318,25 +316,6 @@ def check_against_model(model: Any, hparams: Any, source: str | None = None) -> 
     if isinstance(vocab, int) and getattr(hparams, "top_k", 0) > vocab:
         raise HParamsError(f"{source}: key 'top_k' is {hparams.top_k} but {hparams.model_name} has a vocabulary of "
                            f"{vocab} tokens; set top_k to {vocab} or less")
-    if executor == "lora":
-        leaves = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
-        missing = [m for m in hparams.target_modules if m not in leaves]
-        if missing:
-            known = sorted(n for n in leaves if n.endswith("proj")) or sorted(leaves)[:12]
-            raise HParamsError(
-                f"{source}: key 'target_modules' names {missing}, which {type(model).__name__} does not have; "
-                f"use module names of this model, e.g. {known}"
-            )
-        if hparams.layers is not None and n_layers is not None and max(hparams.layers) >= n_layers:
-            raise HParamsError(
-                f"{source}: key 'layers' is {list(hparams.layers)} but {hparams.model_name} has {n_layers} layers "
-                f"(0..{n_layers - 1}); use indices below {n_layers}, or null for all layers"
-            )
-    elif executor == "ft_m":
-        name = hparams.ftm_module_template.format(hparams.ftm_layer) + ".weight"
-        if name not in dict(model.named_parameters()):
-            where = f" (it has {n_layers} layers, 0..{n_layers - 1})" if n_layers else ""
-            raise HParamsError(
-                f"{source}: keys 'ftm_layer'/'ftm_module_template' give {name}, which is not a parameter of "
-                f"{hparams.model_name}{where}; fix 'ftm_layer' or 'ftm_module_template'"
-            )
+    problem = EXECUTORS[executor].model_mismatch(model, hparams) if executor in EXECUTORS else None
+    if problem is not None:
+        raise HParamsError(f"{source}: {problem}")

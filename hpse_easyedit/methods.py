@@ -7,16 +7,18 @@ EasyEdit restores by calling ``weights_copy``). The benchmark runner (``benchmar
 ``run_compare``, ``hpse_easyedit.easyedit.load_hparams``/``make_editor`` and ``register`` (EasyEdit's
 ``ALG_DICT``, ``CALLABLE_RESTORE_ALGS`` and batchable methods) all read this one table.
 
-A new method is one module (its hparams class and its ``apply_X_to_model``) plus one line::
+This module is the table only and imports no method: the project's own methods are registered by
+``builtin_methods`` (imported with the package), the benchmark's reference rows (``UNEDITED``,
+``IN_CONTEXT``) by ``benchmarks.editors``, each by the layer it belongs to. A new method is one module
+(its hparams class and its edit) plus one line::
 
-    register_method(MethodSpec("MYEDIT", MyHParams.load, hparams_dict, load_checked_model, timed_edit(apply_my_edit),
+    register_method(MethodSpec("MYEDIT", MyHParams.load, hparams_dict, load_model, timed_edit(apply_my_edit),
                                restore_weights, easyedit_apply=apply_my_edit))
 
 The runner's ``edit`` returns an object with ``.model``, ``.weights_copy``, ``.rounds`` and ``.seconds``
 (``EditResult``); ``timed_edit`` makes one from the ROME/EasyEdit contract ``apply_X_to_model(model, tok,
 requests, hparams) -> (model, weights_copy)``. The plain LoRA / FT-M baselines are HPSE files with
-``kl_weight: 0``; the benchmark's reference rows (``UNEDITED``, ``IN_CONTEXT``) are registered by
-``benchmarks.editors``, the layer they belong to.
+``kl_weight: 0``.
 """
 
 from __future__ import annotations
@@ -27,23 +29,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from .coin import COINHyperParams, coin_edit
-from .editor import EditResult, hpse_edit
-from .executors import restore_weights, resume_edit
-from .hparams import HParamsError, HPSEHyperParams, read_hparams_file
-from .integrations.baselines import (
-    AnyEditHyperParams,
-    LocateThenEditHParams,
-    UnKEHyperParams,
-    apply_locate_then_edit,
-    apply_unke_family,
-    check_locality_data,
-    check_statistics_obtainable,
-    restore_copied_weights,
-)
-from .integrations.entries import apply_coin_for_easyedit, apply_hpse_for_easyedit, apply_unke_for_easyedit
-from .integrations.factory import load_checked_model
-from .loading import load_model
+from .hparams import HParamsError, read_hparams_file
+from .training import EditResult
 
 __all__ = [
     "MethodSpec", "get_method", "hparams_dict", "load_hparams", "method_for_file", "method_specs", "register_method",
@@ -140,16 +127,3 @@ def timed_edit(apply: Callable[..., tuple[Any, Any]], *, timer: bool = False) ->
 
     return edit
 
-
-register_method(MethodSpec("HPSE", HPSEHyperParams.load, hparams_dict, load_model, hpse_edit, restore_weights,
-                           easyedit_apply=apply_hpse_for_easyedit, callable_restore=True, resume=resume_edit))
-register_method(MethodSpec("COIN", COINHyperParams.load, hparams_dict, load_checked_model, coin_edit, restore_weights,
-                           easyedit_apply=apply_coin_for_easyedit, callable_restore=True, resume=resume_edit))
-for _name, _hparams in (("UnKE", UnKEHyperParams), ("AnyEdit", AnyEditHyperParams)):  # EasyEdit's unke / unke_ARE
-    register_method(MethodSpec(_name, _hparams.load, hparams_dict, load_checked_model,
-                               timed_edit(apply_unke_family, timer=True), restore_copied_weights, needs_easyedit=True,
-                               easyedit_apply=apply_unke_for_easyedit, preflight=check_locality_data))
-for _name in ("MEMIT", "AlphaEdit"):  # EasyEdit's own ALG_DICT entries, statistics computed offline
-    register_method(MethodSpec(_name, LocateThenEditHParams.load, hparams_dict, load_checked_model,
-                               timed_edit(apply_locate_then_edit, timer=True), restore_copied_weights,
-                               needs_easyedit=True, preflight=check_statistics_obtainable))

@@ -7,11 +7,11 @@ ids without a tokenizer in reach, and the labels need their own fill value (-100
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Iterable, Sequence
 
 import torch
 
-__all__ = ["IGNORE", "next_token_labels", "pad_rows"]
+__all__ = ["IGNORE", "next_token_labels", "pad_rows", "pad_token_id"]
 
 #: the label value ``cross_entropy`` ignores
 IGNORE = -100
@@ -38,3 +38,13 @@ def next_token_labels(rows: Sequence[Sequence[int]], label_from: Sequence[int]) 
     row ``b`` when ``t + 1 >= label_from[b]``, else ``IGNORE`` (so ``logits[b, t]`` is scored on it)."""
     labels, _ = pad_rows([[IGNORE] * start + list(r[start:]) for r, start in zip(rows, label_from)], IGNORE)
     return torch.cat([labels[:, 1:], torch.full_like(labels[:, :1], IGNORE)], dim=1)
+
+
+def pad_token_id(tok: Any, stop_ids: Iterable[int] = ()) -> int:
+    """The id every batch pads with: the tokenizer's pad token; for a tokenizer without one, the smallest of
+    ``stop_ids`` (the turn-ending tokens, which the model already treats as the end of text), else 0.
+
+    Padded positions are masked out of attention and labels, so the id only has to be a valid token."""
+    if tok.pad_token_id is not None:
+        return tok.pad_token_id
+    return min(stop_ids, default=0)

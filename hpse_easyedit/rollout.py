@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Iterable, Sequence
 
@@ -21,7 +22,7 @@ from .losses import stepin_decision
 from .padding import pad_rows
 from .static_decode import StaticDecoder, compile_step
 
-__all__ = ["Rollout", "batched_hybrid_rollout", "draw_rollout", "hybrid_rollout", "input_device"]
+__all__ = ["Rollout", "accepts_keyword", "batched_hybrid_rollout", "draw_rollout", "hybrid_rollout", "input_device"]
 
 
 @dataclass
@@ -55,27 +56,36 @@ def input_device(model: torch.nn.Module) -> torch.device:
         return next(model.parameters()).device
 
 
-def _accepts(model: torch.nn.Module, name: str) -> bool:
-    cache = getattr(model, "_hpse_forward_kwargs", None)
-    if cache is None:
+#: model -> the keywords its forward takes (inspected once per model; the entry goes with the model)
+_FORWARD_KEYWORDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def accepts_keyword(model: torch.nn.Module, name: str) -> bool:
+    """Whether ``model``'s forward (or, for a peft wrapper, its base model's) takes the keyword ``name``."""
+    try:
+        keywords = _FORWARD_KEYWORDS.get(model)
+    except TypeError:  # an object that cannot be weakly referenced: inspected at every call
+        keywords = None
+    if keywords is None:
         try:
-            cache = set(inspect.signature(model.forward).parameters)
+            keywords = set(inspect.signature(model.forward).parameters)
             base = getattr(model, "get_base_model", None)
             if base is not None:
-                cache |= set(inspect.signature(base().forward).parameters)
+                keywords |= set(inspect.signature(base().forward).parameters)
         except (TypeError, ValueError):
-            cache = set()
+            keywords = set()
+        keywords = frozenset(keywords)
         try:
-            model._hpse_forward_kwargs = cache
-        except Exception:
+            _FORWARD_KEYWORDS[model] = keywords
+        except TypeError:
             pass
-    return name in cache
+    return name in keywords
 
 
 def cache_keyword(model: torch.nn.Module) -> str:
     """The forward keyword of the KV cache: ``cache`` where the model takes it (transformers >= 5.24, which
     deprecates ``past_key_values``), else ``past_key_values``."""
-    return "cache" if _accepts(model, "cache") else "past_key_values"
+    return "cache" if accepts_keyword(model, "cache") else "past_key_values"
 
 
 def output_cache(out: Any) -> Any:
@@ -87,9 +97,9 @@ def output_cache(out: Any) -> Any:
 def _step(model: torch.nn.Module, ids: torch.Tensor, cache: Any) -> tuple[torch.Tensor, Any]:
     """One cached forward; returns the last position's float32 log-probs and the updated cache."""
     kwargs: dict = {"input_ids": ids, cache_keyword(model): cache, "use_cache": True}
-    if _accepts(model, "logits_to_keep"):
+    if accepts_keyword(model, "logits_to_keep"):
         kwargs["logits_to_keep"] = 1
-    elif _accepts(model, "num_logits_to_keep"):
+    elif accepts_keyword(model, "num_logits_to_keep"):
         kwargs["num_logits_to_keep"] = 1
     out = model(**kwargs)
     return F.log_softmax(out.logits[:, -1, :].float(), dim=-1), output_cache(out)
@@ -244,7 +254,7 @@ def batched_hybrid_rollout(
     ids, mask = ids.to(device), mask.to(device)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     teacher_rows = torch.tensor([False, True], device=device)
-    use_keep = _accepts(model, "logits_to_keep")
+    use_keep = accepts_keyword(model, "logits_to_keep")
     cache_kw = cache_keyword(model)
 
     def forward(step_ids: torch.Tensor, step_pos: torch.Tensor, cache: Any) -> tuple[torch.Tensor, Any]:

@@ -19,19 +19,18 @@ statistics and timing. An ``Objective`` owns what differs:
 from __future__ import annotations
 
 import contextlib
-import copy as copy_module
 import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Protocol, Sequence
+from typing import Any, Iterator, Protocol, Sequence
 
 import torch
 
 from .executors import Executor
 
-__all__ = ["EditDivergedError", "EditResult", "Objective", "activation_checkpointing", "describe_loss", "easyedit_apply",
-           "inner_step", "train_edit"]
+__all__ = ["EditDivergedError", "EditResult", "Objective", "activation_checkpointing", "describe_loss", "inner_step",
+           "train_edit"]
 
 logger = logging.getLogger(__name__)
 
@@ -191,29 +190,3 @@ def activation_checkpointing(model: Any, enabled: bool) -> Iterator[None]:
             m.training = mode
         base.gradient_checkpointing_disable()
 
-
-def easyedit_apply(edit: Callable[..., EditResult], name: str) -> Callable[..., tuple[Any, dict]]:
-    """EasyEdit's editor contract around an ``edit(model, tok, requests, hparams, keep_original_weight=...)``:
-    ``apply(model, tok, requests, hparams, copy=False, return_orig_weights=False, keep_original_weight=False)``
-    returns ``(edited_model, weights_copy)``.
-
-    ``weights_copy`` holds, for the tensors the edit changed only (LoRA adapter weights or the one FT-M
-    matrix), their values before the edit; ``restore_weights(edited_model, weights_copy)`` brings back the
-    unedited model bit for bit. It is returned whatever ``return_orig_weights`` says, since it costs only
-    those tensors. Per-round statistics are on ``edited_model.hpse_last_edit``.
-    """
-
-    def apply(model: Any, tok: Any, requests: Any, hparams: Any, copy: bool = False, return_orig_weights: bool = False,
-              keep_original_weight: bool = False, **kwargs: Any) -> tuple[Any, dict]:
-        if copy:
-            model = copy_module.deepcopy(model)
-        result = edit(model, tok, requests, hparams, keep_original_weight=keep_original_weight)
-        try:
-            result.model.hpse_last_edit = {"rounds": result.rounds, "seconds": result.seconds}
-        except Exception:  # pragma: no cover - exotic module types
-            pass
-        return result.model, result.weights_copy
-
-    apply.__name__ = apply.__qualname__ = name
-    apply.__doc__ = f"``{edit.__name__}`` under EasyEdit's editor contract.\n\n" + (easyedit_apply.__doc__ or "")
-    return apply

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from hpse_easyedit import covariance as cov
+from hpse_easyedit.integrations import covariance as cov
 from tiny_models import CORPUS, make_tiny_model_and_tokenizer
 
 LAYERS = ["model.layers.0.mlp.down_proj", "model.layers.1.mlp.down_proj"]

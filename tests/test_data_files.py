@@ -4,7 +4,7 @@ import pytest
 
 import benchmarks.datasets as bench_datasets
 import benchmarks.paths as bench_paths
-import hpse_easyedit.covariance as cov
+import hpse_easyedit.integrations.covariance as cov
 from hpse_easyedit import data_files as df
 
 

@@ -33,7 +33,7 @@ def test_a_diverging_edit_stops_and_leaves_the_model_as_it_found_it(executor, lr
 def test_the_guard_never_stops_an_edit_whose_loss_falls():
     model, tok = make_tiny_model_and_tokenizer("qwen2")
     edited, weights_copy = apply_hpse_to_model(model, tok, REQUEST, tiny_hparams())
-    assert edited.hpse_last_edit["rounds"]
+    assert weights_copy.result.rounds
 
 
 def _passage(tmp_path):

@@ -17,7 +17,7 @@ from hpse_easyedit.editor import RequestError
 from hpse_easyedit.integrations import baselines as B
 from hpse_easyedit.integrations.baselines import locality, unke
 from hpse_easyedit.methods import load_hparams
-from hpse_easyedit.integrations.registration import EditHandle, apply_hpse_for_easyedit
+from hpse_easyedit.integrations.entries import EditHandle, apply_hpse_to_model
 from tiny_models import make_tiny_model_and_tokenizer, same_weights, tiny_hparams, weights_snapshot
 
 REPO = Path(__file__).resolve().parents[1]
@@ -64,7 +64,7 @@ def test_locate_then_edit_files_keep_easyedits_schema_and_fit_the_backbone(metho
     assert config["alg_name"] == method and config["model_name"] == name
     assert config["v_loss_layer"] == n_layers - 1 and max(config["layers"]) < n_layers
     assert config["lm_head_module"] == ("model.embed_tokens" if tied else "lm_head")
-    if stem == "smollm2-135m":  # offline: a local corpus, computed by hpse_easyedit.covariance
+    if stem == "smollm2-135m":  # offline: a local corpus, computed by hpse_easyedit.integrations.covariance
         assert config["mom2_dataset"] == "editevery" and config["device"] == "cpu"
     else:
         assert config["mom2_dataset"] == "wikipedia"
@@ -231,9 +231,9 @@ def test_sequential_plugin_edits_on_the_bare_model_accumulate_and_handles_restor
     model, tok = make_tiny_model_and_tokenizer("llama")
     snap = weights_snapshot(model)
     hp = tiny_hparams(executor=executor, rounds=1, inner_steps=2)
-    e1, h1 = apply_hpse_for_easyedit(model, tok, [{"subject": "AJ Lee", "target_new": "AJ Lee speaks Russian."}], hp)
+    e1, h1 = apply_hpse_to_model(model, tok, [{"subject": "AJ Lee", "target_new": "AJ Lee speaks Russian."}], hp)
     after_first = weights_snapshot(e1)
-    e2, h2 = apply_hpse_for_easyedit(model, tok, [{"subject": "Ellie Kemper", "target_new": "She is Croatian."}], hp)
+    e2, h2 = apply_hpse_to_model(model, tok, [{"subject": "Ellie Kemper", "target_new": "She is Croatian."}], hp)
     assert e2 is e1 and isinstance(h2, EditHandle) and isinstance(h2, dict)
     assert not same_weights(e2, after_first)
     h2()
@@ -241,7 +241,7 @@ def test_sequential_plugin_edits_on_the_bare_model_accumulate_and_handles_restor
     restored = h1()
     assert restored is model and same_weights(model, snap) and type(model).__name__ == "LlamaForCausalLM"
     # a dict like any weights_copy: restore_weights takes it too
-    e3, h3 = apply_hpse_for_easyedit(model, tok, [{"subject": "AJ Lee", "target_new": "AJ Lee speaks Russian."}], hp)
+    e3, h3 = apply_hpse_to_model(model, tok, [{"subject": "AJ Lee", "target_new": "AJ Lee speaks Russian."}], hp)
     assert same_weights(restore_weights(e3, h3), snap)
 
 

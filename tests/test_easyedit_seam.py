@@ -5,7 +5,7 @@ short. Needs EasyEdit (``$EASYEDIT_SRC``; skipped with the reason otherwise)."""
 import pytest
 import torch
 
-from hpse_easyedit.editor import RequestError
+from hpse_easyedit.edit_requests import RequestError
 from tiny_models import make_tiny_model_and_tokenizer
 
 TINY = "alg_name: HPSE\nmodel_name: {model}\nrounds: 1\ninner_steps: 2\nmax_new_tokens: 4\nlr: 0.05\n"

@@ -22,7 +22,7 @@ import yaml
 
 from hpse_easyedit import HPSEHyperParams
 from hpse_easyedit.coin import COINHyperParams
-from hpse_easyedit.editor import RequestError
+from hpse_easyedit.edit_requests import RequestError
 from hpse_easyedit.hparams import HParamsError
 from hpse_easyedit.integrations.baselines import (
     AnyEditHyperParams,

@@ -140,8 +140,33 @@ def test_apply_hpse_to_model_contract():
     before = _probe_logits(model, tok)
     edited, weights_copy = apply_hpse_to_model(model, tok, REQUESTS, tiny_hparams(), copy=True, return_orig_weights=True)
     assert torch.equal(_probe_logits(model, tok), before)  # copy=True leaves the caller's model alone
-    assert edited.hpse_last_edit["rounds"] and weights_copy
+    assert weights_copy.result.rounds and weights_copy
     assert torch.equal(_probe_logits(restore_weights(edited, weights_copy), tok), before)
+
+
+@pytest.mark.parametrize("executor", ["lora", "ft_m"])
+def test_what_edits_leave_behind_is_one_state_object_the_restore_empties(executor):
+    from hpse_easyedit.executors import EditState, edit_state
+
+    model, tok = make_tiny_model_and_tokenizer("llama")
+    edited, handle = apply_hpse_to_model(model, tok, REQUESTS, tiny_hparams(executor=executor, rounds=1, inner_steps=1))
+    ours = {name for m in (model, edited) for name in vars(m) if "hpse" in name}
+    assert ours == {"_hpse_edit_state"}  # one object on the model, no attribute per concern
+    state = edit_state(edited)
+    assert isinstance(state, EditState) and state is edit_state(model) and state.pending_restores == [handle]
+    assert (state.adapter_model is edited) if executor == "lora" else (state.ftm_original is not None)
+    assert handle() is model
+    assert state == EditState()  # restored: nothing of the edit is kept
+
+
+def test_the_pad_id_is_the_tokenizers_else_the_smallest_stop_id_else_0():
+    from types import SimpleNamespace
+
+    from hpse_easyedit.padding import pad_token_id
+
+    assert pad_token_id(SimpleNamespace(pad_token_id=7), {3, 1}) == 7
+    assert pad_token_id(SimpleNamespace(pad_token_id=None), {151645, 151643}) == 151643
+    assert pad_token_id(SimpleNamespace(pad_token_id=None)) == 0
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,9 @@ from benchmarks import runner as runner_module
 from benchmarks import store as store_module
 from benchmarks.cli import cli_main
 from benchmarks.runner import RunOptions, run_benchmark
+from hpse_easyedit import HPSEHyperParams
 from hpse_easyedit import cli as edit_cli
+from hpse_easyedit.errors import UsageError
 from hpse_easyedit.executors import EXECUTORS
 from tiny_models import make_tiny_model_and_tokenizer
 
@@ -179,9 +181,9 @@ def test_a_full_disk_at_every_write_point_loses_no_case(tiny, tmp_path, referenc
         for at in range(1, n + 1):
             out = tmp_path / f"{attr}-{at}"
             _full_disk_once(monkeypatch, target, attr, at)
-            with pytest.raises((edit_cli.UsageError, OSError)) as info:
+            with pytest.raises((UsageError, OSError)) as info:
                 run_benchmark(_opts(tiny, out, mode))
-            if isinstance(info.value, edit_cli.UsageError):  # an append: its records were kept
+            if isinstance(info.value, UsageError):  # an append: its records were kept
                 assert "finished record(s) were saved whole to" in str(info.value)
                 kept = Path(str(info.value).split("saved whole to ")[1].split(":")[0])
                 assert kept.is_file() and kept.read_text().count("\n") >= 1
@@ -206,7 +208,7 @@ def test_a_full_disk_that_is_freed_while_the_run_waits_costs_nothing(tiny, tmp_p
 def test_save_on_a_full_disk_keeps_the_edit_whole_elsewhere(tiny, tmp_path, monkeypatch, capsys, point):
     passage = tmp_path / "passage.txt"
     passage.write_text("Selma Varrick is a marine biologist born in Norway.")
-    target = {"save_edit": (EXECUTORS["lora"], "save_edit"), "to_yaml": (edit_cli.HPSEHyperParams, "to_yaml"),
+    target = {"save_edit": (EXECUTORS["lora"], "save_edit"), "to_yaml": (HPSEHyperParams, "to_yaml"),
               "write_text": (Path, "write_text")}[point]
     calls = _full_disk_once(monkeypatch, *target, at=1)
     if point == "write_text":  # only edit.json's write: the check before the model loads writes a probe file

@@ -363,7 +363,7 @@ def test_every_shipped_file_reaches_load_model_through_base_editor(he, workdir, 
         seen.update(source=source, **kwargs)
         raise Stop
 
-    monkeypatch.setattr(loading, "_resolve", lambda name: (name, {}))
+    monkeypatch.setattr(loading, "model_source", lambda name: name)
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: object())
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", model_from_pretrained)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the backbone files say device: 0

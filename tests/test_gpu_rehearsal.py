@@ -75,7 +75,7 @@ def test_one_edit_per_executor_restores_bit_for_bit(rehearsal, executor):
         for n in trained
     )
     assert all(p.dtype == hp.torch_dtype for n, p in edited.named_parameters() if "lora_" not in n)
-    assert edited.hpse_last_edit["rounds"][0]["rollout_len"] > 0
+    assert weights_copy.result.rounds[0]["rollout_len"] > 0
     restored = restore_weights(edited, weights_copy)
     assert restored is model and same_weights(restored, before)
 

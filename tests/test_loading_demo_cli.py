@@ -135,6 +135,23 @@ def test_cli_edit_saves_weights_and_never_overwrites(tmp_path, tiny_dir, capsys,
     assert "exists and is not empty" in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("executor", ["lora", "ft_m"])
+def test_a_saved_edit_loads_back_bit_for_bit(tmp_path, tiny_dir, executor):
+    from hpse_easyedit import load_edit, save_edit
+
+    hp = HPSEHyperParams.from_hparams(_yaml(tmp_path, tiny_dir, executor=executor, rounds=1, inner_steps=2, lr=5e-2))
+    model, tok = load_model(hp)
+    requests = [{"subject": "AJ Lee", "target_new": "AJ Lee speaks Russian fluently."}]
+    result = hpse_edit(model, tok, requests, hp)
+    save_edit(result, hp, tmp_path / "saved", requests)
+    loaded, _, loaded_hp = load_edit(tmp_path / "saved")
+    ids = torch.tensor([tok("Who is AJ Lee?")["input_ids"]])
+    with torch.no_grad():
+        assert torch.equal(loaded(input_ids=ids).logits, result.model(input_ids=ids).logits)
+        assert not torch.equal(loaded(input_ids=ids).logits, load_model(hp)[0](input_ids=ids).logits)
+    assert loaded_hp.to_dict() == hp.to_dict()
+
+
 def test_cli_rejects_mismatched_subjects(tmp_path, tiny_dir, capsys):
     passage = tmp_path / "p.txt"
     passage.write_text("x")

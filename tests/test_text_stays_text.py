@@ -4,7 +4,7 @@ without one gets the ids it always had."""
 import pytest
 
 from hpse_easyedit import HPSEHyperParams
-from hpse_easyedit.editor import RequestError, normalize_requests
+from hpse_easyedit.edit_requests import RequestError, normalize_requests
 from hpse_easyedit.prompts import build_edit_prompts, chat_prompt_ids, has_system_role, text_ids
 from tiny_models import FAMILIES, make_tokenizer
 

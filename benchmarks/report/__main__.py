@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from hpse_easyedit.cli import OneLineParser, UsageError, check_positive, run_cli
+from hpse_easyedit.cli import OneLineParser, run_cli
+from hpse_easyedit.errors import UsageError, check_positive
 
 from . import judge_note, paper_table
 

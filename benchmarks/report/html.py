@@ -92,9 +92,9 @@ def load_tokenizer(model_name: str) -> Decoder | None:
     try:
         from transformers import AutoTokenizer
 
-        from hpse_easyedit.loading import _resolve  # the loader's own lookup, embedded-model fallback included
+        from hpse_easyedit.loading import model_source  # the loader's own lookup, embedded-model fallback included
 
-        source, _ = _resolve(model_name)
+        source = model_source(model_name)
         tok = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
     except Exception as err:  # noqa: BLE001 - any failure means "no tokenizer": the report shows ids
         log.warning("no tokenizer for %s (%s); rollouts are shown as token ids", model_name, str(err).splitlines()[0][:200])

@@ -2,7 +2,8 @@
 
 An executor wraps ONE model: the student is the model as edited, the privileged teacher is the
 same model seen through ``teacher_context()`` (LoRA adapter disabled, or the original FT-M matrix
-swapped in). No second copy of the weights is ever made.
+swapped in). No second copy of the weights is ever made. What an edit leaves for later edits and
+restores (the adapter, FT-M's original matrix, restore order) is the model's ``EditState`` (``state.py``).
 """
 
 from __future__ import annotations
@@ -14,10 +15,13 @@ import torch
 from .base import Executor, copy_back
 from .ftm import FTMExecutor
 from .lora import LoRAExecutor
+from .state import EditState, edit_state, unwrapped
 
-__all__ = ["EXECUTORS", "Executor", "FTMExecutor", "LoRAExecutor", "make_executor", "restore_weights", "resume_edit"]
+__all__ = ["EXECUTORS", "EditState", "Executor", "FTMExecutor", "LoRAExecutor", "edit_state", "make_executor",
+           "restore_weights", "resume_edit", "unwrapped"]
 
-#: ``hparams.executor`` -> its class; a new executor is one module plus one line here.
+#: ``hparams.executor`` -> its class; a new executor is one module plus one line here (loading's model check,
+#: saving and loading an edit, and restores dispatch over this table).
 EXECUTORS: dict[str, type[Executor]] = {
     "lora": LoRAExecutor,
     "ft_m": FTMExecutor,

@@ -7,7 +7,7 @@ from typing import Any, ContextManager
 
 import torch
 
-__all__ = ["Executor", "copy_back"]
+__all__ = ["Executor", "copy_back", "num_layers"]
 
 
 class Executor:
@@ -23,6 +23,12 @@ class Executor:
         self.model = model
         self.hparams = hparams
         self.teacher_switches = 0  # times the teacher was reached (teacher_context / row_switch entered)
+
+    @classmethod
+    def model_mismatch(cls, model: Any, hparams: Any) -> str | None:
+        """Why ``hparams`` cannot edit ``model`` with this executor (naming the keys and the fix), or None when it can;
+        checked when the model is loaded (``loading.check_against_model``) and when the executor is built."""
+        return None
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         raise NotImplementedError
@@ -68,6 +74,11 @@ class Executor:
         raise NotImplementedError
 
     @staticmethod
+    def load_edit(model: Any, weights: Path) -> Any:
+        """The unedited ``model`` with the edit ``save_edit`` wrote to ``weights`` put back in; returns the model to use."""
+        raise NotImplementedError
+
+    @staticmethod
     def release(model: Any) -> Any:
         """After a restore: drop what this executor added to ``model`` once it no longer changes anything
         (and give back the caller's ``requires_grad`` flags); returns the model to use."""
@@ -80,3 +91,10 @@ def copy_back(model: Any, weights_copy: dict[str, torch.Tensor]) -> None:
         for name, value in weights_copy.items():
             param = model.get_parameter(name)
             param.copy_(value.to(device=param.device, dtype=param.dtype))
+
+
+def num_layers(model: Any) -> int | None:
+    """The number of decoder layers in ``model``'s config (its text config for a multimodal one), or None."""
+    config = getattr(model, "config", None)
+    config = getattr(config, "text_config", None) or config
+    return getattr(config, "num_hidden_layers", None)

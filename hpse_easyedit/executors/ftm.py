@@ -8,14 +8,10 @@ from typing import Any, ContextManager, Iterator
 
 import torch
 
-from .base import Executor
+from .base import Executor, copy_back, num_layers
+from .state import edit_state, unwrapped
 
 __all__ = ["FTMExecutor"]
-
-
-def _base(model: Any) -> Any:
-    get_base = getattr(model, "get_base_model", None)
-    return get_base() if get_base is not None else model
 
 
 class FTMExecutor(Executor):
@@ -34,27 +30,23 @@ class FTMExecutor(Executor):
 
     def __init__(self, model: Any, hparams: Any, keep_original_weight: bool = False) -> None:
         super().__init__(model, hparams)
-        base = _base(model)
+        base = unwrapped(model)
+        problem = self.model_mismatch(base, hparams)
+        if problem is not None:
+            raise ValueError(f"{getattr(hparams, '_source', None) or 'the hparams'}: {problem}")
         self.module_name = hparams.ftm_module_template.format(hparams.ftm_layer)
-        try:
-            module = base.get_submodule(self.module_name)
-        except AttributeError:
-            n_layers = getattr(getattr(base, "config", None), "num_hidden_layers", "?")
-            raise ValueError(
-                f"FT-M module {self.module_name!r} does not exist in {type(base).__name__} ({n_layers} layers); "
-                f"fix 'ftm_layer' or 'ftm_module_template' in the hparams"
-            ) from None
-        self.weight: torch.nn.Parameter = module.weight
         self.param_name = f"{self.module_name}.weight"
-        if getattr(base, "_hpse_ftm_original", None) is None or keep_original_weight:
-            base._hpse_ftm_original = (self.param_name, self.weight.detach().clone())
-            base._hpse_ftm_grad_flags = {n: p.requires_grad for n, p in base.named_parameters()}
-        elif base._hpse_ftm_original[0] != self.param_name:
+        self.weight: torch.nn.Parameter = base.get_parameter(self.param_name)
+        state = edit_state(base)
+        if state.ftm_original is None or keep_original_weight:
+            state.ftm_original = (self.param_name, self.weight.detach().clone())
+            state.ftm_grad_flags = {n: p.requires_grad for n, p in base.named_parameters()}
+        elif state.ftm_original[0] != self.param_name:
             raise ValueError(
-                f"this model was already edited with FT-M at {base._hpse_ftm_original[0]}, not {self.param_name}; "
+                f"this model was already edited with FT-M at {state.ftm_original[0]}, not {self.param_name}; "
                 "restore it first or keep the same 'ftm_layer'"
             )
-        self._original = base._hpse_ftm_original[1]
+        self._original = state.ftm_original[1]
         self._before = self.weight.detach().clone()
         for p in base.parameters():
             p.requires_grad_(False)
@@ -63,6 +55,17 @@ class FTMExecutor(Executor):
         if self.weight.dtype in (torch.float16, torch.bfloat16):
             self._master = self.weight.detach().float().requires_grad_(True)
             self._grad_hook = self.weight.register_post_accumulate_grad_hook(self._grad_to_master)
+
+    @classmethod
+    def model_mismatch(cls, model: Any, hparams: Any) -> str | None:
+        """``ftm_module_template.format(ftm_layer) + '.weight'`` must be a parameter of the model."""
+        name = hparams.ftm_module_template.format(hparams.ftm_layer) + ".weight"
+        if name in dict(unwrapped(model).named_parameters()):
+            return None
+        n_layers = num_layers(model)
+        where = f" (it has {n_layers} layers, 0..{n_layers - 1})" if n_layers else ""
+        return (f"keys 'ftm_layer'/'ftm_module_template' give {name}, which is not a parameter of "
+                f"{hparams.model_name}{where}; fix 'ftm_layer' or 'ftm_module_template'")
 
     def _grad_to_master(self, weight: torch.Tensor) -> None:
         grad = weight.grad.float()
@@ -105,7 +108,7 @@ class FTMExecutor(Executor):
     def _row_switch(self, teacher_rows: torch.Tensor) -> Iterator[None]:
         """Rows marked True see the original matrix, the rest the edited one (one extra matmul, no model copy)."""
         rows = teacher_rows.view(-1, 1, 1)
-        module = _base(self.model).get_submodule(self.module_name)
+        module = unwrapped(self.model).get_submodule(self.module_name)
 
         def original_for_teacher_rows(mod: torch.nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
             # on the input's device: the device the layer runs on, wherever device_map put it
@@ -120,7 +123,7 @@ class FTMExecutor(Executor):
             handle.remove()
 
     def weights_copy(self) -> dict[str, torch.Tensor]:
-        prefix = "base_model.model." if _base(self.model) is not self.model else ""
+        prefix = "base_model.model." if unwrapped(self.model) is not self.model else ""
         return {prefix + self.param_name: self._before}
 
     @staticmethod
@@ -133,17 +136,24 @@ class FTMExecutor(Executor):
         return "ft_m.safetensors"
 
     @staticmethod
+    def load_edit(model: Any, weights: Path) -> Any:
+        """The saved matrix copied into ``model`` (bit for bit, in the model's dtype and device)."""
+        from safetensors.torch import load_file
+
+        copy_back(model, load_file(str(weights)))
+        return model
+
+    @staticmethod
     def release(model: Any) -> Any:
         """Drop the kept original matrix once the model holds it again, and give back requires_grad flags."""
-        base = _base(model)
-        kept = getattr(base, "_hpse_ftm_original", None)
-        if kept is None:
+        base = unwrapped(model)
+        state = edit_state(base)
+        if state.ftm_original is None:
             return model
-        name, original = kept
+        name, original = state.ftm_original
         if torch.equal(base.get_parameter(name).detach(), original):
-            flags = getattr(base, "_hpse_ftm_grad_flags", {})
             for n, p in base.named_parameters():
-                if n in flags:
-                    p.requires_grad_(flags[n])
-            base._hpse_ftm_original = None
+                if n in state.ftm_grad_flags:
+                    p.requires_grad_(state.ftm_grad_flags[n])
+            state.ftm_original, state.ftm_grad_flags = None, {}
         return model

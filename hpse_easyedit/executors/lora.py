@@ -9,7 +9,8 @@ from typing import Any, ContextManager, Iterator
 import torch
 import torch.nn.functional as F
 
-from .base import Executor
+from .base import Executor, num_layers
+from .state import edit_state
 
 __all__ = ["LoRAExecutor", "ADAPTER_NAME"]
 
@@ -26,9 +27,12 @@ class LoRAExecutor(Executor):
 
         super().__init__(model, hparams)
         reuse = isinstance(model, PeftModel) and ADAPTER_NAME in model.peft_config and not keep_original_weight
+        state = edit_state(model)
         if reuse:
             self.model = model
             self.model.set_adapter(ADAPTER_NAME)
+            if state.adapter_model is not model:  # an adapter from elsewhere: remembered, never unloaded
+                state.adapter_model, state.adapter_created, state.adapter_grad_flags = model, False, {}
         else:
             if isinstance(model, PeftModel):
                 raise ValueError(
@@ -48,8 +52,7 @@ class LoRAExecutor(Executor):
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(hparams.seed)
                 self.model = get_peft_model(model, config, adapter_name=ADAPTER_NAME)
-            self.model._hpse_created_adapter = True
-            self.model._hpse_grad_flags = grad_flags
+            state.adapter_model, state.adapter_created, state.adapter_grad_flags = self.model, True, grad_flags
         self._params = [
             p for n, p in self.model.named_parameters() if "lora_" in n and f".{ADAPTER_NAME}." in n
         ]
@@ -63,6 +66,21 @@ class LoRAExecutor(Executor):
         from peft.tuners.lora import LoraLayer
 
         self._lora_layers = [m for m in self.model.modules() if isinstance(m, LoraLayer)]
+
+    @classmethod
+    def model_mismatch(cls, model: Any, hparams: Any) -> str | None:
+        """Every ``target_modules`` name must end some module name, and every ``layers`` index be a layer."""
+        leaves = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+        missing = [m for m in hparams.target_modules if m not in leaves]
+        if missing:
+            known = sorted(n for n in leaves if n.endswith("proj")) or sorted(leaves)[:12]
+            return (f"key 'target_modules' names {missing}, which {type(model).__name__} does not have; "
+                    f"use module names of this model, e.g. {known}")
+        n_layers = num_layers(model)
+        if hparams.layers is not None and n_layers is not None and max(hparams.layers) >= n_layers:
+            return (f"key 'layers' is {list(hparams.layers)} but {hparams.model_name} has {n_layers} layers "
+                    f"(0..{n_layers - 1}); use indices below {n_layers}, or null for all layers")
+        return None
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return self._params
@@ -120,14 +138,23 @@ class LoRAExecutor(Executor):
         return f"adapter/{ADAPTER_NAME}"
 
     @staticmethod
+    def load_edit(model: Any, weights: Path) -> Any:
+        """The saved adapter around ``model`` (a peft ``PeftModel``, frozen), which later edits continue in."""
+        from peft import PeftModel
+
+        return PeftModel.from_pretrained(model, str(weights), adapter_name=ADAPTER_NAME)
+
+    @staticmethod
     def release(model: Any) -> Any:
         """Unload an adapter this package created once it adds nothing again; returns the model to use."""
-        if not getattr(model, "_hpse_created_adapter", False):
+        state = edit_state(model)
+        if state.adapter_model is not model or not state.adapter_created:
             return model
         lora_b = [p for n, p in model.named_parameters() if "lora_B" in n and f".{ADAPTER_NAME}." in n]
         if any(bool(p.detach().ne(0).any()) for p in lora_b):
             return model
-        flags = getattr(model, "_hpse_grad_flags", {})
+        flags = state.adapter_grad_flags
+        state.adapter_model, state.adapter_created, state.adapter_grad_flags = None, False, {}
         base = model.unload()
         for n, p in base.named_parameters():
             if n in flags:

@@ -1,13 +1,16 @@
-"""The functions EasyEdit's ``BaseEditor`` calls for the registry's methods (its ``ALG_DICT`` entries), and the
-``EditHandle`` HPSE and COIN* return as ``weights_copy``: a dict of the changed tensors that, called, restores
-the edited model exactly (copies the tensors back, unloads a LoRA adapter this package created, gives back
-``requires_grad`` flags). UnKE and AnyEdit change the weights of whole decoder layers in place and are
-restored by EasyEdit's own copy-back.
+"""The editor contract EasyEdit calls, ``apply_X_to_model(model, tok, requests, hparams, copy=False,
+return_orig_weights=False, keep_original_weight=False, **kwargs) -> (edited_model, weights_copy)``, for the
+registry's methods (their ``ALG_DICT`` entries), over the engine's own edits (``hpse_edit``, ``coin_edit``:
+an ``EditResult``), and the ``EditHandle`` HPSE and COIN* return as ``weights_copy``: a dict of the changed
+tensors that, called, restores the edited model exactly (copies the tensors back, unloads a LoRA adapter
+this package created, gives back ``requires_grad`` flags). UnKE and AnyEdit change the weights of whole
+decoder layers in place and are restored by EasyEdit's own copy-back.
 
 Sequential editing with the LoRA executor: ``BaseEditor.edit(..., sequential_edit=True)`` passes its
-unwrapped ``editor.model`` to every edit, while the adapter of the previous edit lives inside it
-(peft injects LoRA layers in place). The edited ``PeftModel`` is therefore remembered on the model it
-wraps and reused, so the edits accumulate in one adapter as they do when the ``PeftModel`` is passed in.
+unwrapped ``editor.model`` to every edit, while the adapter of the previous edit lives inside it (peft
+injects LoRA layers in place). The edit therefore starts from the ``PeftModel`` the model's edit state
+remembers (``executors.edit_state``), so the edits accumulate in one adapter as they do when the
+``PeftModel`` is passed in.
 """
 
 from __future__ import annotations
@@ -15,16 +18,15 @@ from __future__ import annotations
 import copy as copy_module
 from typing import Any, Callable
 
-import torch
 
-from ..executors import restore_weights
+from ..coin import coin_edit
+from ..editor import hpse_edit
+from ..executors import edit_state, restore_weights, unwrapped
 from ..executors.lora import ADAPTER_NAME
+from ..training import EditResult
 
-__all__ = ["EditHandle", "UndoOrderError", "apply_coin_for_easyedit", "apply_hpse_for_easyedit",
-           "apply_unke_for_easyedit"]
-
-_WRAPPER_ATTR = "_hpse_easyedit_peft"
-_UNDO_ATTR = "_hpse_easyedit_undo"  # on the unwrapped model: the handles of its edits not undone yet, in order
+__all__ = ["EditHandle", "UndoOrderError", "apply_coin_to_model", "apply_hpse_to_model", "apply_unke_family_to_model",
+           "easyedit_entry"]
 
 
 class UndoOrderError(RuntimeError):
@@ -35,13 +37,15 @@ class EditHandle(dict):
     """``weights_copy`` for EasyEdit: the pre-edit tensors (a dict) that, called, restore the edited model.
 
     ``restore_weights(model, handle)`` works as with the plain dict; ``handle()`` restores the model
-    the edit returned (EasyEdit calls it for methods in ``CALLABLE_RESTORE_ALGS``).
+    the edit returned (EasyEdit calls it for methods in ``CALLABLE_RESTORE_ALGS``). ``handle.result`` is
+    the edit's ``EditResult``: per-round statistics (``.rounds``), ``.seconds``, the rollouts.
     """
 
-    def __init__(self, model: Any, weights: dict[str, torch.Tensor]) -> None:
-        super().__init__(weights)
-        self.model = model
-        self._pending = _base(model).__dict__.setdefault(_UNDO_ATTR, [])
+    def __init__(self, result: EditResult) -> None:
+        super().__init__(result.weights_copy)
+        self.model = result.model
+        self.result = result
+        self._pending = edit_state(result.model).pending_restores
         self._pending.append(self)
 
     def __call__(self) -> Any:
@@ -56,8 +60,6 @@ class EditHandle(dict):
         restored = restore_weights(self.model, dict(self))
         if self._pending:
             self._pending.pop()
-        if restored is not self.model:  # the adapter was unloaded: forget the wrapper
-            restored.__dict__.pop(_WRAPPER_ATTR, None)
         return restored
 
     def __repr__(self) -> str:
@@ -66,11 +68,6 @@ class EditHandle(dict):
                 "edited model>")
 
     __str__ = __repr__
-
-
-def _base(model: Any) -> Any:
-    get_base = getattr(model, "get_base_model", None)
-    return get_base() if get_base is not None else model
 
 
 def _has_injected_adapter(model: Any) -> bool:
@@ -85,60 +82,57 @@ def _live_model(model: Any) -> Any:
 
     if isinstance(model, PeftModel):
         return model
-    wrapper = model.__dict__.get(_WRAPPER_ATTR)
+    state = edit_state(model)
+    wrapper = state.adapter_model
     injected = _has_injected_adapter(model)
-    if wrapper is not None and injected and wrapper.get_base_model() is model:
+    if wrapper is not None and injected and unwrapped(wrapper) is model:
         return wrapper
     if injected:
         raise RuntimeError(
             f"this model carries an '{ADAPTER_NAME}' LoRA adapter from an earlier edit but not its PeftModel; pass the "
             "edited model that edit returned, or restore it first (hpse_easyedit.restore_weights)"
         )
-    model.__dict__.pop(_WRAPPER_ATTR, None)
+    state.adapter_model, state.adapter_created, state.adapter_grad_flags = None, False, {}
     return model
 
 
-def _remember(edited: Any) -> None:
-    from peft import PeftModel
+def easyedit_entry(edit: Callable[..., EditResult], name: str) -> Callable[..., tuple[Any, EditHandle]]:
+    """EasyEdit's editor contract around an engine edit ``edit(model, tok, requests, hparams,
+    keep_original_weight=...) -> EditResult``: ``apply(model, tok, requests, hparams, copy=False,
+    return_orig_weights=False, keep_original_weight=False, **kwargs)`` returns ``(edited_model, EditHandle)``.
 
-    if isinstance(edited, PeftModel):
-        edited.get_base_model().__dict__[_WRAPPER_ATTR] = edited  # plain attribute, not a registered submodule
+    ``weights_copy`` (the ``EditHandle``) holds, for the tensors the edit changed only (LoRA adapter weights or
+    the one FT-M matrix), their values before the edit; ``restore_weights(edited_model, weights_copy)`` or
+    ``weights_copy()`` brings back the unedited model bit for bit. It is returned whatever
+    ``return_orig_weights`` says, since it costs only those tensors. ``weights_copy.result`` is the edit's
+    ``EditResult`` (per-round statistics in ``.rounds``). Other keywords EasyEdit passes are not used.
+    """
 
-
-def _plugin(edit: Callable[..., tuple[Any, dict]]) -> Callable[..., tuple[Any, EditHandle]]:
     def apply(model: Any, tok: Any, requests: Any, hparams: Any, copy: bool = False, return_orig_weights: bool = False,
               keep_original_weight: bool = False, **kwargs: Any) -> tuple[Any, EditHandle]:
         if copy:
             model = copy_module.deepcopy(model)
         model = _live_model(model) if not keep_original_weight else model
-        edited, weights = edit(model, tok, requests, hparams, keep_original_weight=keep_original_weight)
-        _remember(edited)
-        return edited, EditHandle(edited, weights)
+        result = edit(model, tok, requests, hparams, keep_original_weight=keep_original_weight)
+        return result.model, EditHandle(result)
 
-    apply.__doc__ = f"EasyEdit entry for {edit.__module__}.{edit.__name__}: ``(edited_model, EditHandle)``."
+    apply.__name__ = apply.__qualname__ = name
+    apply.__doc__ = f"``{edit.__name__}`` under EasyEdit's editor contract.\n\n" + (easyedit_entry.__doc__ or "")
     return apply
 
 
-def _hpse(model: Any, tok: Any, requests: Any, hparams: Any, keep_original_weight: bool) -> tuple[Any, dict]:
-    from ..editor import apply_hpse_to_model
-
-    return apply_hpse_to_model(model, tok, requests, hparams, keep_original_weight=keep_original_weight)
-
-
-def _coin(model: Any, tok: Any, requests: Any, hparams: Any, keep_original_weight: bool) -> tuple[Any, dict]:
-    from ..coin import apply_coin_to_model
-
-    return apply_coin_to_model(model, tok, requests, hparams, keep_original_weight=keep_original_weight)
+#: HPSE (and its ablations and plain executor baselines) under EasyEdit's editor contract
+apply_hpse_to_model = easyedit_entry(hpse_edit, "apply_hpse_to_model")
+#: COIN* under EasyEdit's editor contract
+apply_coin_to_model = easyedit_entry(coin_edit, "apply_coin_to_model")
 
 
-apply_hpse_for_easyedit = _plugin(_hpse)
-apply_coin_for_easyedit = _plugin(_coin)
-
-
-def apply_unke_for_easyedit(model: Any, tok: Any, requests: Any, hparams: Any, copy: bool = False,
-                            return_orig_weights: bool = False, keep_original_weight: bool = False,
-                            **kwargs: Any) -> tuple[Any, dict]:
-    """EasyEdit entry for UnKE and AnyEdit (EasyEdit's own code, through the adapter): ``(model, weights_copy)``."""
+def apply_unke_family_to_model(model: Any, tok: Any, requests: Any, hparams: Any, copy: bool = False,
+                               return_orig_weights: bool = False, keep_original_weight: bool = False,
+                               timer: dict | None = None, **kwargs: Any) -> tuple[Any, dict]:
+    """UnKE and AnyEdit (EasyEdit's own code, through the adapter) under EasyEdit's editor contract:
+    ``(model, weights_copy)``. ``timer``: a dict that receives ``"algorithm_seconds"``, the time inside
+    EasyEdit's function (the benchmark runner's ``timed_edit``)."""
     from .baselines import apply_unke_family
 
-    return apply_unke_family(model, tok, requests, hparams, copy=copy)
+    return apply_unke_family(model, tok, requests, hparams, copy=copy, timer=timer)

@@ -6,10 +6,10 @@ EasyEdit's ``BaseEditor`` looks a method up in ``easyeditor.util.alg_dict.ALG_DI
 non-sequential edit restores ``editor.model`` in ``restore_after_edit``: methods in
 ``CALLABLE_RESTORE_ALGS`` get ``weights_copy()`` called, all others have ``weights_copy`` copied back by
 parameter name. ``register`` adds every method of the registry (``hpse_easyedit.methods``) that has an
-``easyedit_apply`` to ``ALG_DICT``, extends the batchable check to them (wrapping EasyEdit's own, which
-keeps answering for its methods), and puts those with ``callable_restore`` (HPSE and COIN*) in
+``easyedit_apply`` to ``ALG_DICT`` and puts those with ``callable_restore`` (HPSE and COIN*) in
 ``CALLABLE_RESTORE_ALGS``: their ``weights_copy`` is an ``EditHandle`` (``entries``) that, called, restores the
-edited model exactly.
+edited model exactly. What EasyEdit has no table for (the batchable check, ``from_hparams``, request checks)
+is patched in ``patches``.
 
 ``make_editor(hparams)`` builds EasyEdit's ``BaseEditor`` for any method's hparams on the model
 ``factory.load_checked_model`` loads; after ``register``, ``BaseEditor.from_hparams`` of this package's
@@ -25,13 +25,10 @@ from typing import Any, Callable
 
 from ..methods import method_specs
 from .easyedit_import import import_easyedit
-from .entries import EditHandle, apply_coin_for_easyedit, apply_hpse_for_easyedit, apply_unke_for_easyedit
 from .factory import check_model, is_project_hparams, load_checked_model
+from .patches import check_requests_first, patch_batchable, patch_from_hparams
 
-__all__ = [
-    "EditHandle", "apply_coin_for_easyedit", "apply_hpse_for_easyedit", "apply_unke_for_easyedit", "make_editor",
-    "plugin_methods", "register",
-]
+__all__ = ["make_editor", "plugin_methods", "register"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,27 +39,6 @@ _RIGHT_PADDED = ("ROME", "MEMIT", "EMMET", "EAMET", "R-ROME", "AlphaEdit", "CORE
 def plugin_methods() -> dict[str, Callable[..., tuple[Any, Any]]]:
     """alg_name -> the ``apply_X_to_model`` EasyEdit calls, for every registered method that has one."""
     return {spec.name: spec.easyedit_apply for spec in method_specs() if spec.easyedit_apply is not None}
-
-
-def _batchable_wrapper(original: Callable[[str], bool]) -> Callable[[str], bool]:
-    def is_batchable_method(alg_name: str) -> bool:
-        """The registry's EasyEdit methods edit all requests of a batch jointly (``batch_edit``)."""
-        return alg_name in plugin_methods() or original(alg_name)
-
-    is_batchable_method._hpse_original = original  # type: ignore[attr-defined]
-    return is_batchable_method
-
-
-def _from_hparams_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
-    def from_hparams(cls: Any, hparams: Any) -> Any:
-        """``BaseEditor.from_hparams``: hpse_easyedit's hparams get their model from ``hpse_easyedit.load_model``
-        (``make_editor``); any other hparams go to EasyEdit's own loader."""
-        if is_project_hparams(hparams):
-            return make_editor(hparams, editor_cls=cls)
-        return original(cls, hparams)
-
-    from_hparams._hpse_original = original  # type: ignore[attr-defined]
-    return from_hparams
 
 
 def register() -> None:
@@ -84,13 +60,10 @@ def register() -> None:
             logger.warning("EasyEdit's ALG_DICT already has %r (%r); hpse_easyedit replaces it", name, current)
         alg_dict[name] = fn
     utils.CALLABLE_RESTORE_ALGS.update(spec.name for spec in method_specs() if spec.callable_restore)
-    current = batch_editor.is_batchable_method
-    if not hasattr(current, "_hpse_original"):
-        batch_editor.is_batchable_method = staticmethod(_batchable_wrapper(current))
+    patch_batchable(batch_editor, lambda alg_name: alg_name in plugin_methods())
     base_editor = importlib.import_module("easyeditor.editors.editor").BaseEditor
-    factory = base_editor.__dict__.get("from_hparams")
-    if isinstance(factory, classmethod) and not hasattr(factory.__func__, "_hpse_original"):
-        base_editor.from_hparams = classmethod(_from_hparams_wrapper(factory.__func__))
+    patch_from_hparams(base_editor, is_project_hparams,
+                       lambda cls, hparams: make_editor(hparams, editor_cls=cls))
 
 
 def make_editor(hparams: Any, model: Any = None, tok: Any = None, editor_cls: Any = None) -> Any:
@@ -122,34 +95,5 @@ def make_editor(hparams: Any, model: Any = None, tok: Any = None, editor_cls: An
     editor.hparams = call
     tok.padding_side = "right" if call.alg_name in _RIGHT_PADDED else "left"
     if getattr(call, "alg_name", None) in plugin_methods() and hasattr(call, "editing_prompt"):
-        for name in ("edit", "batch_edit"):
-            setattr(editor, name, _checked(getattr(editor, name), call))
+        check_requests_first(editor, call)
     return editor
-
-
-def _checked(method: Callable[..., Any], hparams: Any) -> Callable[..., Any]:
-    """``BaseEditor.edit`` / ``batch_edit`` that first checks the request lists with the project's own one-line
-    ``RequestError`` (EasyEdit's asserts would say nothing, or fail on an empty passage much later)."""
-    from ..editor import RequestError, normalize_requests
-
-    def as_list(value: Any) -> list | None:
-        return None if value is None else [value] if isinstance(value, (str, dict)) else list(value)
-
-    def call(prompts: Any, target_new: Any, *args: Any, **kwargs: Any) -> Any:
-        if "requests" not in kwargs:
-            listed = {"prompts": as_list(prompts), "target_new": as_list(target_new),
-                      "subject": as_list(kwargs.get("subject"))}
-            n = len(listed["prompts"] or [])
-            for key, values in listed.items():
-                if values is not None and len(values) != n:
-                    raise RequestError(f"{key} has {len(values)} entries but prompts has {n}; give one {key} per "
-                                       "prompt, in the same order")
-            normalize_requests([
-                {"prompt": p, "target_new": t, **({"subject": listed["subject"][i]} if listed["subject"] else {})}
-                for i, (p, t) in enumerate(zip(listed["prompts"] or [], listed["target_new"] or []))
-            ] or None, hparams)
-        return method(prompts, target_new, *args, **kwargs)
-
-    call.__doc__ = method.__doc__
-    call.__name__ = getattr(method, "__name__", "edit")
-    return call

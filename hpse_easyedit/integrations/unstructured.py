@@ -30,9 +30,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from ..editor import RequestError
+from ..edit_requests import RequestError
 from ..prompts import end_of_turn_id
-from .entries import apply_coin_for_easyedit, apply_hpse_for_easyedit
+from .entries import apply_coin_to_model, apply_hpse_to_model
 
 __all__ = ["apply_coin_uns_to_model", "apply_hpse_uns_to_model", "attach_subjects",
            "strip_end_of_turn", "uns_requests", "user_message"]
@@ -156,12 +156,12 @@ def _changed_tensors(model: Any, edited: Any,
     return out
 
 
-def _uns_entry(apply_for_easyedit: Callable[..., tuple[Any, Any]], method: str,
+def _uns_entry(apply_to_model: Callable[..., tuple[Any, Any]], method: str,
                name: str) -> Callable[..., dict]:
     def apply(model: Any, tok: Any, hparams: Any, batch_data: Sequence[Mapping[str, Any]],
               **kwargs: Any) -> dict[str, torch.Tensor]:
         requests = uns_requests(tok, batch_data, hparams)
-        edited, weights = apply_for_easyedit(model, tok, requests, hparams)
+        edited, weights = apply_to_model(model, tok, requests, hparams)
         return _changed_tensors(model, edited, weights)
 
     apply.__name__ = apply.__qualname__ = name
@@ -175,5 +175,5 @@ def _uns_entry(apply_for_easyedit: Callable[..., tuple[Any, Any]], method: str,
     return apply
 
 
-apply_hpse_uns_to_model = _uns_entry(apply_hpse_for_easyedit, "HPSE", "apply_hpse_uns_to_model")
-apply_coin_uns_to_model = _uns_entry(apply_coin_for_easyedit, "COIN*", "apply_coin_uns_to_model")
+apply_hpse_uns_to_model = _uns_entry(apply_hpse_to_model, "HPSE", "apply_hpse_uns_to_model")
+apply_coin_uns_to_model = _uns_entry(apply_coin_to_model, "COIN*", "apply_coin_uns_to_model")

@@ -10,7 +10,7 @@ or hard-code, calls it, and hands back ``(model, weights_copy)``.
   ``{prompt, subject, target_new}``; UnKE and AnyEdit get ``{question, answer}``.
 - MEMIT / AlphaEdit run through EasyEdit's own ``ALG_DICT`` entries with EasyEdit's own hparams classes,
   read from our YAML files (which keep EasyEdit's schema, so ``MEMITHyperParams.from_hparams`` reads them
-  too). Their covariance statistics are computed offline by ``hpse_easyedit.covariance`` when
+  too). Their covariance statistics are computed offline by ``hpse_easyedit.integrations.covariance`` when
   ``mom2_dataset`` names a local corpus; AlphaEdit's null-space projection ``P`` is computed once per
   model with EasyEdit's own ``get_project`` and stored at ``P_loc``. EasyEdit keeps per-process caches
   that assume one model (``COV_CACHE``, AlphaEdit's ``P`` and ``cache_c``); an ``EasyEditCaches`` object,

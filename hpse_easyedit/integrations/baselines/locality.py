@@ -10,7 +10,7 @@ import random
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ...covariance import CorpusError, load_corpus
+from ..covariance import CorpusError, load_corpus
 from ...data_files import EDITEVERY_FILE, MMLU_LETTERS, data_dir, mmlu_test_files, mmlu_text, read_mmlu_csv
 from ...hparams import HParamsError
 

@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from ...covariance import (
+from ..covariance import (
     BUILTIN_CORPORA,
     DOWNLOADED_DATASETS,
     CorpusError,
@@ -25,7 +25,7 @@ from ...covariance import (
     load_corpus,
     stats_relpath,
 )
-from ...editor import RequestError, normalize_requests
+from ...edit_requests import RequestError, normalize_requests
 from ...executors import restore_weights
 from ...hparams import HParamsError, YamlHParams, hp_field, parse_overrides, read_hparams_file, read_hparams_json
 from ...loading import offline_mode

@@ -11,7 +11,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from ...editor import RequestError, normalize_requests
+from ...edit_requests import RequestError, normalize_requests
 from ...hparams import EditorHParams, HParamsError, hp_field
 from ..easyedit_import import import_easyedit
 from .common import algorithm_timer, check_depth, easyedit_model_name, grad_flags_kept, padding_side

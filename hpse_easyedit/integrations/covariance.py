@@ -38,8 +38,10 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 import torch
 
-from .atomic import replacing
-from .data_files import (EDITEVERY_FILE, MMLU_DIR, MQUAKE_FILE, UNKE_FILE, data_dir, mmlu_test_files, mmlu_text,
+from ..atomic import replacing
+from ..padding import pad_rows, pad_token_id
+from ..rollout import input_device
+from ..data_files import (EDITEVERY_FILE, MMLU_DIR, MQUAKE_FILE, UNKE_FILE, data_dir, mmlu_test_files, mmlu_text,
                          read_mmlu_csv)
 
 __all__ = [
@@ -291,11 +293,8 @@ def second_moments(
         return hook
 
     handles = [m.register_forward_pre_hook(hook_for(n)) for n, m in modules.items()]
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
-    try:
-        device = model.get_input_embeddings().weight.device
-    except (AttributeError, NotImplementedError):
-        device = next(model.parameters()).device
+    pad_id = pad_token_id(tok)
+    device = input_device(model)
     was_training = model.training
     model.eval()
     try:
@@ -305,11 +304,7 @@ def second_moments(
             rows = max(1, batch_tokens // width)
             batch = encoded[start: start + rows]
             start += len(batch)
-            ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-            mask = torch.zeros((len(batch), width), dtype=torch.long)
-            for i, seq in enumerate(batch):
-                ids[i, : len(seq)] = torch.tensor(seq)
-                mask[i, : len(seq)] = 1
+            ids, mask = pad_rows(batch, pad_id)
             positions = torch.arange(width).expand(len(batch), width)
             state["mask"], state["fired"] = mask, set()
             try:
@@ -373,7 +368,7 @@ def ensure_layer_stats(
         for name in todo:
             mom2, count = moments[name]
             write_stats_file(files[name], mom2, count, sample_size, provenance={
-                "written_by": "hpse_easyedit.covariance",
+                "written_by": "hpse_easyedit.integrations.covariance",
                 "corpus_sources": [os.fspath(s) for s in sources],
                 "corpus_sha256": digest,
                 "documents": len(chosen),
