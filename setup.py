@@ -25,6 +25,7 @@ setup(
         "nltk>=3.8",  # SelfBLEU-4 (benchmarks.metrics.bleu): the sentence_bleu Texygen calls
         "charset-normalizer>=3",  # names the encoding of a passage file that is not UTF-8 (hpse_easyedit.encoding)
         "rouge>=1.0.1",  # UnKE's own ROUGE recall (benchmarks.unke_scores), the package EasyEdit calls
+        "pydantic>=2",  # the hparams schemas (hpse_easyedit.hparams): strict types, ranges, no unknown keys
     ],
     extras_require={
         "test": ["pytest>=7", "pytest-timeout>=2"],

@@ -17,20 +17,28 @@ Every ablation of the paper is one field away: ``rollout: on_policy`` (w/o HP), 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
+import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Iterable, Mapping
+from typing import Annotated, Any, Callable, ClassVar, Iterable, Mapping, Union
 
+import pydantic
 import yaml
+from typing_extensions import TypedDict
 
 from .encoding import TextEncodingError, read_text
 
 __all__ = [
-    "EditorHParams", "ExecutorHParams", "HPSEHyperParams", "HParamsError", "YamlHParams", "hp_field", "parse_overrides",
-    "read_hparams_file", "read_hparams_json",
+    "EditorHParams", "ExecutorHParams", "HPSEHyperParams", "HParamsError", "YamlHParams", "hp_field",
+    "parse_overrides", "read_hparams_file", "read_hparams_json",
 ]
+
+#: The checks ``hp_field`` takes (see its docstring).
+_CHECKS = frozenset({"types", "choices", "min", "max", "exclusive_min", "exclusive_max", "nonempty", "length",
+                     "contains", "check"})
 
 
 class HParamsError(ValueError):
@@ -38,50 +46,72 @@ class HParamsError(ValueError):
 
 
 def hp_field(default: Any, help: str, **checks: Any) -> Any:
-    """A dataclass field with its help text and the checks ``validate`` applies (min, max, choices, types, ...).
+    """A dataclass field with its help text and the checks its class's pydantic schema applies.
 
-    ``check=fn``: a check of the field's own, ``fn(value, where) -> value`` (raise ``HParamsError`` with
-    ``where``, the file and key, in the message), run after the generic ones; the class that declares a
-    field owns its special rules.
+    Checks: ``types`` (the accepted types; default: the default's type; a ``float`` field takes ints and
+    numeric strings such as YAML 1.1's ``5e-4``), ``choices`` (a tuple, or a function returning one, read
+    at each validation: the names in a registry), ``min``/``max`` (with ``exclusive_min``/``exclusive_max``),
+    ``nonempty``, ``length`` (of a list), ``contains`` (a substring of a string), and ``check=fn``, a rule of
+    the field's own: ``fn(value) -> value``, raising ``ValueError("must be ..., got ...")``, which the
+    one-line error prefixes with the file and the key.
     """
+    unknown = set(checks) - _CHECKS
+    if unknown:
+        raise TypeError(f"hp_field: unknown check(s) {sorted(unknown)}; the checks are {sorted(_CHECKS)}")
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help, **checks})
     return field(default=default, metadata={"help": help, **checks})
 
 
-# ---------------------------------------------------------------------------------------------- field checks
-def _gpu_index(value: Any, where: str) -> Any:
+# ---------------------------------------------------------------------------------------------- field rules
+def _gpu_index(value: Any) -> Any:
     if isinstance(value, int) and value < 0:
-        raise HParamsError(f"{where} must be a GPU index >= 0 or a device string, got {value!r}")
+        raise ValueError(f"must be a GPU index >= 0 or a device string, got {value!r}")
     return value
 
 
-def _betas(value: Any, where: str) -> list:
+def _betas(value: list) -> list:
     if not all(isinstance(b, (int, float)) and 0.0 <= b < 1.0 for b in value):
-        raise HParamsError(f"{where} must be two numbers in [0, 1), got {value!r}")
+        raise ValueError(f"must be two numbers in [0, 1), got {value!r}")
     return [float(b) for b in value]
 
 
-def _layer_indices(value: Any, where: str) -> Any:
-    if value is not None and (not value or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value)):
-        raise HParamsError(f"{where} must be null (all layers) or a non-empty list of layer indices, got {value!r}")
+def _layer_indices(value: Any) -> Any:
+    if value is not None and (
+        not value or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value)
+    ):
+        raise ValueError(f"must be null (all layers) or a non-empty list of layer indices, got {value!r}")
     return value
 
 
-def _module_names(value: Any, where: str) -> Any:
+def _module_names(value: list) -> list:
     if not all(isinstance(m, str) and m for m in value):
-        raise HParamsError(f"{where} must be a list of module names such as q_proj, got {value!r}")
+        raise ValueError(f"must be a list of module names such as q_proj, got {value!r}")
     return value
 
 
-def _layer_template(value: Any, where: str) -> Any:
+def _layer_template(value: str) -> str:
     if "{}" not in value:
-        raise HParamsError(f"{where} must contain '{{}}' where the layer index goes, got {value!r}")
+        raise ValueError(f"must contain '{{}}' where the layer index goes, got {value!r}")
     return value
+
+
+def _registered_executors() -> tuple[str, ...]:
+    """The names of the executor registry (``executors.EXECUTORS``), read at each validation so that an
+    executor registered there is accepted. Imported here, not at the top: the hparams are the layer below
+    the executors, which may import from this module."""
+    from .executors import EXECUTORS
+
+    return tuple(EXECUTORS)
 
 
 class YamlHParams:
-    """Base of a hparams dataclass: ``from_hparams`` (YAML), ``from_dict``, ``with_overrides``, ``to_dict``."""
+    """Base of a hparams dataclass: ``from_hparams`` (YAML), ``from_dict``, ``with_overrides``, ``to_dict``.
+
+    Every field is checked by a pydantic schema built from the fields' ``hp_field`` checks (strict types,
+    ranges, choices, no unknown keys); a failure is one ``HParamsError`` line naming the file, the key and
+    what the key must be. ``check`` adds the rules that relate several fields of a class.
+    """
 
     ALG_NAME: ClassVar[str] = ""
 
@@ -91,8 +121,9 @@ class YamlHParams:
     def validate(self, source: str | None = None) -> None:
         """Check every field's type and range; raise HParamsError naming the key, the file and the fix."""
         source = source or f"<{type(self).__name__}>"
-        for f in dataclasses.fields(self):  # type: ignore[arg-type]
-            setattr(self, f.name, _check(f, getattr(self, f.name), source))
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+        for name, value in _validated(type(self), values, source).items():
+            setattr(self, name, value)
         self.check(source)
 
     def check(self, source: str) -> None:
@@ -126,22 +157,14 @@ class YamlHParams:
                 f"{source}: alg_name must be {cls.ALG_NAME!r} for {cls.__name__}, got {config['alg_name']!r}; "
                 "this file belongs to another method"
             )
-        known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-        unknown = sorted(set(config) - known)
-        if unknown:
-            raise HParamsError(
-                f"{source}: unknown key(s) {unknown}; remove them or fix the spelling (known keys: {sorted(known)})"
-            )
+        defaults = {
+            f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+        }
         obj = cls.__new__(cls)
-        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-            if f.name in config:
-                value = config[f.name]
-            elif f.default is not dataclasses.MISSING:
-                value = f.default
-            else:
-                value = f.default_factory()  # type: ignore[misc]
-            setattr(obj, f.name, value)
-        obj.validate(source)
+        for name, value in _validated(cls, {**defaults, **config}, source).items():
+            setattr(obj, name, value)
+        obj.check(source)
         obj._source = source  # named in errors found later (e.g. layers checked against the loaded model)
         return obj
 
@@ -207,7 +230,8 @@ class EditorHParams(YamlHParams):
 class ExecutorHParams(EditorHParams):
     """What moves in an edit and the Adam optimiser that moves it, for the methods that train through an executor (HPSE, COIN*)."""
 
-    executor: str = hp_field("lora", "Which parameters move: 'lora' (adapters) or 'ft_m' (one MLP matrix).", choices=("lora", "ft_m"))
+    executor: str = hp_field("lora", "Which parameters move: 'lora' (adapters) or 'ft_m' (one MLP matrix).",
+                              choices=_registered_executors)
     lora_rank: int = hp_field(12, "LoRA rank r.", min=1)
     lora_alpha: float = hp_field(24.0, "LoRA alpha (scaling = alpha / r).", min=0.0)
     lora_dropout: float = hp_field(0.0, "LoRA dropout.", min=0.0, max=1.0)
@@ -351,46 +375,110 @@ def parse_overrides(items: Iterable[str]) -> dict:
     return out
 
 
-def _type_name(t: Any) -> str:
-    return "null" if t is type(None) else t.__name__
-
-
-def _check(f: dataclasses.Field, value: Any, source: str) -> Any:
-    meta = f.metadata
-    where = f"{source}: key '{f.name}'"
-    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-    types = meta.get("types") or (type(default),)
-    if float in types and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    if float in types and isinstance(value, str):  # YAML 1.1 reads "5e-4" (no dot) as a string
+# ---------------------------------------------------------------------------------------------- validation
+def _as_float(value: Any) -> Any:
+    """A ``float`` field's input as a float where it is a number: an int, or a string such as YAML 1.1's
+    ``5e-4`` (read as a string without a dot); anything else is left for the type check to refuse."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
         try:
-            value = float(value)
+            return float(value)
         except ValueError:
             pass
-    if isinstance(value, float) and not math.isfinite(value):
-        raise HParamsError(f"{where} must be a finite number, got {value!r} ({meta['help']})")
-    if bool not in types and isinstance(value, bool):
-        raise HParamsError(f"{where} must be {'/'.join(map(_type_name, types))}, got a boolean {value!r}")
-    if not isinstance(value, types):
-        raise HParamsError(
-            f"{where} must be {'/'.join(map(_type_name, types))}, got {type(value).__name__} {value!r} ({meta['help']})"
-        )
-    if "choices" in meta and value not in meta["choices"]:
-        raise HParamsError(f"{where} must be one of {list(meta['choices'])}, got {value!r}")
-    if "min" in meta and isinstance(value, (int, float)):
-        if value < meta["min"] or (meta.get("exclusive_min") and value == meta["min"]):
-            op = ">" if meta.get("exclusive_min") else ">="
-            raise HParamsError(f"{where} must be {op} {meta['min']}, got {value!r}")
-    if "max" in meta and isinstance(value, (int, float)):
-        if value > meta["max"] or (meta.get("exclusive_max") and value == meta["max"]):
-            op = "<" if meta.get("exclusive_max") else "<="
-            raise HParamsError(f"{where} must be {op} {meta['max']}, got {value!r}")
-    if meta.get("nonempty") and not value:
-        raise HParamsError(f"{where} must not be empty ({meta['help']})")
-    if "length" in meta and len(value) != meta["length"]:
-        raise HParamsError(f"{where} must have {meta['length']} entries, got {value!r}")
-    if "contains" in meta and meta["contains"] not in value:
-        raise HParamsError(f"{where} must contain {meta['contains']!r}, got {value!r}")
-    if "check" in meta:
-        value = meta["check"](value, where)
     return value
+
+
+def _one_of(choices: tuple | Callable[[], tuple]) -> Callable[[Any], Any]:
+    def check(value: Any) -> Any:
+        allowed = list(choices() if callable(choices) else choices)
+        if value not in allowed:
+            raise ValueError(f"must be one of {allowed}, got {value!r}")
+        return value
+
+    return check
+
+
+def _types(f: dataclasses.Field) -> tuple:
+    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+    return tuple(f.metadata.get("types") or (type(default),))
+
+
+def _annotation(f: dataclasses.Field) -> Any:
+    """The pydantic type of one ``hp_field``: its types (strict), ranges and lengths, then its choices and rule."""
+    meta, types = f.metadata, _types(f)
+    bounds: dict[str, Any] = {}
+    if "min" in meta:
+        bounds["gt" if meta.get("exclusive_min") else "ge"] = meta["min"]
+    if "max" in meta:
+        bounds["lt" if meta.get("exclusive_max") else "le"] = meta["max"]
+    if meta.get("nonempty"):
+        bounds["min_length"] = 1
+    if "length" in meta:
+        bounds["min_length"] = bounds["max_length"] = meta["length"]
+    if "contains" in meta:
+        bounds["pattern"] = re.escape(meta["contains"])
+    steps: list[Any] = [pydantic.BeforeValidator(_as_float)] if float in types else []
+    steps.append(pydantic.Field(description=meta["help"], **bounds))
+    if "choices" in meta:
+        steps.append(pydantic.AfterValidator(_one_of(meta["choices"])))
+    if "check" in meta:
+        steps.append(pydantic.AfterValidator(meta["check"]))
+    return Annotated[(Union[types], *steps)]  # type: ignore[valid-type]
+
+
+@functools.cache
+def _schema(cls: type) -> pydantic.TypeAdapter:
+    """The pydantic schema of a hparams dataclass: every field required (``from_dict`` fills in the defaults),
+    strict types (no bool for an int, no string for a number but a ``float``'s), finite numbers, no other key."""
+    fields = TypedDict(cls.__name__, {f.name: _annotation(f) for f in dataclasses.fields(cls)})  # type: ignore[misc]
+    config = pydantic.ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, arbitrary_types_allowed=True)
+    return pydantic.TypeAdapter(pydantic.with_config(config)(fields))
+
+
+def _validated(cls: type, values: Mapping[str, Any], source: str) -> dict:
+    """``values`` (every field of ``cls``) checked and converted; ``HParamsError`` with the one-line message of
+    the first problem: unknown keys, else the first field (in declaration order) that is wrong."""
+    try:
+        return _schema(cls).validate_python(dict(values))
+    except pydantic.ValidationError as err:
+        raise HParamsError(_message(cls, err.errors(include_url=False), source)) from None
+
+
+def _message(cls: type, errors: list, source: str) -> str:
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    # extra_forbidden: a key that is no field; invalid_key: a key that is not a string (YAML's ``1: x``)
+    unknown = sorted(e["loc"][0] for e in errors if e["type"] in ("extra_forbidden", "invalid_key"))
+    if unknown:
+        return f"{source}: unknown key(s) {unknown}; remove them or fix the spelling (known keys: {sorted(fields)})"
+    error = errors[0]  # pydantic reports the fields in their declaration order
+    return _line(fields[error["loc"][0]], error, source)
+
+
+def _line(f: dataclasses.Field, error: dict, source: str) -> str:
+    """One pydantic error of field ``f`` as today's one-line message: the value's finiteness and type first,
+    then the check that failed."""
+    meta, types = f.metadata, _types(f)
+    where = f"{source}: key '{f.name}'"
+    value = _as_float(error["input"]) if float in types else error["input"]
+    names = "/".join("null" if t is type(None) else t.__name__ for t in types)
+    kind = error["type"]
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{where} must be a finite number, got {value!r} ({meta['help']})"
+    if isinstance(value, bool) and bool not in types:
+        return f"{where} must be {names}, got a boolean {value!r}"
+    if not isinstance(value, types):
+        return f"{where} must be {names}, got {type(value).__name__} {value!r} ({meta['help']})"
+    if kind in ("greater_than", "greater_than_equal"):
+        return f"{where} must be {'>' if meta.get('exclusive_min') else '>='} {meta['min']}, got {value!r}"
+    if kind in ("less_than", "less_than_equal"):
+        return f"{where} must be {'<' if meta.get('exclusive_max') else '<='} {meta['max']}, got {value!r}"
+    if kind in ("too_short", "string_too_short") and meta.get("nonempty") and not value:
+        return f"{where} must not be empty ({meta['help']})"
+    if kind in ("too_short", "too_long", "string_too_short", "string_too_long"):
+        return f"{where} must have {meta['length']} entries, got {value!r}"
+    if kind == "string_pattern_mismatch":
+        return f"{where} must contain {meta['contains']!r}, got {value!r}"
+    if kind == "value_error":  # a choice or a field's own rule: its message
+        return f"{where} {error['ctx']['error']}"
+    return f"{where} is invalid: {error['msg']}"
