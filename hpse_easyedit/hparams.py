@@ -448,7 +448,11 @@ def _validated(cls: type, values: Mapping[str, Any], source: str) -> dict:
 def _message(cls: type, errors: list, source: str) -> str:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     # extra_forbidden: a key that is no field; invalid_key: a key that is not a string (YAML's ``1: x``)
-    unknown = sorted(e["loc"][0] for e in errors if e["type"] in ("extra_forbidden", "invalid_key"))
+    unknown = [e["loc"][0] for e in errors if e["type"] in ("extra_forbidden", "invalid_key")]
+    try:
+        unknown.sort()
+    except TypeError:  # keys of several types (``1: x`` beside ``learning_rate: 1``) sort by their repr
+        unknown.sort(key=repr)
     if unknown:
         return f"{source}: unknown key(s) {unknown}; remove them or fix the spelling (known keys: {sorted(fields)})"
     error = errors[0]  # pydantic reports the fields in their declaration order

@@ -150,3 +150,12 @@ def test_each_field_is_checked_once_its_type_is_right(tmp_path):
     with pytest.raises(HParamsError, match=r"key 'fast_decode' must be bool/str, got int 1 \("):
         HPSEHyperParams(model_name="m", fast_decode=1)
     assert HPSEHyperParams(model_name="m", lr="5e-4", device=1).lr == 5e-4
+
+
+def test_unknown_keys_of_several_types_are_one_line(tmp_path):
+    path = _write(tmp_path, "model_name: m\n1: x\nlearning_rate: 0.1\n")
+    with pytest.raises(HParamsError, match=r"unknown key\(s\) \['learning_rate', 1\]; remove them"):
+        HPSEHyperParams.from_hparams(path)
+    path = _write(tmp_path, "model_name: m\n10: x\n9: y\n")
+    with pytest.raises(HParamsError, match=r"unknown key\(s\) \[9, 10\]; remove them"):
+        HPSEHyperParams.from_hparams(path)
