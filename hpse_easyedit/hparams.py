@@ -176,10 +176,7 @@ class YamlHParams:
                 f"{source}: alg_name must be {cls.ALG_NAME!r} for {cls.__name__}, got "
                 f"{config['alg_name']!r}; this file belongs to another method"
             )
-        defaults = {
-            f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-            for f in dataclasses.fields(cls)  # type: ignore[arg-type]
-        }
+        defaults = {f.name: _default(f) for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
         obj = cls.__new__(cls)
         for name, value in _validated(cls, {**defaults, **config}, source).items():
             setattr(obj, name, value)
@@ -458,9 +455,12 @@ def _one_of(choices: tuple | Callable[[], tuple]) -> Callable[[Any], Any]:
     return check
 
 
+def _default(f: dataclasses.Field) -> Any:
+    return f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+
+
 def _types(f: dataclasses.Field) -> tuple:
-    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-    return tuple(f.metadata.get("types") or (type(default),))
+    return tuple(f.metadata.get("types") or (type(_default(f)),))
 
 
 def _annotation(f: dataclasses.Field) -> Any:
@@ -494,8 +494,7 @@ def _schema(cls: type) -> pydantic.TypeAdapter:
     numbers, no other key."""
     annotations = {f.name: _annotation(f) for f in dataclasses.fields(cls)}
     fields = TypedDict(cls.__name__, annotations)  # type: ignore[misc]
-    config = pydantic.ConfigDict(extra="forbid", strict=True, allow_inf_nan=False,
-                                 arbitrary_types_allowed=True)
+    config = pydantic.ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
     return pydantic.TypeAdapter(pydantic.with_config(config)(fields))
 
 
