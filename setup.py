@@ -26,9 +26,12 @@ setup(
         "charset-normalizer>=3",  # names the encoding of a passage file that is not UTF-8 (hpse_easyedit.encoding)
         "rouge>=1.0.1",  # UnKE's own ROUGE recall (benchmarks.unke_scores), the package EasyEdit calls
         "jinja2>=3.0",  # the HTML report's templates (benchmarks/report/templates)
+        "pydantic>=2",  # the hparams schemas (hpse_easyedit.hparams)
     ],
     extras_require={
         "test": ["pytest>=7", "pytest-timeout>=2"],
+        # `make lint` (ruff.toml); pinned: a newer ruff may add checks to the selected rule sets
+        "lint": ["ruff==0.17.6"],
         # pure-Python packages EasyEdit's import chain needs for text editing (see docs/EASYEDIT.md), and a
         # transformers that still has the modules it imports (5.24 removed one that EasyEdit's UnKE imports;
         # hpse_easyedit.integrations.easyedit_import.EASYEDIT_PINS holds the same pin); sentence-transformers for

@@ -33,13 +33,15 @@ def gate_always_open(monkeypatch):
     """
     from hpse_easyedit import hparams
 
-    strict = hparams._check
+    strict = hparams._validated
 
-    def lenient(f, value, source):
-        negative = f.name == "tau" and isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0
-        return float(value) if negative else strict(f, value, source)
+    def lenient(cls, values, source):
+        tau = values.get("tau")
+        if isinstance(tau, (int, float)) and not isinstance(tau, bool) and tau < 0:
+            return {**strict(cls, {**values, "tau": 0.0}, source), "tau": float(tau)}
+        return strict(cls, values, source)
 
-    monkeypatch.setattr(hparams, "_check", lenient)
+    monkeypatch.setattr(hparams, "_validated", lenient)
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""HPSEHyperParams: every shipped YAML loads; bad keys, types and values name the key and the file."""
+"""HPSEHyperParams: every shipped YAML loads; bad keys, types and values name the key and the
+file."""
 
 from pathlib import Path
 
@@ -35,9 +36,12 @@ def test_every_shipped_yaml_loads(path):
 def test_defaults_are_the_papers():
     hp = HPSEHyperParams(model_name="m")
     assert (hp.tau, hp.kappa, hp.top_k, hp.nll_weight, hp.kl_weight) == (2.0, 0.3, 16, 1.0, 1.0)
-    assert (hp.rounds, hp.inner_steps, hp.lr, hp.adam_betas, hp.weight_decay) == (5, 8, 1e-4, [0.9, 0.999], 0.0)
-    assert hp.target_modules == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    assert hp.editing_prompt == "Introduce {subject}." and hp.max_new_tokens == 96 and hp.layers is None
+    assert (hp.rounds, hp.inner_steps, hp.lr, hp.adam_betas, hp.weight_decay) == (
+        5, 8, 1e-4, [0.9, 0.999], 0.0)
+    assert hp.target_modules == [
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    assert hp.editing_prompt == "Introduce {subject}."
+    assert hp.max_new_tokens == 96 and hp.layers is None
 
 
 def _write(tmp_path, text):
@@ -104,6 +108,61 @@ def test_overrides_are_typed_and_validated():
 
 
 def test_round_trip_yaml(tmp_path):
-    hp = HPSEHyperParams(model_name="m", executor="ft_m", chat_template_kwargs={"enable_thinking": False})
+    hp = HPSEHyperParams(model_name="m", executor="ft_m",
+                         chat_template_kwargs={"enable_thinking": False})
     hp.to_yaml(tmp_path / "x.yaml")
     assert HPSEHyperParams.from_hparams(tmp_path / "x.yaml") == hp
+
+
+def test_executor_choices_come_from_the_registry(monkeypatch):
+    """A new executor is one class plus one registration: the hparams accept its name, and an
+    unknown name's message lists the registry."""
+    from hpse_easyedit.coin import COINHyperParams
+    from hpse_easyedit.executors import EXECUTORS, Executor, make_executor
+
+    class ToyExecutor(Executor):
+        name = "toy"
+
+    unknown = r"key 'executor' must be one of \['lora', 'ft_m'\], got 'toy'"
+    with pytest.raises(HParamsError, match=unknown):
+        HPSEHyperParams(model_name="m", executor="toy")
+    monkeypatch.setitem(EXECUTORS, "toy", ToyExecutor)
+    hp = HPSEHyperParams(model_name="m").with_overrides(["executor=toy"])
+    assert hp.executor == "toy" and type(make_executor(object(), hp)) is ToyExecutor
+    assert COINHyperParams(model_name="m", executor="toy").executor == "toy"
+    unknown = (r"--set overrides: key 'executor' must be one of \['lora', 'ft_m', 'toy'\], "
+               r"got 'adapter'$")
+    with pytest.raises(HParamsError, match=unknown):
+        hp.with_overrides(["executor=adapter"])
+
+
+def test_a_field_declaration_with_an_unknown_check_is_refused():
+    from hpse_easyedit.hparams import hp_field
+
+    with pytest.raises(TypeError, match=r"hp_field: unknown check\(s\) \['maximum'\]"):
+        hp_field(1, "A count.", maximum=3)
+
+
+def test_each_field_is_checked_once_its_type_is_right(tmp_path):
+    """The file's first wrong field (in declaration order) is the one named; a value of the wrong
+    type is named as that, not as an out-of-range or unlisted value."""
+    path = _write(tmp_path, "model_name: m\nrollout: 3\ntau: -1\nlr: '5e-4'\n")
+    with pytest.raises(HParamsError) as err:
+        HPSEHyperParams.from_hparams(path)
+    assert str(err.value) == f"{path}: key 'tau' must be >= 0.0, got -1.0"
+    path = _write(tmp_path, "model_name: m\nrollout: 3\nfast_decode: 1\n")
+    with pytest.raises(HParamsError) as err:
+        HPSEHyperParams.from_hparams(path)
+    assert str(err.value).startswith(f"{path}: key 'rollout' must be str, got int 3 (")
+    with pytest.raises(HParamsError, match=r"key 'fast_decode' must be bool/str, got int 1 \("):
+        HPSEHyperParams(model_name="m", fast_decode=1)
+    assert HPSEHyperParams(model_name="m", lr="5e-4", device=1).lr == 5e-4
+
+
+def test_unknown_keys_of_several_types_are_one_line(tmp_path):
+    path = _write(tmp_path, "model_name: m\n1: x\nlearning_rate: 0.1\n")
+    with pytest.raises(HParamsError, match=r"unknown key\(s\) \['learning_rate', 1\]; remove them"):
+        HPSEHyperParams.from_hparams(path)
+    path = _write(tmp_path, "model_name: m\n10: x\n9: y\n")
+    with pytest.raises(HParamsError, match=r"unknown key\(s\) \[9, 10\]; remove them"):
+        HPSEHyperParams.from_hparams(path)
