@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from hpse_easyedit.loading import check_placement
@@ -25,7 +26,7 @@ from .sequence import SequenceLog, same_edit
 from .store import ResultFile, json_plain
 from .tasks import Task
 
-__all__ = ["Editing", "Progress", "SequentialLoop", "SingleLoop"]
+__all__ = ["CaseLoop", "Editing", "Progress", "SequentialLoop", "SingleLoop"]
 
 log = logging.getLogger(__name__)
 
@@ -33,21 +34,20 @@ log = logging.getLogger(__name__)
 Progress = Callable[[int, "Mapping[str, str] | None"], None]
 
 
+@dataclass
 class Editing:
     """One method on one model: the model loaded on first need, one case's edit, the answers to cases'
     questions, the undo, and what a case's record says about its edit."""
 
-    def __init__(self, method: MethodSpec, hp: Any, model_name: str, task: Task, *, max_new_tokens: int,
-                 batch_size: int, store_rollouts: bool) -> None:
-        self.method = method
-        self.hp = hp
-        self.model_name = model_name
-        self.task = task
-        self.max_new_tokens = max_new_tokens
-        self.batch_size = batch_size
-        self.store_rollouts = store_rollouts
-        self.model: Any = None
-        self.tok: Any = None
+    method: MethodSpec
+    hp: Any
+    model_name: str
+    task: Task
+    max_new_tokens: int
+    batch_size: int
+    store_rollouts: bool
+    model: Any = field(default=None, init=False)
+    tok: Any = field(default=None, init=False)
 
     def ensure_model(self) -> None:
         if self.model is None:
@@ -120,15 +120,20 @@ class Editing:
                 "rounds": [], "failed": str(err)}
 
 
-class SingleLoop:
-    """Single editing: each case edited into the unedited model, answered, scored, undone, recorded."""
+@dataclass
+class CaseLoop:
+    """What a loop over a process's cases works with: the editing, the cases, the scorer, the MMLU probe and
+    this process's results file."""
 
-    def __init__(self, editing: Editing, cases: Any, scorer: Scorer, probe: MMLUProbe, results: ResultFile) -> None:
-        self.editing = editing
-        self.cases = cases
-        self.scorer = scorer
-        self.probe = probe
-        self.results = results
+    editing: Editing
+    cases: Any
+    scorer: Scorer
+    probe: MMLUProbe
+    results: ResultFile
+
+
+class SingleLoop(CaseLoop):
+    """Single editing: each case edited into the unedited model, answered, scored, undone, recorded."""
 
     def run(self, todo: list[int], progress: Progress) -> None:
         e = self.editing
@@ -153,19 +158,13 @@ class SingleLoop:
             progress(1, {m: f"{100 * rec[m]:.0f}" for m in e.task.metrics if rec.get(m) is not None})
 
 
-class SequentialLoop:
+@dataclass
+class SequentialLoop(CaseLoop):
     """Continual editing: blocks of T cases edited one after another, evaluated together (and at the
     checkpoints part-way), then undone; a block in progress resumes from its snapshot or by replaying."""
 
-    def __init__(self, editing: Editing, cases: Any, scorer: Scorer, probe: MMLUProbe, results: ResultFile,
-                 sequence: SequenceLog, checkpoints: Sequence[int]) -> None:
-        self.editing = editing
-        self.cases = cases
-        self.scorer = scorer
-        self.probe = probe
-        self.results = results
-        self.sequence = sequence
-        self.checkpoints = tuple(checkpoints)
+    sequence: SequenceLog
+    checkpoints: Sequence[int]
 
     def run(self, blocks: list[tuple[int, list[int]]], progress: Progress) -> None:
         e, snapshots = self.editing, self.editing.method.resume is not None

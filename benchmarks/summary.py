@@ -7,6 +7,7 @@ summary of the cases evaluated there.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -20,18 +21,17 @@ from .tasks import Task, unjudged_metrics
 __all__ = ["RunSummary", "failed_note", "unjudged_note"]
 
 
+@dataclass
 class RunSummary:
     """The summary of one run directory's records, as the task averages them, with the run's description."""
 
-    def __init__(self, task: Task, out_dir: Path, *, label: str, method: str, judge: str | None,
-                 sequential: int | None, checkpoints: Sequence[int] | None) -> None:
-        self.task = task
-        self.out_dir = out_dir
-        self.label = label
-        self.method = method
-        self.judge = judge
-        self.sequential = sequential
-        self.checkpoints = checkpoints
+    task: Task
+    out_dir: Path
+    label: str
+    method: str
+    judge: str | None
+    sequential: int | None
+    checkpoints: Sequence[int] | None
 
     def build(self, mmlu_before: float | None, all_records: list[dict], hparams: dict) -> dict:
         """The summary of ``all_records``; ``hparams``: as config.json recorded them when the run started."""
