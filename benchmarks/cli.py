@@ -29,7 +29,7 @@ from .report import judge_note, paper_table
 from .runner import RunOptions, failed_note, run_benchmark, unjudged_note
 from .sequence import parse_checkpoints
 from .store import IncompleteRunError
-from .tasks import TASKS, Task
+from .tasks import TASKS, Option, Task
 
 __all__ = [
     "add_run_arguments", "add_task_arguments", "benchmark_errors", "cli_main", "configure_logging", "is_main_process", "options_from_args",
@@ -85,12 +85,17 @@ def add_run_arguments(parser: argparse.ArgumentParser, benchmark: str | None) ->
 def add_task_arguments(parser: argparse.ArgumentParser, task: Task) -> None:
     """One argument group of the task's data file option and the options it declares (``Task.options``)."""
     group = parser.add_argument_group(task.title)
-    group.add_argument(task.file_option, metavar="FILE", help=task.file_help)
-    for o in task.options:
+    for o in (task.data_option, *task.options):
         if o.cli:
-            group.add_argument(o.flag, dest=o.name, default=o.default, help=o.help, metavar=o.metavar,
+            group.add_argument(o.flag, dest=_dest(task, o), default=o.default, help=o.help, metavar=o.metavar,
                                **({"type": o.type} if o.type else {}),
                                **({"choices": list(o.choices)} if o.choices is not None else {}))
+
+
+def _dest(task: Task, option: Option) -> str:
+    """Where argparse keeps an option's value: its name, but each task's data file under its own flag's name
+    (``mquake_file``, ``unke_file``), since run_compare.py offers every task's at once."""
+    return option.flag.lstrip("-").replace("-", "_") if option is task.data_option else option.name
 
 
 def options_from_args(args: argparse.Namespace, benchmark: str, hparams: str, overrides: Sequence[str],
@@ -117,7 +122,7 @@ def options_from_args(args: argparse.Namespace, benchmark: str, hparams: str, ov
         retry_failed=args.retry_failed,
         batch_size=args.batch_size,
         max_new_tokens=answer_tokens,
-        data_file=vars(args)[task.file_option.lstrip("-").replace("-", "_")],
+        data_file=vars(args)[_dest(task, task.data_option)],
         judge=args.judge,
         judge_settings=JudgeSettings(
             base_url=args.judge_base_url, model=args.judge_model, api_key=args.judge_api_key,

@@ -41,7 +41,7 @@ from .run_options import RunOptions
 from .scorer import Scorer
 from .store import KERNEL_KEYS, PLACEMENT_KEYS, config_policy, json_plain, merge_results
 from .summary import RunSummary, failed_note, unjudged_note
-from .tasks import TASKS
+from .tasks import TASKS, data_path
 
 __all__ = [
     "PLACEMENT_KEYS", "RunOptions", "config_policy", "default_out_dir", "failed_note", "run_benchmark",
@@ -72,9 +72,9 @@ def _check_data_paths(opts: RunOptions, data_dir: Path) -> None:
             "(README, section Data)"
         )
     task = TASKS[opts.benchmark]
-    path = task.data_path(data_dir, opts.data_file)
+    path = data_path(data_dir, opts.data_file or task.data_file)
     if not path.is_file():
-        option = task.file_option
+        option = task.data_option.flag
         raise UsageError(f"{option} {path}: no such file; check --data and {option} (README, section Data)")
     for o in task.options:
         value = opts.task_options[o.name]
@@ -109,7 +109,7 @@ class _Run:
         self.cache_dir = cache_dir
         out_dir = Path(opts.out_dir) if opts.out_dir else default_out_dir(opts.benchmark, opts.hparams, opts.overrides)
         self.directory = RunDirectory(out_dir, self.ctx, config_policy(requested))
-        self.probe = MMLUProbe(opts.task_options, self.task.measures_mmlu and opts.task_options.get("mmlu_n", 0) > 0,
+        self.probe = MMLUProbe(opts.task_options, self.task.measures_mmlu and opts.task_options["mmlu_n"] > 0,
                                self.data_dir, out_dir)
         self.editing = Editing(self.method, hp, self.hp_dict.get("model_name", "the model"), self.task,
                                max_new_tokens=opts.max_new_tokens or self.task.default_max_new_tokens,

@@ -26,7 +26,8 @@ def _pct(value: float | None) -> float | None:
     return None if value is None else 100.0 * value
 
 
-def _data_path(data_dir: Path, file: str | Path) -> Path:
+def data_path(data_dir: Path, file: str | Path) -> Path:
+    """A data file named on the command line: as given when absolute, else relative to ``data_dir``."""
     return Path(file) if Path(file).is_absolute() else data_dir / file
 
 
@@ -87,9 +88,8 @@ class Task:
     name: str
     title: str
     data_file: str
-    file_option: str
-    #: the help text of ``file_option`` on the command line
-    file_help: str
+    #: the command-line option that names another data file (its value is ``RunOptions.data_file``)
+    data_option: Option
     default_max_new_tokens: int
     metrics: tuple[str, ...]
     #: (header label, summary key) of the task's columns in the paper's table, in the paper's order
@@ -102,10 +102,6 @@ class Task:
     recitation_note: str = ""
     #: the task's own options (the command line offers them, ``RunOptions.task_options`` holds their values)
     options: tuple[Option, ...] = ()
-
-    def data_path(self, data_dir: Path, file: str | None) -> Path:
-        """The data file a run reads: ``file`` (the task's ``file_option``) or the default, relative to ``data_dir``."""
-        return _data_path(data_dir, file or self.data_file)
 
     def load(self, data_dir: Path, opts: Any, client: Any, cache_dir: Path, template: str) -> tuple[Any, list[Path]]:
         """The cases (``opts``: a ``RunOptions``) and the input files their results depend on (hashed into config.json)."""
@@ -178,19 +174,19 @@ class MQuAKEUns(Task):
     name = "mquake-uns"
     title = "MQuAKE-uns"
     data_file = MQUAKE_FILE
-    file_option = "--mquake-file"
     default_max_new_tokens = 128
     metrics = ("Ind", "Cmp")
     table_columns = (("Ind", "Ind"), ("Cmp", "Cmp"), ("Avg", "Avg"))
     rescores_aliases = True
     #: the data file option's help text (``benchmarks.cli`` puts it in the task's group)
-    file_help = f"MQuAKE file, relative to --data (default {MQUAKE_FILE}; CF-3k/Remastered files get generated passages)"
+    data_option = Option("data_file", "--mquake-file", None, metavar="FILE", help=f"MQuAKE file, relative to --data "
+                         f"(default {MQUAKE_FILE}; CF-3k/Remastered files get generated passages)")
 
     def load(self, data_dir: Path, opts: Any, client: Any, cache_dir: Path, template: str) -> tuple[Any, list[Path]]:
         file = opts.data_file or self.data_file
         cases = load_mquake_uns(data_dir, file=file, limit=opts.limit, client=client, cache_dir=cache_dir,
                                 prompt_template=template)
-        return cases, [_data_path(data_dir, file)]
+        return cases, [data_path(data_dir, file)]
 
     def load_cases(self, data_dir: str | Path, file: str | Path | None = None, *, limit: int | None = None,
                    subjects: str = "heuristic") -> list[dict]:
@@ -271,7 +267,6 @@ class UnKEBench(Task):
     name = "unkebench"
     title = "UnKEBench"
     data_file = UNKE_FILE
-    file_option = "--unke-file"
     default_max_new_tokens = 200
     metrics = ("Jnt", "Dmp", "Div")
     table_columns = (("Jnt", "Jnt"), ("Dmp", "Dmp"), ("Div", "Div"), ("Avg", "Avg"), ("MMLU", "MMLU_after"))
@@ -280,7 +275,8 @@ class UnKEBench(Task):
     recitation_note = ("UnKEBench: Div is recomputed on the cut answers; Jnt and Dmp by rerunning the offline lexical "
                        "judge on them (n/a for runs scored by an LLM judge, which cannot be rerun offline).")
 
-    file_help = f"UnKEBench file, relative to --data (default {UNKE_FILE}; v3 works too)"
+    data_option = Option("data_file", "--unke-file", None, metavar="FILE",
+                         help=f"UnKEBench file, relative to --data (default {UNKE_FILE}; v3 works too)")
     options = UNKE_OPTIONS
 
     def load(self, data_dir: Path, opts: Any, client: Any, cache_dir: Path, template: str) -> tuple[Any, list[Path]]:
@@ -290,7 +286,7 @@ class UnKEBench(Task):
             data_dir, file=file, limit=opts.limit, subjects=own["subjects"], subjects_file=subjects_file,
             client=client, cache_dir=cache_dir, prompt_template=template,
         )
-        paths = [_data_path(data_dir, file)]
+        paths = [data_path(data_dir, file)]
         if subjects_file.is_file() and own["subjects"] in {"auto", "file"}:
             paths.append(subjects_file)
         return cases, paths
