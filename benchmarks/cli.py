@@ -29,10 +29,10 @@ from .report import judge_note, paper_table
 from .runner import RunOptions, failed_note, run_benchmark, unjudged_note
 from .sequence import parse_checkpoints
 from .store import IncompleteRunError
-from .tasks import TASKS
+from .tasks import TASKS, Option, Task
 
 __all__ = [
-    "add_run_arguments", "benchmark_errors", "cli_main", "configure_logging", "is_main_process", "options_from_args",
+    "add_run_arguments", "add_task_arguments", "benchmark_errors", "cli_main", "configure_logging", "is_main_process", "options_from_args",
     "user_errors",
 ]
 
@@ -70,7 +70,7 @@ def add_run_arguments(parser: argparse.ArgumentParser, benchmark: str | None) ->
                    help="do not keep each round's rollout (token ids, step-in mask) in results.jsonl")
     for task in TASKS.values():  # each task's own options: all of them for run_compare.py (benchmark None)
         if benchmark in (None, task.name):
-            task.add_arguments(parser)
+            add_task_arguments(parser, task)
     j = parser.add_argument_group("judge (OpenAI-compatible endpoint)")
     j.add_argument("--judge", default="auto", choices=JUDGE_KINDS,
                    help="llm = the endpoint below; lexical = offline fallback; auto = llm when an endpoint is configured")
@@ -82,9 +82,26 @@ def add_run_arguments(parser: argparse.ArgumentParser, benchmark: str | None) ->
     j.add_argument("--judge-max-attempts", type=int, default=6, help="most requests per judge question: the openai client's own retries of timeouts/429/5xx and our re-asks of unparsable answers together (default 6)")
 
 
+def add_task_arguments(parser: argparse.ArgumentParser, task: Task) -> None:
+    """One argument group of the task's data file option and the options it declares (``Task.options``)."""
+    group = parser.add_argument_group(task.title)
+    for o in (task.data_option, *task.options):
+        if o.cli:
+            group.add_argument(o.flag, dest=_dest(task, o), default=o.default, help=o.help, metavar=o.metavar,
+                               **({"type": o.type} if o.type else {}),
+                               **({"choices": list(o.choices)} if o.choices is not None else {}))
+
+
+def _dest(task: Task, option: Option) -> str:
+    """Where argparse keeps an option's value: its name, but each task's data file under its own flag's name
+    (``mquake_file``, ``unke_file``), since run_compare.py offers every task's at once."""
+    return option.flag.lstrip("-").replace("-", "_") if option is task.data_option else option.name
+
+
 def options_from_args(args: argparse.Namespace, benchmark: str, hparams: str, overrides: Sequence[str],
                       out_dir: str | None, label: str | None = None) -> RunOptions:
-    """RunOptions for one benchmark from parsed command-line arguments."""
+    """RunOptions for one benchmark from parsed command-line arguments (its task's own options among them)."""
+    task = TASKS[benchmark]
     answer_tokens = args.max_answer_tokens
     if args.max_new_tokens_deprecated is not None:  # the old name of --max-answer-tokens
         check_positive("--max-new-tokens", args.max_new_tokens_deprecated, 1, "answer length cap")
@@ -105,19 +122,14 @@ def options_from_args(args: argparse.Namespace, benchmark: str, hparams: str, ov
         retry_failed=args.retry_failed,
         batch_size=args.batch_size,
         max_new_tokens=answer_tokens,
-        data_file=getattr(args, TASKS[benchmark].file_option.lstrip("-").replace("-", "_"), None),
-        subjects=getattr(args, "subjects", "auto"),
-        subjects_file=getattr(args, "subjects_file", None),
+        data_file=vars(args)[_dest(task, task.data_option)],
         judge=args.judge,
         judge_settings=JudgeSettings(
             base_url=args.judge_base_url, model=args.judge_model, api_key=args.judge_api_key,
             timeout=args.judge_timeout, max_attempts=args.judge_max_attempts,
         ),
         cache_dir=args.cache_dir,
-        mmlu_n=getattr(args, "mmlu_n", 0),
-        mmlu_shots=getattr(args, "mmlu_shots", 5),
-        mmlu_seed=getattr(args, "mmlu_seed", 0),
-        mmlu_every=getattr(args, "mmlu_every", 1),
+        task_options={o.name: vars(args)[o.name] for o in task.options if o.cli},
         dist_timeout_hours=args.dist_timeout_hours,
         store_rollouts=not args.no_rollouts,
     )

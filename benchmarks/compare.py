@@ -78,7 +78,7 @@ def preflight(runs: Sequence[RunOptions]) -> None:
     valid, EasyEdit is importable for the methods that run EasyEdit's code, and what a method needs on this
     machine is there (its registry ``preflight``: MEMIT's and AlphaEdit's covariance statistics present or
     computable offline). Raises the user error of the first that is not."""
-    from .editors import editor_for_hparams_file
+    from .methods import method_for_file
 
     checked: set[tuple[str, tuple[str, ...]]] = set()
     for opts in runs:
@@ -86,14 +86,14 @@ def preflight(runs: Sequence[RunOptions]) -> None:
         if key in checked:
             continue
         checked.add(key)
-        editor = editor_for_hparams_file(opts.hparams)
-        if editor.needs_easyedit:
+        method = method_for_file(opts.hparams)
+        if method.needs_easyedit:
             from hpse_easyedit.integrations.easyedit_import import import_easyedit
 
             import_easyedit()
-        hparams = editor.load_hparams(opts.hparams, opts.overrides)
-        if editor.preflight is not None:
-            editor.preflight(hparams)
+        hparams = method.load_hparams(opts.hparams, opts.overrides)
+        if method.preflight is not None:
+            method.preflight(hparams)
 
 
 def seconds_table(rows: Sequence[tuple[str, dict]], benchmarks: Sequence[str]) -> str:

@@ -11,15 +11,18 @@ computed once per subject and its KV cache reused.
 from __future__ import annotations
 
 import copy
-from typing import Any, Sequence
+import json
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
 from hpse_easyedit.padding import pad_rows
 
-from .datasets import MMLUItem
+from .datasets import MMLUItem, load_mmlu_subset
+from .store import IncompleteRunError, write_json_atomic
 
-__all__ = ["format_mmlu_prompt", "letter_scores", "letter_token_ids", "mmlu_accuracy"]
+__all__ = ["MMLUProbe", "format_mmlu_prompt", "letter_scores", "letter_token_ids", "mmlu_accuracy"]
 
 _LETTERS = "ABCD"
 
@@ -151,3 +154,47 @@ def mmlu_accuracy(model: Any, tokenizer: Any, items: Sequence[MMLUItem], batch_s
     preds = [max(range(4), key=lambda j: s[j])
              for s in letter_scores(model, tokenizer, items, batch_size, share_prefix=share_prefix)]
     return sum(p == it.answer for p, it in zip(preds, items)) / len(items), preds
+
+
+class MMLUProbe:
+    """MMLU as the locality check around a run's edits (a task that ``measures_mmlu``): the unedited model's
+    accuracy once per output directory (``mmlu_before.json``), and the edited model's after every
+    ``mmlu_every``-th edit (case in single mode, block in continual mode)."""
+
+    def __init__(self, options: Mapping[str, Any], enabled: bool, data_dir: Path, out_dir: Path) -> None:
+        self.options = options
+        self.enabled = enabled
+        self.data_dir = data_dir
+        self.path = out_dir / "mmlu_before.json"
+        self.items: list[MMLUItem] = []
+
+    def load(self) -> None:
+        """The fixed subset (``mmlu_n`` questions, ``mmlu_shots`` dev examples each, ``mmlu_seed``)."""
+        if self.enabled:
+            o = self.options
+            self.items = load_mmlu_subset(self.data_dir, o["mmlu_n"], shots=o["mmlu_shots"], seed=o["mmlu_seed"])
+
+    def lacks_before(self) -> bool:
+        """True when the unedited model's accuracy is still to be measured (the model must be loaded for it)."""
+        return self.enabled and not self.path.is_file()
+
+    def due(self, unit: int) -> bool:
+        """MMLU after the edit of this case (single) or block (sequential): every ``mmlu_every``-th one, from the first."""
+        return self.enabled and unit % self.options["mmlu_every"] == 0
+
+    def measure(self, model: Any, tokenizer: Any) -> float:
+        acc, _ = mmlu_accuracy(model, tokenizer, self.items, batch_size=self.options["mmlu_batch_size"])
+        return 100.0 * acc
+
+    def before(self, unedited: Callable[[], tuple[Any, Any]] | None) -> float | None:
+        """MMLU of the unedited model, computed once per output directory (``unedited()`` gives the model and its
+        tokenizer; None: it must be recorded already, by the main process)."""
+        if not self.enabled:
+            return None
+        if self.path.is_file():
+            return json.loads(self.path.read_text(encoding="utf-8"))["MMLU_before"]
+        if unedited is None:
+            raise IncompleteRunError(f"{self.path} is missing; the main process computes it before its cases")
+        value = self.measure(*unedited())
+        write_json_atomic(self.path, {"MMLU_before": value, "n": len(self.items)})
+        return value

@@ -9,7 +9,7 @@
   so there the row shows what the passages allow in context, not what the shipped teacher sees.
 
 Both run through the ordinary runner (``alg_name: UNEDITED`` / ``IN_CONTEXT`` in a small hparams file,
-``hparams/REFERENCE/``; registered in ``benchmarks.editors``), so they are scored, stored, resumed and
+``hparams/REFERENCE/``; registered in ``benchmarks.methods``), so they are scored, stored, resumed and
 compared like any editor.
 """
 

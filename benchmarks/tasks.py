@@ -7,7 +7,6 @@ numbers (in percent, like the paper's tables).
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -18,7 +17,7 @@ from .metrics import diversity, mean, mquake_case_scores
 from .unke_scores import KEY as UNKE_METRICS
 from .unke_scores import record_metrics, summarize_metrics
 
-__all__ = ["MQuAKEUns", "Question", "TASKS", "Task", "UnKEBench", "composition_given_hops", "unjudged_metrics"]
+__all__ = ["MQuAKEUns", "Option", "Question", "TASKS", "Task", "UnKEBench", "composition_given_hops", "unjudged_metrics"]
 
 Cut = Callable[[str], str]
 
@@ -27,8 +26,30 @@ def _pct(value: float | None) -> float | None:
     return None if value is None else 100.0 * value
 
 
-def _data_path(data_dir: Path, file: str | Path) -> Path:
+def data_path(data_dir: Path, file: str | Path) -> Path:
+    """A data file named on the command line: as given when absolute, else relative to ``data_dir``."""
     return Path(file) if Path(file).is_absolute() else data_dir / file
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option a task declares: ``benchmarks.cli`` adds it to the command line (``cli``), ``RunOptions``
+    checks it (``minimum``, ``choices``: a live registry list, ``must_exist``: a file the value names) and keeps its
+    value in ``RunOptions.task_options[name]``, where the task's ``load`` and ``run_config`` read it."""
+
+    name: str
+    flag: str
+    default: Any
+    help: str = ""
+    type: Callable[[str], Any] | None = None
+    minimum: int | None = None
+    #: what the value means, in the one-line range message (``--mmlu-n must be >= 0 (0 skips MMLU), got -1``)
+    what: str = ""
+    choices: Sequence[str] | None = None
+    metavar: str | None = None
+    #: the fix a one-line message gives when the file the value names does not exist ("" for no file check)
+    must_exist: str = ""
+    cli: bool = True
 
 
 @dataclass(frozen=True)
@@ -60,14 +81,15 @@ class Question:
 
 
 class Task:
-    """A benchmark: its data file and loader, its questions, generation limit, per-case scoring and summary,
-    whether it needs a judge and measures MMLU (locality) around each edit, its command-line options, its
+    """A benchmark: its data file and loader, its declared options, its questions, generation limit, per-case
+    scoring, record shape and summary, whether it needs a judge and measures MMLU (locality) around each edit, its
     columns in the paper's table, and how the offline reports load its cases and rescore stored answers."""
 
     name: str
     title: str
     data_file: str
-    file_option: str
+    #: the command-line option that names another data file (its value is ``RunOptions.data_file``)
+    data_option: Option
     default_max_new_tokens: int
     metrics: tuple[str, ...]
     #: (header label, summary key) of the task's columns in the paper's table, in the paper's order
@@ -78,13 +100,8 @@ class Task:
     rescores_aliases: bool = False
     #: a line under the recitation table saying how this task's cut answers are rescored ("" for none)
     recitation_note: str = ""
-
-    def data_path(self, data_dir: Path, file: str | None) -> Path:
-        """The data file a run reads: ``file`` (the task's ``file_option``) or the default, relative to ``data_dir``."""
-        return _data_path(data_dir, file or self.data_file)
-
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        """This task's own command-line options, as one argument group (``benchmarks.cli.add_run_arguments``)."""
+    #: the task's own options (the command line offers them, ``RunOptions.task_options`` holds their values)
+    options: tuple[Option, ...] = ()
 
     def load(self, data_dir: Path, opts: Any, client: Any, cache_dir: Path, template: str) -> tuple[Any, list[Path]]:
         """The cases (``opts``: a ``RunOptions``) and the input files their results depend on (hashed into config.json)."""
@@ -123,15 +140,26 @@ class Task:
             out["judge"] = next((r.get("judge") for r in records if r.get("judge")), None)
         return out
 
-    def run_config(self, opts: Any, judge: Judge | None, mmlu: bool) -> dict:
-        """What this task adds to a run's config.json (the judge, the subjects, the MMLU subset)."""
+    def run_config(self, options: Mapping[str, Any], judge: Judge | None, mmlu: bool) -> dict:
+        """What this task adds to a run's config.json (the judge, the subjects, the MMLU subset); ``options``:
+        the values of its declared options."""
         return {}
 
     def questions(self, case: Mapping[str, Any]) -> list[str]:
         raise NotImplementedError
 
     def score(self, case: Mapping[str, Any], answers: Sequence[str], judge: Judge | None) -> dict:
+        """The case's record: its answers (in the task's record shape) and its scores."""
         raise NotImplementedError
+
+    def answers_of(self, record: Mapping[str, Any]) -> list[str]:
+        """A record's stored answers in ``questions`` order, to score them again without generating anything."""
+        raise NotImplementedError
+
+    def unjudged_record(self, case: Mapping[str, Any], answers: Sequence[str], judge: Judge, error: JudgeError) -> dict:
+        """The record of a case whose judge failed for good (a task that ``needs_judge``); a task without a judge
+        never meets a judge error, so it raises it again."""
+        raise error
 
     def summarize(self, records: Sequence[Mapping[str, Any]]) -> dict:
         """Mean of each metric over the records, in percent, plus ``Avg`` = mean of those metrics."""
@@ -146,22 +174,19 @@ class MQuAKEUns(Task):
     name = "mquake-uns"
     title = "MQuAKE-uns"
     data_file = MQUAKE_FILE
-    file_option = "--mquake-file"
     default_max_new_tokens = 128
     metrics = ("Ind", "Cmp")
     table_columns = (("Ind", "Ind"), ("Cmp", "Cmp"), ("Avg", "Avg"))
     rescores_aliases = True
-
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        m = parser.add_argument_group(self.title)
-        m.add_argument(self.file_option, metavar="FILE",
-                       help=f"MQuAKE file, relative to --data (default {MQUAKE_FILE}; CF-3k/Remastered files get generated passages)")
+    #: the data file option's help text (``benchmarks.cli`` puts it in the task's group)
+    data_option = Option("data_file", "--mquake-file", None, metavar="FILE", help=f"MQuAKE file, relative to --data "
+                         f"(default {MQUAKE_FILE}; CF-3k/Remastered files get generated passages)")
 
     def load(self, data_dir: Path, opts: Any, client: Any, cache_dir: Path, template: str) -> tuple[Any, list[Path]]:
         file = opts.data_file or self.data_file
         cases = load_mquake_uns(data_dir, file=file, limit=opts.limit, client=client, cache_dir=cache_dir,
                                 prompt_template=template)
-        return cases, [_data_path(data_dir, file)]
+        return cases, [data_path(data_dir, file)]
 
     def load_cases(self, data_dir: str | Path, file: str | Path | None = None, *, limit: int | None = None,
                    subjects: str = "heuristic") -> list[dict]:
@@ -209,6 +234,29 @@ class MQuAKEUns(Task):
         scores = mquake_case_scores(single, case["single_hop_answers"], multi, case["multi_hop_answers"])
         return {"answers": {"single_hop": single, "multi_hop": multi}, **scores}
 
+    def answers_of(self, record: Mapping[str, Any]) -> list[str]:
+        a = record["answers"]
+        return [*a["single_hop"], *a["multi_hop"]]
+
+
+#: UnKEBench's own options: how subjects are found, and the MMLU subset measured around each edit
+UNKE_OPTIONS = (
+    Option("subjects", "--subjects", "auto", choices=SUBJECT_MODES,
+           help="subject phrases for 'Introduce {s}.': file, generated by the judge model, or heuristic; "
+                "auto = file, then judge model, then a logged heuristic fallback"),
+    Option("subjects_file", "--subjects-file", None, metavar="FILE", must_exist="give an id -> subject JSON file",
+           help=f"id -> subject JSON (default --data/{UNKE_SUBJECTS_FILE})"),
+    Option("mmlu_n", "--mmlu-n", 100, type=int, minimum=0, what="0 skips MMLU",
+           help="MMLU subset size for locality (0 skips it; default 100)"),
+    Option("mmlu_shots", "--mmlu-shots", 5, type=int, minimum=0, what="dev examples per MMLU prompt",
+           help="dev examples per MMLU prompt (default 5)"),
+    Option("mmlu_seed", "--mmlu-seed", 0, type=int, help="seed of the fixed MMLU subset (default 0)"),
+    Option("mmlu_batch_size", "--mmlu-batch-size", 4, type=int, minimum=1, what="MMLU prompts at once", cli=False),
+    Option("mmlu_every", "--mmlu-every", 1, type=int, minimum=1, what="1 = MMLU after every edit", metavar="K",
+           help="MMLU after every K-th edit only (cases or blocks 0, K, 2K, ...; default 1 = every edit): "
+                "on a CPU the 5-shot subset costs more than the edit"),
+)
+
 
 class UnKEBench(Task):
     """Jnt: FActScore of the answers to ``question`` and ``para_question``; Dmp: judge per sub-question;
@@ -219,7 +267,6 @@ class UnKEBench(Task):
     name = "unkebench"
     title = "UnKEBench"
     data_file = UNKE_FILE
-    file_option = "--unke-file"
     default_max_new_tokens = 200
     metrics = ("Jnt", "Dmp", "Div")
     table_columns = (("Jnt", "Jnt"), ("Dmp", "Dmp"), ("Div", "Div"), ("Avg", "Avg"), ("MMLU", "MMLU_after"))
@@ -228,29 +275,19 @@ class UnKEBench(Task):
     recitation_note = ("UnKEBench: Div is recomputed on the cut answers; Jnt and Dmp by rerunning the offline lexical "
                        "judge on them (n/a for runs scored by an LLM judge, which cannot be rerun offline).")
 
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        u = parser.add_argument_group(self.title)
-        u.add_argument(self.file_option, metavar="FILE", help=f"UnKEBench file, relative to --data (default {UNKE_FILE}; v3 works too)")
-        u.add_argument("--subjects", default="auto", choices=list(SUBJECT_MODES),
-                       help="subject phrases for 'Introduce {s}.': file, generated by the judge model, or heuristic; "
-                            "auto = file, then judge model, then a logged heuristic fallback")
-        u.add_argument("--subjects-file", metavar="FILE", help=f"id -> subject JSON (default --data/{UNKE_SUBJECTS_FILE})")
-        u.add_argument("--mmlu-n", type=int, default=100, help="MMLU subset size for locality (0 skips it; default 100)")
-        u.add_argument("--mmlu-shots", type=int, default=5, help="dev examples per MMLU prompt (default 5)")
-        u.add_argument("--mmlu-seed", type=int, default=0, help="seed of the fixed MMLU subset (default 0)")
-        u.add_argument("--mmlu-every", type=int, default=1, metavar="K",
-                       help="MMLU after every K-th edit only (cases or blocks 0, K, 2K, ...; default 1 = every edit): "
-                            "on a CPU the 5-shot subset costs more than the edit")
+    data_option = Option("data_file", "--unke-file", None, metavar="FILE",
+                         help=f"UnKEBench file, relative to --data (default {UNKE_FILE}; v3 works too)")
+    options = UNKE_OPTIONS
 
     def load(self, data_dir: Path, opts: Any, client: Any, cache_dir: Path, template: str) -> tuple[Any, list[Path]]:
-        file = opts.data_file or self.data_file
-        subjects_file = Path(opts.subjects_file) if opts.subjects_file else data_dir / UNKE_SUBJECTS_FILE
+        file, own = opts.data_file or self.data_file, opts.task_options
+        subjects_file = Path(own["subjects_file"]) if own["subjects_file"] else data_dir / UNKE_SUBJECTS_FILE
         cases = load_unkebench(
-            data_dir, file=file, limit=opts.limit, subjects=opts.subjects, subjects_file=subjects_file,
+            data_dir, file=file, limit=opts.limit, subjects=own["subjects"], subjects_file=subjects_file,
             client=client, cache_dir=cache_dir, prompt_template=template,
         )
-        paths = [_data_path(data_dir, file)]
-        if subjects_file.is_file() and opts.subjects in {"auto", "file"}:
+        paths = [data_path(data_dir, file)]
+        if subjects_file.is_file() and own["subjects"] in {"auto", "file"}:
             paths.append(subjects_file)
         return cases, paths
 
@@ -258,14 +295,15 @@ class UnKEBench(Task):
                    subjects: str = "heuristic") -> list[dict]:
         return load_unkebench(data_dir, file=file or self.data_file, limit=limit, subjects=subjects)
 
-    def run_config(self, opts: Any, judge: Judge | None, mmlu: bool) -> dict:
+    def run_config(self, options: Mapping[str, Any], judge: Judge | None, mmlu: bool) -> dict:
+        o = options
         config: dict[str, Any] = {
             "judge": judge.name if judge else None,
-            "subjects": opts.subjects,
-            "mmlu": {"n": opts.mmlu_n, "shots": opts.mmlu_shots, "seed": opts.mmlu_seed} if mmlu else None,
+            "subjects": o["subjects"],
+            "mmlu": {"n": o["mmlu_n"], "shots": o["mmlu_shots"], "seed": o["mmlu_seed"]} if mmlu else None,
         }
-        if mmlu and opts.mmlu_every != 1:  # absent at 1, so run directories from before the option still match
-            config["mmlu"]["every"] = opts.mmlu_every
+        if mmlu and o["mmlu_every"] != 1:  # absent at 1, so run directories from before the option still match
+            config["mmlu"]["every"] = o["mmlu_every"]
         return config
 
     def questions(self, case: Mapping[str, Any]) -> list[str]:
@@ -349,9 +387,7 @@ class UnKEBench(Task):
             "judge_complete": False, "unjudged": ["Jnt", "Dmp"], "judge_error": " ".join(str(error).split())[:300],
         }
 
-    @staticmethod
-    def answers_of(record: Mapping[str, Any]) -> list[str]:
-        """A record's stored answers in ``questions`` order, to judge them again without generating anything."""
+    def answers_of(self, record: Mapping[str, Any]) -> list[str]:
         a = record["answers"]
         return [a["question"], a["para_question"], *a["sub_questions"]]
 

@@ -10,10 +10,11 @@ other's half-written one away.
 from __future__ import annotations
 
 import os
+import tempfile
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 
 def writer_tmp(path: str | os.PathLike, suffix: str = ".tmp") -> Path:
@@ -36,3 +37,22 @@ def replacing(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[Path]:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def write_aside(write: Callable[[Path], None], prefix: str, *, suffix: str = "", directory: bool = False) -> Path | None:
+    """Where a write failed on the machine's state (a full disk), write the same thing whole under a new temporary
+    name instead: in the system's temporary directory, else in ``/dev/shm``. ``write(path)`` fills ``path`` (a new
+    empty file, or with ``directory`` a new empty directory). Returns that path, or None when neither could hold it."""
+    for root in (tempfile.gettempdir(), "/dev/shm"):
+        try:
+            if directory:
+                path = Path(tempfile.mkdtemp(prefix=prefix, dir=root))
+            else:
+                fd, name = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=root)
+                os.close(fd)
+                path = Path(name)
+            write(path)
+        except OSError:
+            continue
+        return path
+    return None

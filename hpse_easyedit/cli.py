@@ -20,11 +20,11 @@ import json
 import logging
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from .atomic import write_aside
 from .edit_requests import RequestError
 from .editor import hpse_edit
 from .encoding import TextEncodingError, read_text
@@ -130,12 +130,8 @@ def _save_elsewhere(result: Any, hparams: HPSEHyperParams, requests: list[dict],
     """``--save`` failed on the machine's state: save the edit whole to a temporary directory instead, so it is not
     lost; returns the one-line error that says where it is."""
     reason = err.strerror or str(err)
-    for root in (tempfile.gettempdir(), "/dev/shm"):
-        try:
-            fallback = Path(tempfile.mkdtemp(prefix="hpse-edit-", dir=root))
-            save_edit(result, hparams, fallback, requests)
-        except OSError:
-            continue
+    fallback = write_aside(lambda path: save_edit(result, hparams, path, requests), "hpse-edit-", directory=True)
+    if fallback is not None:
         return UsageError(f"--save {option_dir}: {reason}; the edit was saved whole to {fallback} instead: move it "
                           "where you want it once space is freed")
     return UsageError(f"--save {option_dir}: {reason}, and no temporary directory could hold the edit either; free space "

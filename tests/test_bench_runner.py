@@ -14,7 +14,7 @@ import torch
 
 from bench_helpers import DATA_DIR, ChatServer, isolate_judge_env, judge_like_responder
 from benchmarks.compare import compare_main
-from benchmarks.editors import Editor, get_editor, register_editor
+from benchmarks.methods import MethodSpec, get_method, register_method
 from benchmarks.judge import JudgeSettings
 from benchmarks.cli import cli_main
 from benchmarks.runner import RunOptions, run_benchmark
@@ -65,7 +65,7 @@ class Spy:
 
         from hpse_easyedit import HPSEHyperParams
 
-        hpse = get_editor("HPSE")
+        hpse = get_method("HPSE")
 
         def load_hparams(path, overrides):
             config = yaml.safe_load(Path(path).read_text())
@@ -86,12 +86,14 @@ class Spy:
             self.prompts.append([r["prompt"] for r in requests])
             return hpse.edit(model, tok, requests, hp)
 
-        return Editor("SPY", load_hparams, hpse.hparams_dict, load_model, edit, hpse.restore)
+        return MethodSpec("SPY", load_hparams, hpse.hparams_dict, load_model, edit, hpse.restore)
 
 
 def _opts(tiny, tmp_path, benchmark, **kw):
     base = dict(benchmark=benchmark, hparams=str(tiny / "hpse.yaml"), data_dir=str(DATA_DIR), out_dir=str(tmp_path / "out"),
-                limit=2, max_new_tokens=6, batch_size=4, mmlu_n=2, mmlu_shots=1, judge="lexical")
+                limit=2, max_new_tokens=6, batch_size=4, judge="lexical")
+    if benchmark == "unkebench":  # MMLU is UnKEBench's own option
+        base.update(mmlu_n=2, mmlu_shots=1)
     base.update(kw)
     return RunOptions(**base)
 
@@ -102,7 +104,7 @@ def _lines(out):
 
 def test_tiny_single_editing_run_both_benchmarks(tiny, tmp_path):
     spy = Spy()
-    register_editor("SPY", spy.factory)
+    register_method(spy.factory())
     mq = run_benchmark(_opts(tiny, tmp_path, "mquake-uns", hparams=str(tiny / "spy.yaml"), limit=3, out_dir=str(tmp_path / "mq")))
     assert [u for _, u in spy.calls] == [True, True, True]  # every case edited into the unedited model
     assert set(mq) >= {"Ind", "Cmp", "Avg", "n_cases", "stepin_rate_by_round", "hparams"}
@@ -130,7 +132,7 @@ def test_tiny_single_editing_run_both_benchmarks(tiny, tmp_path):
 
 def test_editing_prompt_override_reaches_the_requests(tiny, tmp_path):
     spy = Spy()
-    register_editor("SPY", spy.factory)
+    register_method(spy.factory())
     run_benchmark(_opts(tiny, tmp_path, "unkebench", hparams=str(tiny / "spy.yaml"), limit=1, mmlu_n=0,
                         overrides=["editing_prompt=List the key facts about {subject}."], out_dir=str(tmp_path / "uk")))
     assert len(spy.prompts) == 1 and len(spy.prompts[0]) == 1
@@ -141,7 +143,7 @@ def test_editing_prompt_override_reaches_the_requests(tiny, tmp_path):
 
 def test_cases_option_runs_only_the_named_cases_and_a_later_run_fills_in(tiny, tmp_path):
     spy = Spy()
-    register_editor("SPY", spy.factory)
+    register_method(spy.factory())
     ids = [str(c["case_id"]) for c in json.loads((DATA_DIR / "akew" / "MQuAKE-CF.json").read_text())[:3]]
     out = str(tmp_path / "mq")
     first = run_benchmark(_opts(tiny, tmp_path, "mquake-uns", hparams=str(tiny / "spy.yaml"), out_dir=out,
@@ -162,7 +164,7 @@ def test_cases_option_runs_only_the_named_cases_and_a_later_run_fills_in(tiny, t
 def test_each_invocation_that_edits_records_its_environment(tiny, tmp_path, monkeypatch):
     import transformers
 
-    register_editor("SPY", Spy().factory)
+    register_method(Spy().factory())
     monkeypatch.setenv("EASYEDIT_SRC", str(tmp_path / "not-a-checkout"))
     ids = [str(c["case_id"]) for c in json.loads((DATA_DIR / "akew" / "MQuAKE-CF.json").read_text())[:3]]
     out = tmp_path / "mq"
@@ -192,7 +194,7 @@ def test_mmlu_every_k_measures_only_every_kth_edit_and_is_part_of_the_config(tin
 
 def test_tiny_continual_editing_blocks(tiny, tmp_path):
     spy = Spy()
-    register_editor("SPY", spy.factory)
+    register_method(spy.factory())
     summary = run_benchmark(_opts(tiny, tmp_path, "mquake-uns", hparams=str(tiny / "spy.yaml"), limit=3, sequential=2))
     recs = _lines(tmp_path / "out")
     assert [r["block"] for r in recs] == [0, 0, 1] and summary["mode"] == "sequential" and summary["n_cases"] == 3

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from bench_helpers import DATA_DIR, isolate_judge_env
-from benchmarks import runner as runner_module
+from benchmarks.case_loop import Editing
 from benchmarks.runner import RunOptions, run_benchmark
 from benchmarks.sequence import STATE_DIR, checkpoint_records
 from benchmarks.store import ConfigMismatchError
@@ -63,7 +63,7 @@ def _text(path: Path) -> str:
 
 def _stop_after(monkeypatch, n_edits):
     """The run stops (as a Ctrl-C would) when it starts edit number ``n_edits + 1``."""
-    real, calls = runner_module._Run._edit, [0]
+    real, calls = Editing.edit, [0]
 
     def edit(self, model, case):
         calls[0] += 1
@@ -71,7 +71,7 @@ def _stop_after(monkeypatch, n_edits):
             raise KeyboardInterrupt
         return real(self, model, case)
 
-    monkeypatch.setattr(runner_module._Run, "_edit", edit)
+    monkeypatch.setattr(Editing, "edit", edit)
     return calls
 
 
@@ -112,7 +112,7 @@ def test_a_sequence_stopped_midway_resumes_to_the_uninterrupted_records(tiny, tm
             p.unlink()
     monkeypatch.undo()
     isolate_judge_env(monkeypatch, tmp_path)
-    with caplog.at_level(logging.INFO, logger="benchmarks.runner"):
+    with caplog.at_level(logging.INFO, logger="benchmarks.case_loop"):
         summary = run_benchmark(_opts(tiny, out))
     assert ("replaying 3 recorded edit(s)" in caplog.text) == drop_snapshot
     assert ("resuming after edit 3" in caplog.text) != drop_snapshot
@@ -135,7 +135,7 @@ def test_a_replayed_edit_that_differs_redoes_the_block_from_there(tiny, tmp_path
     (out / "sequence.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     for p in (out / STATE_DIR).iterdir():
         p.unlink()
-    with caplog.at_level(logging.INFO, logger="benchmarks.runner"):
+    with caplog.at_level(logging.INFO, logger="benchmarks.case_loop"):
         run_benchmark(_opts(tiny, out))
     assert "edit 2 computes other values than recorded" in caplog.text
     assert _untimed(out / "results.jsonl") == _untimed(ref_out / "results.jsonl")

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from bench_helpers import DATA_DIR, isolate_judge_env
-from benchmarks import runner as runner_module
+from benchmarks.case_loop import Editing
 from benchmarks.runner import RunOptions, run_benchmark
 from hpse_easyedit import apply_hpse_to_model, hpse_edit
 from hpse_easyedit.cli import main as edit_main
@@ -65,7 +65,7 @@ def test_a_benchmark_records_the_failed_case_and_retries_it_only_when_asked(tmp_
     hp = tmp_path / "hp.yaml"
     hp.write_text(f"alg_name: HPSE\nmodel_name: {tmp_path / 'model'}\nrounds: 1\ninner_steps: 4\nmax_new_tokens: 4\n"
                   "lr: 1.0e-3\n")
-    real, edited = runner_module._Run._edit, []
+    real, edited = Editing.edit, []
 
     def edit(self, model, case):  # the second case's edit runs at an lr that makes it diverge
         edited.append(str(case["case_id"]))
@@ -77,7 +77,7 @@ def test_a_benchmark_records_the_failed_case_and_retries_it_only_when_asked(tmp_
                 self.hp = saved
         return real(self, model, case)
 
-    monkeypatch.setattr(runner_module._Run, "_edit", edit)
+    monkeypatch.setattr(Editing, "edit", edit)
     opts = dict(benchmark="mquake-uns", hparams=str(hp), data_dir=str(DATA_DIR), out_dir=str(tmp_path / "out"),
                 limit=3, max_new_tokens=4, judge="lexical", sequential=sequential)
     summary = run_benchmark(RunOptions(**opts))

@@ -197,12 +197,12 @@ def test_shipped_memit_and_alphaedit_files_load_with_easyedits_own_classes(he):
 
 
 def test_the_benchmark_runner_takes_every_method_by_its_hparams_file(he):
-    from benchmarks.editors import editor_for_hparams_file
+    from benchmarks.methods import method_for_file
 
     for method, name in (("LoRA", "HPSE"), ("FT-M", "HPSE"), ("COIN", "COIN"), ("MEMIT", "MEMIT"),
                          ("AlphaEdit", "AlphaEdit"), ("UnKE", "UnKE"), ("AnyEdit", "AnyEdit")):
         path = REPO / "hparams" / method / "smollm2-135m.yaml"
-        editor = editor_for_hparams_file(path)
+        editor = method_for_file(path)
         hp = editor.load_hparams(str(path), [])
         assert editor.name == name and editor.hparams_dict(hp)["model_name"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
 

@@ -15,7 +15,12 @@ from pathlib import Path
 import pytest
 
 from bench_helpers import DATA_DIR, isolate_judge_env
-from benchmarks import runner as runner_module
+from benchmarks import mmlu as mmlu_module
+from benchmarks import run_dir as run_dir_module
+from benchmarks import summary as summary_module
+from benchmarks.case_loop import Editing, SequentialLoop
+from benchmarks.scorer import Scorer
+from benchmarks.summary import RunSummary
 from benchmarks import store as store_module
 from benchmarks.cli import cli_main
 from benchmarks.runner import RunOptions, run_benchmark
@@ -139,8 +144,8 @@ def test_sigkill_at_random_points_then_resume(tiny, tmp_path, reference, mode):
 
 # ------------------------------------------------------------------------------------------------- full disk
 #: where a run writes a whole file (config.json, mmlu_before.json, summary.json, table.md): every module's name
-WHOLE_FILE_WRITERS = [(store_module, "write_json_atomic"), (runner_module, "write_json_atomic"),
-                      (runner_module, "write_text_atomic")]
+WHOLE_FILE_WRITERS = [(store_module, "write_json_atomic"), (mmlu_module, "write_json_atomic"),
+                      (summary_module, "write_json_atomic"), (summary_module, "write_text_atomic")]
 
 
 def _full_disk_once(monkeypatch, target, attr, at):
@@ -198,7 +203,7 @@ def test_a_full_disk_at_every_write_point_loses_no_case(tiny, tmp_path, referenc
 
 def test_a_full_disk_that_is_freed_while_the_run_waits_costs_nothing(tiny, tmp_path, reference, monkeypatch):
     monkeypatch.setenv("HPSE_DISK_FULL_WAIT", "1")
-    monkeypatch.setattr(runner_module.time, "sleep", lambda s: None)
+    monkeypatch.setattr(run_dir_module.time, "sleep", lambda s: None)
     _full_disk_once(monkeypatch, store_module.ResultFile, "append", at=2)
     run_benchmark(_opts(tiny, tmp_path / "run", "single"))
     assert _outcome(tmp_path / "run") == reference["single"]
@@ -234,7 +239,7 @@ def _one_line(caplog, capsys, prefix):
 
 def test_an_unwritable_out_is_one_line_before_the_model_loads(tiny, tmp_path, caplog, capsys, monkeypatch):
     loaded = []
-    monkeypatch.setattr(runner_module._Run, "_ensure_model", lambda self: loaded.append(1))
+    monkeypatch.setattr(Editing, "ensure_model", lambda self: loaded.append(1))
     unwritable = Path("/sys/hpse-faults")  # even root cannot create a directory in sysfs
     assert cli_main("mquake-uns", _args(tiny, unwritable / "run", "single")) == 2
     assert f"error: --out {unwritable / 'run'}: cannot write there" in _one_line(caplog, capsys, "error")
@@ -260,17 +265,17 @@ def test_a_second_run_into_the_same_directory_stops_at_once(tiny, tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------- Ctrl-C
-STAGES = [("_ensure_model", 1), ("_edit", 1), ("_edit", 3), ("_answers", 1), ("_answers", 2), ("_score", 2),
-          ("_checkpoint", 2), ("summary", 1)]
+STAGES = [(Editing, "ensure_model", 1), (Editing, "edit", 1), (Editing, "edit", 3), (Editing, "answers", 1),
+          (Editing, "answers", 2), (Scorer, "score", 2), (SequentialLoop, "checkpoint", 2), (RunSummary, "build", 1)]
 
 
 @pytest.mark.parametrize("mode", list(MODES))
 def test_ctrl_c_at_every_stage_is_one_line_and_the_same_command_resumes(tiny, tmp_path, reference, monkeypatch,
                                                                        caplog, capsys, mode):
     tried = 0
-    for stage, at in STAGES:
+    for stage_class, stage, at in STAGES:
         out = tmp_path / f"{stage}-{at}"
-        real, calls = getattr(runner_module._Run, stage), [0]
+        real, calls = getattr(stage_class, stage), [0]
 
         def interrupted(self, *args, _real=real, _calls=calls, _at=at, **kwargs):
             _calls[0] += 1
@@ -278,7 +283,7 @@ def test_ctrl_c_at_every_stage_is_one_line_and_the_same_command_resumes(tiny, tm
                 raise KeyboardInterrupt
             return _real(self, *args, **kwargs)
 
-        monkeypatch.setattr(runner_module._Run, stage, interrupted)
+        monkeypatch.setattr(stage_class, stage, interrupted)
         caplog.clear()
         capsys.readouterr()
         code = cli_main("mquake-uns", _args(tiny, out, mode))
@@ -291,4 +296,4 @@ def test_ctrl_c_at_every_stage_is_one_line_and_the_same_command_resumes(tiny, tm
         assert cli_main("mquake-uns", _args(tiny, out, mode)) == 0
         assert _outcome(out) == reference[mode], (stage, at)
         tried += 1
-    assert tried == len([s for s in STAGES if mode == "sequential" or s[0] != "_checkpoint"])
+    assert tried == len([s for s in STAGES if mode == "sequential" or s[1] != "checkpoint"])

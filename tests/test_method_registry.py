@@ -74,12 +74,12 @@ def test_the_spec_is_found_by_the_files_alg_name_and_names_its_parts(toy):
 
 
 def test_every_hparams_file_is_read_by_one_function_with_one_error(tmp_path):
-    from benchmarks.editors import editor_for_hparams_file
+    from benchmarks.methods import method_for_file
 
     rome = tmp_path / "rome.yaml"
     rome.write_text("alg_name: ROME\nmodel_name: m\n")
     messages = []
-    for read in (methods.method_for_file, methods.load_hparams, editor_for_hparams_file):
+    for read in (methods.method_for_file, methods.load_hparams, method_for_file):
         with pytest.raises(HParamsError) as err:
             read(rome)
         messages.append(str(err.value))
@@ -96,7 +96,7 @@ def test_toy_method_through_the_benchmark_runner_single_and_continual(toy, tmp_p
 
     path, original = toy
     opts = dict(benchmark="mquake-uns", hparams=str(path), data_dir=str(DATA_DIR), limit=3, max_new_tokens=4,
-                batch_size=4, mmlu_n=0, judge="lexical")
+                batch_size=4, judge="lexical")
     single = run_benchmark(RunOptions(out_dir=str(tmp_path / "single"), **opts))
     assert single["n_cases"] == 3 and single["hparams"]["delta"] == 0.25 and single["hparams"]["alg_name"] == "TOY"
     assert json.loads((tmp_path / "single" / "config.json").read_text())["editor"] == "TOY"

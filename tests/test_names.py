@@ -8,7 +8,7 @@ import pytest
 
 from bench_helpers import DATA_DIR, isolate_judge_env
 from benchmarks.cli import cli_main
-from benchmarks.editors import method_label
+from benchmarks.methods import method_label
 from hpse_easyedit import hpse_edit
 from tiny_models import make_tiny_model_and_tokenizer, tiny_hparams
 

@@ -96,7 +96,7 @@ def test_system_prompt_is_folded_into_the_user_turn_without_a_system_role():
 
 
 def test_reference_hparams_check_the_alg_name(tmp_path):
-    from benchmarks.editors import get_editor
+    from benchmarks.methods import get_method
     from benchmarks.references import InContextHParams
 
     bad = tmp_path / "ref.yaml"
@@ -107,4 +107,4 @@ def test_reference_hparams_check_the_alg_name(tmp_path):
     assert len(shipped) == 2
     for path in shipped:
         alg = yaml.safe_load(path.read_text())["alg_name"]
-        assert get_editor(alg).hparams_class.from_hparams(path).alg_name == alg
+        assert get_method(alg).hparams_class.from_hparams(path).alg_name == alg

@@ -366,17 +366,19 @@ def test_resume_with_model_parallel_on_cpu_is_the_same_run(tiny, reference, tmp_
 
 
 def test_offloaded_placement_is_refused():
+    """The runner refuses an offloaded placement with the loader's own check (``loading.check_placement``)."""
     from types import SimpleNamespace
 
-    from benchmarks.runner import _check_placement
+    from hpse_easyedit.hparams import HParamsError
+    from hpse_easyedit.loading import check_placement
 
-    _check_placement(SimpleNamespace(hf_device_map={"model.layers.0": 0, "model.layers.1": 1}), ProcessContext())
-    _check_placement(SimpleNamespace(hf_device_map={"": "cpu"}), ProcessContext())
-    _check_placement(SimpleNamespace(), ProcessContext())
-    with pytest.raises(LaunchError, match="offloaded 1 module.*first: lm_head.*more GPUs"):
-        _check_placement(SimpleNamespace(hf_device_map={"model.layers.0": 0, "lm_head": "cpu"}), ProcessContext())
-    with pytest.raises(LaunchError, match="GPUs 2,3"):
-        _check_placement(SimpleNamespace(hf_device_map={"model": 0, "lm_head": "disk"}), ProcessContext(gpus=("2", "3")))
+    check_placement(SimpleNamespace(hf_device_map={"model.layers.0": 0, "model.layers.1": 1}))
+    check_placement(SimpleNamespace(hf_device_map={"": "cpu"}))
+    check_placement(SimpleNamespace())
+    with pytest.raises(HParamsError, match="offloaded 1 module.*first: lm_head.*larger GPUs"):
+        check_placement(SimpleNamespace(hf_device_map={"model.layers.0": 0, "lm_head": "cpu"}))
+    with pytest.raises(HParamsError, match="offloaded 1 module.*first: lm_head"):
+        check_placement(SimpleNamespace(hf_device_map={"model": 0, "lm_head": "disk"}))
 
 
 def _edit_trace(model, tok, hp):
@@ -426,7 +428,7 @@ def test_model_split_across_two_gpus(tmp_path, executor, gate_always_open):
     from transformers import AutoModelForCausalLM
 
     from hpse_easyedit import load_model
-    from benchmarks.runner import _check_placement
+    from hpse_easyedit.loading import check_placement
 
     make_tiny_model_and_tokenizer("llama", tmp_path / "m", init_std=0.2)
     _, tok = make_tiny_model_and_tokenizer("llama", init_std=0.2)
@@ -444,4 +446,4 @@ def test_model_split_across_two_gpus(tmp_path, executor, gate_always_open):
             assert g[k] == (pytest.approx(e[k], rel=1e-3, abs=1e-4) if isinstance(e[k], float) else e[k]), k
     model, _ = load_model(tiny_hparams(model_name=str(tmp_path / "m"), model_parallel=True))
     assert hasattr(model, "hf_device_map")
-    _check_placement(model, ProcessContext())
+    check_placement(model)

@@ -1,0 +1,267 @@
+"""The case loop of a benchmark run: edit, answer, restore, and the record of each case.
+
+Single editing: every case is edited into the unedited model, evaluated, and the edit is undone. Continual
+editing (``sequential=T``): T consecutive cases are edited one after another into the same model, then all T
+are evaluated, then the model is restored; the next T start from the unedited model. With ``checkpoints`` the
+cases edited so far are also evaluated after those edit counts of each block (``checkpoints.jsonl``), and a
+block stopped part-way resumes after its last edit (``benchmarks.sequence``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from hpse_easyedit.loading import check_placement
+from hpse_easyedit.methods import MethodSpec
+from hpse_easyedit.training import EditDivergedError
+
+from .mmlu import MMLUProbe
+from .rollouts import pack_rounds
+from .run_dir import write_kept
+from .scorer import Scorer
+from .sequence import SequenceLog, same_edit
+from .store import ResultFile, json_plain
+from .tasks import Task
+
+__all__ = ["CaseLoop", "Editing", "Progress", "SequentialLoop", "SingleLoop"]
+
+log = logging.getLogger(__name__)
+
+#: progress(cases finished, postfix for the progress bar or None)
+Progress = Callable[[int, "Mapping[str, str] | None"], None]
+
+
+@dataclass
+class Editing:
+    """One method on one model: the model loaded on first need, one case's edit, the answers to cases'
+    questions, the undo, and what a case's record says about its edit."""
+
+    method: MethodSpec
+    hp: Any
+    model_name: str
+    task: Task
+    max_new_tokens: int
+    batch_size: int
+    store_rollouts: bool
+    model: Any = field(default=None, init=False)
+    tok: Any = field(default=None, init=False)
+
+    def ensure_model(self) -> None:
+        if self.model is None:
+            t0 = time.time()
+            self.model, self.tok = self.method.load_model(self.hp)
+            check_placement(self.model)
+            log.info("loaded %s in %.1f s", self.model_name, time.time() - t0)
+
+    def unedited(self) -> tuple[Any, Any]:
+        """The unedited model and its tokenizer (loaded now if need be)."""
+        self.ensure_model()
+        return self.model, self.tok
+
+    def edit(self, model: Any, case: Mapping[str, Any]) -> tuple[Any, float]:
+        t0 = time.time()
+        try:
+            res = self.method.edit(model, self.tok, [dict(r) for r in case["requests"]], self.hp)
+        except EditDivergedError as err:
+            err.seconds = time.time() - t0
+            raise
+        return res, time.time() - t0
+
+    def restore(self, model: Any, weights_copy: Any) -> None:
+        """Undo the edits whose values before are ``weights_copy``; the unedited model is this one's again."""
+        self.model = self.method.restore(model, weights_copy)
+
+    def answers(self, model: Any, cases: Sequence[Mapping[str, Any]], results: Sequence[Any] = ()) -> list[list[str]]:
+        """Greedy chat-template answers to every case's questions, batched across the cases (under the
+        passages' system prompt when the edit results carry a context: the IN_CONTEXT reference)."""
+        from hpse_easyedit import generate_answers
+
+        from .references import answer_system
+
+        questions = [self.task.questions(c) for c in cases]
+        flat = generate_answers(
+            model, self.tok, [q for qs in questions for q in qs],
+            max_new_tokens=self.max_new_tokens, batch_size=self.batch_size,
+            system=answer_system(model, results, self.hp),
+            template_kwargs=getattr(self.hp, "chat_template_kwargs", None),
+        )
+        out, pos = [], 0
+        for qs in questions:
+            out.append(list(flat[pos : pos + len(qs)]))
+            pos += len(qs)
+        return out
+
+    def edit_record(self, index: int, case: Mapping[str, Any], res: Any, seconds: float, block: int | None) -> dict:
+        """What a case's record says about its edit (everything but the scores)."""
+        rec: dict[str, Any] = {
+            "case_id": case["case_id"],
+            "index": index,
+            "block": block,
+            "subjects": [r["subject"] for r in case["requests"]],
+            "edit_seconds": round(seconds, 3),
+            "rounds": json_plain(list(getattr(res, "rounds", None) or [])),
+        }
+        if getattr(res, "algorithm_seconds", None) is not None:  # EasyEdit's own algorithm, the rest is integration
+            rec["algorithm_seconds"] = round(res.algorithm_seconds, 3)
+        rollouts = pack_rounds(getattr(res, "rollouts", None)) if self.store_rollouts else None
+        if rollouts is not None:
+            rec["rollouts"] = rollouts
+        return rec
+
+    @staticmethod
+    def failed_record(index: int, case: Mapping[str, Any], err: EditDivergedError, block: int | None) -> dict:
+        """A case whose edit diverged: why, and no scores (left out of every mean, counted as failed)."""
+        log.warning("case %s: %s", case["case_id"], err)
+        return {"case_id": case["case_id"], "index": index, "block": block,
+                "subjects": [r["subject"] for r in case["requests"]], "edit_seconds": round(err.seconds, 3),
+                "rounds": [], "failed": str(err)}
+
+
+@dataclass
+class CaseLoop:
+    """What a loop over a process's cases works with: the editing, the cases, the scorer, the MMLU probe and
+    this process's results file."""
+
+    editing: Editing
+    cases: Any
+    scorer: Scorer
+    probe: MMLUProbe
+    results: ResultFile
+
+
+class SingleLoop(CaseLoop):
+    """Single editing: each case edited into the unedited model, answered, scored, undone, recorded."""
+
+    def run(self, todo: list[int], progress: Progress) -> None:
+        e = self.editing
+        for i in todo:
+            case = self.cases[i]
+            try:
+                res, seconds = e.edit(e.model, case)
+            except EditDivergedError as err:
+                e.restore(err.model, err.weights_copy)
+                write_kept(self.results, [e.failed_record(i, case, err, None)])
+                progress(1, None)
+                continue
+            answers = e.answers(res.model, [case], [res])[0]
+            mmlu_after = self.probe.measure(res.model, e.tok) if self.probe.due(i) else None
+            e.restore(res.model, res.weights_copy)
+            rec = e.edit_record(i, case, res, seconds, None)
+            rec.update(self.scorer.score(case, answers))
+            if mmlu_after is not None:
+                rec["MMLU_after"] = mmlu_after
+            write_kept(self.results, [rec])
+            self.scorer.stop_if_refused()
+            progress(1, {m: f"{100 * rec[m]:.0f}" for m in e.task.metrics if rec.get(m) is not None})
+
+
+@dataclass
+class SequentialLoop(CaseLoop):
+    """Continual editing: blocks of T cases edited one after another, evaluated together (and at the
+    checkpoints part-way), then undone; a block in progress resumes from its snapshot or by replaying."""
+
+    sequence: SequenceLog
+    checkpoints: Sequence[int]
+
+    def run(self, blocks: list[tuple[int, list[int]]], progress: Progress) -> None:
+        e, snapshots = self.editing, self.editing.method.resume is not None
+        for b, block in blocks:
+            model, weights0, edits, results = self._resume_block(b, block)  # results: IN_CONTEXT's passages
+            self.checkpoint(b, block, len(edits), model, results)
+            for j in range(len(edits), len(block)):
+                model, weights0, edit, res = self._sequence_edit(model, weights0, b, j, block[j])
+                results += [res] if res is not None else []
+                edits.append(edit)
+                write_kept(self.sequence.edits, [edit])
+                if snapshots and len(block) > 1:
+                    self.sequence.save_state(model, b, j + 1, weights0)
+                self.checkpoint(b, block, j + 1, model, results)
+            answers = e.answers(model, [self.cases[i] for i in block], results)
+            mmlu_after = self.probe.measure(model, e.tok) if self.probe.due(b) else None
+            e.restore(model, weights0)
+            records = []
+            for i, a, edit in zip(block, answers, edits):
+                rec = {k: v for k, v in edit.items() if k != "position"}
+                if "failed" not in rec:
+                    rec.update(self.scorer.score(self.cases[i], a))
+                    if mmlu_after is not None:
+                        rec["MMLU_after"] = mmlu_after
+                records.append(rec)
+            write_kept(self.results, records)
+            self.sequence.finish(b)
+            self.scorer.stop_if_refused()
+            progress(len(block), None)
+
+    def _resume_block(self, b: int, block: list[int]) -> tuple[Any, Any, list[dict], list[Any]]:
+        """The model as the recorded edits of block ``b`` left it, the values before its first edit, and
+        those edits' records: loaded from the snapshot, or the edits replayed (each checked against its
+        record; from the first that differs on, the block is redone)."""
+        e, edits, results = self.editing, self.sequence.recorded(b), []
+        if not edits:
+            return e.model, None, [], []
+        model, weights0, done = e.model, None, 0
+        state = self.sequence.load_state(b) if e.method.resume is not None else None
+        if state is not None and 0 < state["edits"] <= len(edits):
+            model = e.method.resume(e.model, e.hp, state["tensors"])
+            weights0, done = state["weights0"], state["edits"]
+            log.info("block %d: resuming after edit %d of %d from %s", b, done, len(block), self.sequence.state)
+        if done < len(edits):
+            log.info("block %d: replaying %d recorded edit(s) (%d to %d) without evaluating them", b,
+                     len(edits) - done, done + 1, len(edits))
+        for j in range(done, len(edits)):
+            model, weights0, replayed, res = self._sequence_edit(model, weights0, b, j, block[j])
+            results += [res] if res is not None else []
+            if not same_edit(edits[j], replayed):
+                log.warning("block %d: edit %d computes other values than recorded (another machine or kernels?); "
+                            "its record and every later one of the block are redone", b, j + 1)
+                self.sequence.forget_from(b, j)
+                edits = [*edits[:j], replayed]
+                write_kept(self.sequence.edits, [replayed])
+                if e.method.resume is not None:
+                    self.sequence.save_state(model, b, j + 1, weights0)
+                return model, weights0, edits, results
+        return model, weights0, edits, results
+
+    def _sequence_edit(self, model: Any, weights0: Any, b: int, j: int, i: int) -> tuple[Any, Any, dict, Any]:
+        """Edit ``j`` of block ``b`` (case ``i``): the model after it, the values before the block's first edit,
+        the edit's record and its result (None when it diverged: the model is then as before this edit)."""
+        e = self.editing
+        try:
+            res, seconds = e.edit(model, self.cases[i])
+        except EditDivergedError as err:
+            return (err.model, err.weights_copy if weights0 is None else weights0,
+                    {**e.failed_record(i, self.cases[i], err, b), "position": j}, None)
+        weights0 = res.weights_copy if weights0 is None else weights0
+        return res.model, weights0, {**e.edit_record(i, self.cases[i], res, seconds, b), "position": j}, res
+
+    def checkpoint(self, b: int, block: list[int], edits: int, model: Any, results: Sequence[Any]) -> None:
+        """At a checkpoint, the scores of the block's first ``edits`` cases on the model as edited so far."""
+        if edits not in self.checkpoints or edits >= len(block):
+            return
+        done = block[:edits]
+        ids = [str(self.cases[i]["case_id"]) for i in done]
+        if self.sequence.has_checkpoint(b, edits, ids):
+            return
+        failed = {str(r["case_id"]): r["failed"] for r in self.sequence.recorded(b) if "failed" in r}
+        t0 = time.time()
+        answers = self.editing.answers(model, [self.cases[i] for i in done], results)
+        mmlu_after = self.probe.measure(model, self.editing.tok) if self.probe.enabled else None
+        records = []
+        for i, a in zip(done, answers):
+            case = self.cases[i]
+            rec: dict[str, Any] = {"case_id": case["case_id"], "index": i, "block": b, "checkpoint": edits,
+                                   "subjects": [r["subject"] for r in case["requests"]]}
+            if str(case["case_id"]) in failed:
+                rec["failed"] = failed[str(case["case_id"])]
+                records.append(rec)
+                continue
+            rec.update(self.scorer.score(case, a))
+            if mmlu_after is not None:
+                rec["MMLU_after"] = mmlu_after
+            records.append(rec)
+        write_kept(self.sequence.checkpoints, records)
+        self.scorer.stop_if_refused()
+        log.info("block %d: checkpoint after %d edits evaluated in %.0f s", b, edits, time.time() - t0)
