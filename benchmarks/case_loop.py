@@ -46,6 +46,8 @@ class Editing:
     max_new_tokens: int
     batch_size: int
     store_rollouts: bool
+    #: draw a progress bar over the answers of an evaluation longer than one batch (the main process's)
+    show_progress: bool = True
     model: Any = field(default=None, init=False)
     tok: Any = field(default=None, init=False)
 
@@ -74,20 +76,28 @@ class Editing:
         """Undo the edits whose values before are ``weights_copy``; the unedited model is this one's again."""
         self.model = self.method.restore(model, weights_copy)
 
-    def answers(self, model: Any, cases: Sequence[Mapping[str, Any]], results: Sequence[Any] = ()) -> list[list[str]]:
+    def answers(self, model: Any, cases: Sequence[Mapping[str, Any]], results: Sequence[Any] = (),
+                desc: str = "answers") -> list[list[str]]:
         """Greedy chat-template answers to every case's questions, batched across the cases (under the
-        passages' system prompt when the edit results carry a context: the IN_CONTEXT reference)."""
+        passages' system prompt when the edit results carry a context: the IN_CONTEXT reference); more than
+        one batch of them under a progress bar named ``desc``."""
+        from tqdm.auto import tqdm
+
         from hpse_easyedit import generate_answers
 
         from .references import answer_system
 
         questions = [self.task.questions(c) for c in cases]
-        flat = generate_answers(
-            model, self.tok, [q for qs in questions for q in qs],
-            max_new_tokens=self.max_new_tokens, batch_size=self.batch_size,
-            system=answer_system(model, results, self.hp),
-            template_kwargs=getattr(self.hp, "chat_template_kwargs", None),
-        )
+        flat_questions = [q for qs in questions for q in qs]
+        with tqdm(total=len(flat_questions), desc=desc, unit="answer", leave=False, dynamic_ncols=True,
+                  disable=not self.show_progress or len(flat_questions) <= self.batch_size) as bar:
+            flat = generate_answers(
+                model, self.tok, flat_questions,
+                max_new_tokens=self.max_new_tokens, batch_size=self.batch_size,
+                system=answer_system(model, results, self.hp),
+                template_kwargs=getattr(self.hp, "chat_template_kwargs", None),
+                progress=bar.update,
+            )
         out, pos = [], 0
         for qs in questions:
             out.append(list(flat[pos : pos + len(qs)]))
@@ -179,7 +189,8 @@ class SequentialLoop(CaseLoop):
                 if snapshots and len(block) > 1:
                     self.sequence.save_state(model, b, j + 1, weights0)
                 self.checkpoint(b, block, j + 1, model, results)
-            answers = e.answers(model, [self.cases[i] for i in block], results)
+            answers = e.answers(model, [self.cases[i] for i in block], results,
+                                desc=f"block {b}: answers after {len(block)} edits")
             mmlu_after = self.probe.measure(model, e.tok) if self.probe.due(b) else None
             e.restore(model, weights0)
             records = []
@@ -247,7 +258,8 @@ class SequentialLoop(CaseLoop):
             return
         failed = {str(r["case_id"]): r["failed"] for r in self.sequence.recorded(b) if "failed" in r}
         t0 = time.time()
-        answers = self.editing.answers(model, [self.cases[i] for i in done], results)
+        answers = self.editing.answers(model, [self.cases[i] for i in done], results,
+                                       desc=f"block {b}: checkpoint after {edits} edits")
         mmlu_after = self.probe.measure(model, self.editing.tok) if self.probe.enabled else None
         records = []
         for i, a in zip(done, answers):

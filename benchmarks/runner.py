@@ -113,7 +113,8 @@ class _Run:
                                self.data_dir, out_dir)
         self.editing = Editing(self.method, hp, self.hp_dict.get("model_name", "the model"), self.task,
                                max_new_tokens=opts.max_new_tokens or self.task.default_max_new_tokens,
-                               batch_size=opts.batch_size, store_rollouts=opts.store_rollouts)
+                               batch_size=opts.batch_size, store_rollouts=opts.store_rollouts,
+                               show_progress=self.ctx.is_main)
         self.summary = RunSummary(self.task, out_dir, label=label, method=method,
                                   judge=self.scorer.judge.name if self.scorer.judge else None,
                                   sequential=opts.sequential, checkpoints=opts.checkpoints)

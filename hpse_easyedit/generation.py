@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -29,6 +29,7 @@ def generate_answers(
     template_kwargs: Mapping[str, Any] | None = None,
     static_decode: bool = False,
     stop_every: int = 8,
+    progress: Callable[[int], Any] | None = None,
 ) -> list[str]:
     """Answer each question greedily as a one-turn chat; returns the decoded new text, special tokens dropped.
 
@@ -36,7 +37,8 @@ def generate_answers(
     a system role, e.g. Gemma2's). ``static_decode``: decode on the graph-capturable path
     (``static_decode.static_generate``, the stop test every ``stop_every`` tokens) instead of
     ``model.generate``: the same tokens, unless the model's generation config asks for a logits processor
-    (e.g. a repetition penalty), in which case ``generate`` is used.
+    (e.g. a repetition penalty), in which case ``generate`` is used. ``progress``: called with the number of
+    questions answered after each batch (a progress bar's ``update``).
     """
     if not questions:
         return []
@@ -69,6 +71,8 @@ def generate_answers(
                 new = out[:, ids.shape[1]:]
             for row in new:
                 answers.append(tok.decode(row, skip_special_tokens=True).strip())
+            if progress is not None:
+                progress(len(chunk))
     finally:
         model.train(was_training)
     return answers

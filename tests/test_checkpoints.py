@@ -177,3 +177,22 @@ def test_the_continual_table_reads_a_run_at_each_checkpoint(tiny, tmp_path, refe
         ("LoRA + HPSE", 4, 4)]
     with pytest.raises(ValueError, match="no checkpoint after 2 edits"):
         continual_rows([(f"{lora_out}@2", f"{hpse_out}@2")], ["LoRA"])
+
+
+def test_a_checkpoint_longer_than_one_batch_answers_under_a_progress_bar(tiny, tmp_path, capsys, reference):
+    """A checkpoint (and a block's final evaluation) of more than one batch of answers shows how far they got."""
+    run_benchmark(_opts(tiny, tmp_path / "run", batch_size=1))
+    err = capsys.readouterr().err
+    assert "block 0: checkpoint after 3 edits" in err and "block 0: answers after 4 edits" in err
+    assert len(_untimed(tmp_path / "run" / "checkpoints.jsonl")) == len(_untimed(reference[0] / "checkpoints.jsonl"))
+
+
+def test_generate_answers_reports_each_batch(tiny):
+    from hpse_easyedit import generate_answers, load_model
+    from hpse_easyedit.hparams import HPSEHyperParams
+
+    model, tok = load_model(HPSEHyperParams.from_hparams(str(tiny / "hpse.yaml")))
+    done = []
+    answers = generate_answers(model, tok, ["Who?", "Where?", "When?"], max_new_tokens=2, batch_size=2,
+                               progress=done.append)
+    assert len(answers) == 3 and done == [2, 1]
