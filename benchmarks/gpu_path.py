@@ -389,12 +389,13 @@ def gpu_figures(hparams: Any, *, device: str, layers: int | None = None, vocab: 
     return out
 
 
-def _cpu_figures(path: Path) -> dict:
+def _cpu_figures(path: Path, compiled: bool) -> dict:
     from hpse_easyedit import HPSEHyperParams
 
     hp = HPSEHyperParams.from_hparams(path)
     requests = 3  # MQuAKE-uns edits a case's three passages jointly
     return {
+        **({"compiled": compiled_decode_kernels(hp)} if compiled else {}),
         "executor": hp.executor,
         "dynamic": decode_counts(hp, static=False),
         "static": decode_counts(hp, static=True),
@@ -414,6 +415,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", help="cpu: counts and roofline (no GPU); cuda[:N]: measure on it")
     parser.add_argument("--layers", type=int, help="with --device: cut the model to this many layers (a dry run)")
     parser.add_argument("--vocab", type=int, help="with --device: shrink the vocabulary (a dry run)")
+    parser.add_argument("--compiled", action="store_true",
+                        help="on CPU, also count the kernels of the compiled static step (inductor; minutes per file)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="hparams overrides")
     parser.add_argument("--out", help="write the JSON here (default: stdout)")
     args = parser.parse_args(argv)
@@ -425,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {"torch": torch.__version__}
     for path in paths:
         if args.device == "cpu" and args.layers is None:
-            report[path.stem] = _cpu_figures(path)
+            report[path.stem] = _cpu_figures(path, args.compiled)
         else:
             hp = HPSEHyperParams.from_hparams(path).with_overrides(list(args.set))
             report[path.stem] = {**gpu_figures(hp, device=args.device, layers=args.layers, vocab=args.vocab),
