@@ -18,7 +18,7 @@ from .hparams import HPSEHyperParams
 from .losses import sequence_nll, topk_forward_kl
 from .padding import next_token_labels, pad_rows, pad_token_id
 from .prompts import EditPrompts, build_edit_prompts, stop_token_ids
-from .rollout import Rollout, accepts_keyword, draw_rollout, input_device
+from .rollout import Rollout, accepts_keyword, draw_rollouts, input_device
 from .training import EditResult, Terms, train_edit
 
 __all__ = ["HPSEObjective", "edit_prompts", "hpse_edit"]
@@ -128,8 +128,7 @@ class HPSEObjective:
         t0 = time.perf_counter()
         rollouts = None
         if self.hp.kl_weight > 0:
-            rollouts = [draw_rollout(self.executor, p, self.hp, stop_ids=self.stop_ids, pad_id=self.pad_id)
-                        for p in self.prompts]
+            rollouts = draw_rollouts(self.executor, self.prompts, self.hp, stop_ids=self.stop_ids, pad_id=self.pad_id)
             self.teacher_forward_tokens += sum(ro.teacher_forward_tokens for ro in rollouts)
         seconds = time.perf_counter() - t0
         self.use_rollouts(rollouts)

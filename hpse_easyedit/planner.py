@@ -55,6 +55,7 @@ __all__ = [
     "WORKLOADS",
     "Workload",
     "backbone_config",
+    "fused_attention_on_meta",
     "plan_edit",
     "plan_with_knobs",
     "shipped_backbones",
@@ -217,7 +218,7 @@ def _fused_sdpa(
 
 
 @contextlib.contextmanager
-def _fused_attention_on_meta() -> Iterator[None]:
+def fused_attention_on_meta() -> Iterator[None]:
     """Inside: ``torch.nn.functional.scaled_dot_product_attention`` is ``_fused_sdpa`` (transformers
     looks it up at each call, also when gradient checkpointing recomputes a layer in backward); put
     back on exit."""
@@ -261,7 +262,7 @@ def plan_edit(
         model = AutoModelForCausalLM.from_config(config, dtype=hp.torch_dtype)
     model.eval()
     check_against_model(model, hp)
-    attention = _fused_attention_on_meta() if device == "meta" else contextlib.nullcontext()
+    attention = fused_attention_on_meta() if device == "meta" else contextlib.nullcontext()
     with attention, LiveBytes([*model.parameters(), *model.buffers()]) as mem:
         weights = mem.live
         phases["weights"] = {"peak": weights}

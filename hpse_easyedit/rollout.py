@@ -22,7 +22,8 @@ from .losses import stepin_decision
 from .padding import pad_rows
 from .static_decode import StaticDecoder, compile_step
 
-__all__ = ["Rollout", "accepts_keyword", "batched_hybrid_rollout", "draw_rollout", "hybrid_rollout", "input_device"]
+__all__ = ["Rollout", "accepts_keyword", "batched_hybrid_rollout", "batched_hybrid_rollouts", "draw_rollout",
+           "draw_rollouts", "hybrid_rollout", "input_device"]
 
 
 @dataclass
@@ -119,49 +120,57 @@ def _new_cache(model: torch.nn.Module) -> Any:
 
 
 class _Recorder:
-    """The per-token gate and the records kept for the loss; shared by both rollout drivers."""
+    """The per-token gate and the records kept for the loss, of R requests decoded side by side (row i of every
+    record is request i; R = 1 on the dynamic paths); shared by all rollout drivers."""
 
-    def __init__(self, max_new_tokens: int, top_k: int, vocab: int, tau: float, kappa: float, hybrid: bool,
-                 stop_ids: Iterable[int], device: torch.device) -> None:
+    def __init__(self, requests: int, max_new_tokens: int, top_k: int, vocab: int, tau: float, kappa: float,
+                 hybrid: bool, stop_ids: Iterable[int], device: torch.device) -> None:
         self.k = min(top_k, vocab)
         self.tau, self.kappa, self.hybrid = tau, kappa, hybrid
         self.stop = torch.tensor(sorted(set(int(i) for i in stop_ids)) or [-1], device=device)
-        self.tokens = torch.empty(max_new_tokens, dtype=torch.long, device=device)
-        self.stepped = torch.zeros(max_new_tokens, dtype=torch.bool, device=device)
-        self.topk_ids = torch.empty(max_new_tokens, self.k, dtype=torch.long, device=device)
-        self.topk_lp = torch.empty(max_new_tokens, self.k, dtype=torch.float32, device=device)
-        self.gap = torch.empty(max_new_tokens, dtype=torch.float32, device=device)
+        self.tokens = torch.empty(requests, max_new_tokens, dtype=torch.long, device=device)
+        self.stepped = torch.zeros(requests, max_new_tokens, dtype=torch.bool, device=device)
+        self.topk_ids = torch.empty(requests, max_new_tokens, self.k, dtype=torch.long, device=device)
+        self.topk_lp = torch.empty(requests, max_new_tokens, self.k, dtype=torch.float32, device=device)
+        self.gap = torch.empty(requests, max_new_tokens, dtype=torch.float32, device=device)
         self.n = 0
 
     def step(self, s_logp: torch.Tensor, t_logp: torch.Tensor) -> tuple[torch.Tensor, bool]:
-        """Record position n from the two next-token log-prob vectors; return the emitted token and 'stop'."""
+        """``record``, and whether to stop (the dynamic paths' one host sync per token): a request's stop token
+        or ``max_new_tokens`` reached. One request only."""
         token = self.record(s_logp, t_logp)
-        return token, bool(torch.isin(token, self.stop)) or self.n == self.tokens.shape[0]
+        return token, bool(torch.isin(token, self.stop)) or self.n == self.tokens.shape[1]
 
     def record(self, s_logp: torch.Tensor, t_logp: torch.Tensor) -> torch.Tensor:
-        """Record position n and return the emitted token (a device tensor; nothing is read on the host)."""
+        """Record position n of every request from its student and teacher log-probs (``[R, V]`` each); return
+        the emitted tokens ``[R]`` (on the device; nothing is read on the host)."""
         s_logp, t_logp = s_logp.to(self.tokens.device), t_logp.to(self.tokens.device)
         gate, y_star, gap = stepin_decision(t_logp, s_logp, self.tau, self.kappa)
         if not self.hybrid:
             gate = torch.zeros_like(gate)
-        token = torch.where(gate, y_star, s_logp.argmax())
+        token = torch.where(gate, y_star, s_logp.argmax(-1))
         values, ids = t_logp.topk(self.k)
         n = self.n
-        self.tokens[n], self.stepped[n], self.topk_ids[n], self.topk_lp[n] = token, gate, ids, values
-        self.gap[n] = gap  # the margin the gate compared with tau
+        self.tokens[:, n], self.stepped[:, n], self.topk_ids[:, n], self.topk_lp[:, n] = token, gate, ids, values
+        self.gap[:, n] = gap
         self.n += 1
         return token
 
-    def first_stop(self) -> int | None:
-        """The length of the rollout if a stop token was recorded so far (one host sync), else None."""
-        hits = torch.isin(self.tokens[: self.n], self.stop).nonzero()
-        return int(hits[0, 0]) + 1 if hits.numel() else None
+    def lengths(self, last: bool) -> list[int] | None:
+        """Each request's rollout length (up to its first stop token, else all positions recorded) once every
+        request has stopped or at the ``last`` test; else None. One host sync, a second to read the lengths."""
+        hits = torch.isin(self.tokens[:, : self.n], self.stop)
+        stopped = hits.any(-1)
+        if not (bool(stopped.all()) or last):
+            return None
+        return torch.where(stopped, hits.int().argmax(-1) + 1, self.n).tolist()
 
-    def result(self, teacher_tokens: int, n: int | None = None) -> Rollout:
-        """The first ``n`` recorded positions (all of them by default) as a ``Rollout``."""
-        n = self.n if n is None else n
-        return Rollout(self.tokens[:n].clone(), self.stepped[:n].clone(), self.topk_ids[:n].clone(),
-                       self.topk_lp[:n].clone(), int(teacher_tokens), self.gap[:n].clone())
+    def results(self, teacher_tokens: Sequence[int], lengths: Sequence[int] | None = None) -> list[Rollout]:
+        """Request i's first ``lengths[i]`` positions (all recorded ones by default) as its ``Rollout``."""
+        lengths = [self.n] * len(teacher_tokens) if lengths is None else lengths
+        return [Rollout(self.tokens[i, :n].clone(), self.stepped[i, :n].clone(), self.topk_ids[i, :n].clone(),
+                        self.topk_lp[i, :n].clone(), int(teacher_tokens[i]), self.gap[i, :n].clone())
+                for i, n in enumerate(lengths)]
 
 
 @torch.no_grad()
@@ -201,11 +210,11 @@ def hybrid_rollout(
     teacher_tokens = t_ids.shape[1]
     # Under device_map="auto" the logits live on the last layer's device and inputs go to the first:
     # records stay beside the logits, each token is sent to where the next forward starts.
-    rec = _Recorder(max_new_tokens, top_k, t_logp.shape[-1], tau, kappa, hybrid, stop_ids, s_logp.device)
+    rec = _Recorder(1, max_new_tokens, top_k, t_logp.shape[-1], tau, kappa, hybrid, stop_ids, s_logp.device)
     while True:
-        token, stop = rec.step(s_logp[0], t_logp[0])
+        token, stop = rec.step(s_logp[:1], t_logp[:1])
         if stop:
-            return rec.result(teacher_tokens)
+            return rec.results([teacher_tokens])[0]
         nxt = token.view(1, 1).to(device)
         s_logp, s_cache = _step(student, nxt, s_cache)
         with teacher_context():
@@ -244,16 +253,16 @@ def batched_hybrid_rollout(
     graphs on CUDA).
     """
     if static_decode:
-        return _static_rollout(model, row_switch, [list(student_prompt_ids), list(teacher_prompt_ids)], pad_id,
-                               _Recorder(max_new_tokens, top_k, _vocab(model), tau, kappa, hybrid, stop_ids,
-                                         _logits_device(model)),
-                               stop_every=stop_every, compiled=static_decode == "compile")
+        return batched_hybrid_rollouts(model, row_switch, [(student_prompt_ids, teacher_prompt_ids)], tau=tau,
+                                       kappa=kappa, top_k=top_k, max_new_tokens=max_new_tokens, stop_ids=stop_ids,
+                                       pad_id=pad_id, hybrid=hybrid, compiled=static_decode == "compile",
+                                       stop_every=stop_every)[0]
     device = input_device(model)
     rows = [list(student_prompt_ids), list(teacher_prompt_ids)]
     ids, mask = pad_rows(rows, pad_id, left=True)
     ids, mask = ids.to(device), mask.to(device)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    teacher_rows = torch.tensor([False, True], device=device)
+    teacher_rows = torch.tensor([False, True])  # on the host: the executor moves what it needs once
     use_keep = accepts_keyword(model, "logits_to_keep")
     cache_kw = cache_keyword(model)
 
@@ -269,11 +278,11 @@ def batched_hybrid_rollout(
         logp, cache = forward(ids, positions, _new_cache(model))
         teacher_tokens = len(rows[1])
         last_pos = positions[:, -1:]
-        rec = _Recorder(max_new_tokens, top_k, logp.shape[-1], tau, kappa, hybrid, stop_ids, logp.device)
+        rec = _Recorder(1, max_new_tokens, top_k, logp.shape[-1], tau, kappa, hybrid, stop_ids, logp.device)
         while True:
-            token, stop = rec.step(logp[0], logp[1])
+            token, stop = rec.step(logp[:1], logp[1:])
             if stop:
-                return rec.result(teacher_tokens)
+                return rec.results([teacher_tokens])[0]
             mask = torch.cat([mask, mask.new_ones(2, 1)], dim=1)
             last_pos = last_pos + 1
             logp, cache = forward(token.to(device).view(1, 1).expand(2, 1), last_pos, cache)
@@ -288,27 +297,56 @@ def _logits_device(model: torch.nn.Module) -> torch.device:
     return model.get_output_embeddings().weight.device
 
 
-def _static_rollout(model: torch.nn.Module, row_switch: Callable[[torch.Tensor], ContextManager],
-                    rows: list[list[int]], pad_id: int, rec: _Recorder, *, stop_every: int,
-                    compiled: bool) -> Rollout:
-    """``batched_hybrid_rollout``'s loop on a ``StaticDecoder``: no host sync but the stop test every
-    ``stop_every`` tokens."""
-    max_new_tokens = rec.tokens.shape[0]
+def _static_rollouts(model: torch.nn.Module, row_switch: Callable[[torch.Tensor], ContextManager],
+                     requests: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int, rec: _Recorder,
+                     *, stop_every: int, compiled: bool) -> list[Rollout]:
+    """The rollouts of ``requests`` (student and teacher prompt ids each) as ONE batch on a ``StaticDecoder``:
+    rows ``0..R-1`` the students, ``R..2R-1`` their teachers; no host sync but the stop test every
+    ``stop_every`` tokens, which ends the decode once every request has stopped."""
+    max_new_tokens = rec.tokens.shape[1]
+    count = len(requests)
+    rows = [list(s) for s, _ in requests] + [list(t) for _, t in requests]
     decoder = StaticDecoder(model, rows, pad_id, max_new_tokens)
     step = compile_step(decoder) if compiled else decoder.step
-    teacher_rows = torch.tensor([False, True], device=decoder.kv_index.device)
-    teacher_tokens = len(rows[1])
+    teacher_rows = torch.tensor([False] * count + [True] * count)
+    teacher_tokens = [len(t) for _, t in requests]
     with row_switch(teacher_rows):
         logp = decoder.prefill()
         for n in range(1, max_new_tokens + 1):
-            token = rec.record(logp[0], logp[1])
+            token = rec.record(logp[:count], logp[count:])
             if n % stop_every == 0 or n == max_new_tokens:
-                end = rec.first_stop()
-                if end is not None or n == max_new_tokens:
-                    return rec.result(teacher_tokens, end)
-            logp = step(token.view(1, 1).expand(2, 1))
-            teacher_tokens += 1
+                ends = rec.lengths(last=n == max_new_tokens)
+                if ends is not None:
+                    return rec.results(teacher_tokens, ends)
+            logp = step(token.view(1, count, 1).expand(2, count, 1).reshape(2 * count, 1))
+            teacher_tokens = [t + 1 for t in teacher_tokens]
     raise AssertionError("unreachable: the loop returns at max_new_tokens")  # pragma: no cover
+
+
+@torch.no_grad()
+def batched_hybrid_rollouts(
+    model: torch.nn.Module,
+    row_switch: Callable[[torch.Tensor], ContextManager],
+    requests: Sequence[tuple[Sequence[int], Sequence[int]]],
+    *,
+    tau: float,
+    kappa: float,
+    top_k: int,
+    max_new_tokens: int,
+    stop_ids: Iterable[int],
+    pad_id: int,
+    hybrid: bool = True,
+    compiled: bool = False,
+    stop_every: int = 8,
+) -> list[Rollout]:
+    """The rollouts of all ``requests`` of an edit (``(student_prompt_ids, teacher_prompt_ids)`` each) in ONE
+    batch on the graph-capturable decode: each decode step is one forward of the R students and their R
+    teachers, so a step's kernels serve R tokens. Each request's rollout ends at its own stop token; the batch
+    decodes until every request has stopped (the steps past a request's stop are discarded, and counted in its
+    ``teacher_forward_tokens``). ``compiled``: the step under ``torch.compile`` (CUDA graphs on CUDA)."""
+    rec = _Recorder(len(requests), max_new_tokens, top_k, _vocab(model), tau, kappa, hybrid, stop_ids,
+                           _logits_device(model))
+    return _static_rollouts(model, row_switch, requests, pad_id, rec, stop_every=stop_every, compiled=compiled)
 
 
 def draw_rollout(executor: Any, prompts: Any, hparams: Any, *, stop_ids: Iterable[int], pad_id: int) -> Rollout:
@@ -332,3 +370,18 @@ def draw_rollout(executor: Any, prompts: Any, hparams: Any, *, stop_ids: Iterabl
                                           stop_every=hparams.decode_stop_every, **gate)
         return hybrid_rollout(student, student, prompts.student_ids, prompts.teacher_ids,
                               teacher_context=executor.teacher_context, **gate)
+
+
+def draw_rollouts(executor: Any, prompts: Sequence[Any], hparams: Any, *, stop_ids: Iterable[int],
+                  pad_id: int) -> list[Rollout]:
+    """One round's rollouts of all requests of an edit (``prompts``: each request's student and teacher prompt
+    ids). With ``static_decode`` all requests decode as ONE batch (``batched_hybrid_rollouts``: a step's kernels
+    serve every request's token); otherwise one ``draw_rollout`` per request, as before."""
+    if not hparams.static_decode or len(prompts) == 1:
+        return [draw_rollout(executor, p, hparams, stop_ids=stop_ids, pad_id=pad_id) for p in prompts]
+    with few_row_linears(executor.model, enabled=hparams.fast_decode):
+        return batched_hybrid_rollouts(
+            executor.model, executor.row_switch, [(p.student_ids, p.teacher_ids) for p in prompts],
+            tau=hparams.tau, kappa=hparams.kappa, top_k=hparams.top_k, max_new_tokens=hparams.max_new_tokens,
+            stop_ids=stop_ids, pad_id=pad_id, hybrid=hparams.rollout == "hybrid",
+            compiled=hparams.static_decode == "compile", stop_every=hparams.decode_stop_every)

@@ -9,7 +9,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from hpse_easyedit.executors import make_executor
 from hpse_easyedit.padding import pad_rows
-from hpse_easyedit.rollout import batched_hybrid_rollout
+from hpse_easyedit.rollout import batched_hybrid_rollout, batched_hybrid_rollouts, draw_rollouts
 from hpse_easyedit.static_decode import StaticDecoder, compile_step, static_generate
 from tiny_models import FAMILIES, make_tiny_model_and_tokenizer, tiny_hparams
 
@@ -168,6 +168,113 @@ def test_hpse_edit_with_static_decode_draws_the_same_rollouts():
                 ra.tokens.tolist() == rb.tokens.tolist()
                 and ra.stepped_in.tolist() == rb.stepped_in.tolist()
             )
+
+
+
+def test_an_edits_requests_decode_as_one_batch_in_each_round(monkeypatch):
+    """With static_decode an HPSE round draws all requests' rollouts in one batched decode, and they are the
+    rollouts the per-request dynamic path draws."""
+    from hpse_easyedit import hpse_edit
+    from hpse_easyedit import rollout as rollout_module
+
+    requests = [{"subject": "AJ Lee", "target_new": "AJ Lee speaks Russian and lives in Moscow."},
+                {"subject": "The Firm", "target_new": "The Firm is a legal thriller novel by John Grisham."}]
+    batched, real = [], rollout_module.batched_hybrid_rollouts
+    monkeypatch.setattr(rollout_module, "batched_hybrid_rollouts",
+                        lambda model, switch, reqs, **kw: batched.append(len(reqs)) or real(model, switch, reqs, **kw))
+    runs = {}
+    for static in (False, True):
+        model, tok = make_tiny_model_and_tokenizer("qwen2", init_std=0.2)
+        hp = tiny_hparams(static_decode=static, decode_stop_every=4, tau=0.5, kappa=0.05)
+        runs[static] = hpse_edit(model, tok, requests, hp)
+    assert batched == [2] * hp.rounds
+    for a, b in zip(runs[False].rollouts, runs[True].rollouts):
+        assert len(a) == len(b) == 2
+        for ra, rb in zip(a, b):
+            assert ra.tokens.tolist() == rb.tokens.tolist() and ra.stepped_in.tolist() == rb.stepped_in.tolist()
+
+
+TEACHERS = (
+    TEACHER,
+    "The Firm is a legal thriller novel by John Grisham. Who wrote The Firm?",
+    "Kolinda Grabar-Kitarovic was the head of state of Croatia. Who was it?",
+)
+
+
+@pytest.mark.parametrize("family,executor", [(f, "lora") for f in FAMILIES] + [("llama", "ft_m")])
+def test_the_requests_of_an_edit_decode_as_one_batch(family, executor):
+    """Three requests in one static decode give each request's own rollout: its tokens, step-ins and teacher
+    top-K, its own length when one request stops before the others, and its teacher's forward tokens."""
+    ex, tok = _edited_executor(family, executor)
+    s = tok(STUDENT)["input_ids"]
+    requests = [(s, tok(t)["input_ids"]) for t in TEACHERS]
+    kw = dict(tau=0.5, kappa=0.05, top_k=4, max_new_tokens=12, pad_id=tok.pad_token_id, stop_every=3)
+    for stop in (-5, None):  # no stop token, then one that request 1 meets after a few tokens
+        if stop is None:
+            stop = int(alone[1].tokens[4])
+        alone = [batched_hybrid_rollout(ex.model, ex.row_switch, st, te, static_decode=True, stop_ids=[stop], **kw)
+                 for st, te in requests]
+        together = batched_hybrid_rollouts(ex.model, ex.row_switch, requests, stop_ids=[stop], **kw)
+        for a, b in zip(alone, together):
+            _same(a, b)
+        assert sum(ro.stepin_count for ro in together) > 0 or stop != -5
+    assert len(together[1]) == alone[1].tokens.tolist().index(stop) + 1 < kw["max_new_tokens"]
+    # the batch runs until its last request stops: the teacher forwards counted are at least each one's own
+    assert all(b.teacher_forward_tokens >= a.teacher_forward_tokens for a, b in zip(alone, together))
+
+
+def test_draw_rollouts_batches_only_with_static_decode(monkeypatch):
+    from hpse_easyedit import rollout as rollout_module
+    from hpse_easyedit.prompts import EditPrompts
+
+    ex, tok = _edited_executor("qwen2")
+    prompts = [EditPrompts(subject="s", student_ids=tok(STUDENT)["input_ids"], teacher_ids=tok(t)["input_ids"],
+                           passage_ids=[5]) for t in TEACHERS[:2]]
+    batches = []
+    monkeypatch.setattr(rollout_module, "_static_rollouts",
+                        lambda *a, **k: batches.append(len(a[2])) or [None] * len(a[2]))
+    for static, want in ((False, []), (True, [2])):
+        batches.clear()
+        hp = tiny_hparams(static_decode=static, max_new_tokens=4, batched_rollout=True)
+        assert len(draw_rollouts(ex, prompts, hp, stop_ids=[], pad_id=tok.pad_token_id)) == 2
+        assert batches == want
+
+
+def test_half_precision_lora_decode_costs_two_kernels_per_projection():
+    """In a bfloat16 model the decode adds each adapter to the student rows in the model's dtype (one cast of
+    the adapters per decode): two kernels per adapted projection, against seven on the float32 adapters'
+    path, and the student rows still get their adapter's output, the teacher rows none."""
+    from hpse_easyedit.executors.lora import LoRAExecutor
+
+    model, tok = make_tiny_model_and_tokenizer("qwen2", init_std=0.2)
+    model = model.to(torch.bfloat16)
+    ex = make_executor(model, tiny_hparams(executor="lora"))
+    assert isinstance(ex, LoRAExecutor)
+    with torch.no_grad():
+        for p in ex.trainable_parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(1)) * 0.3)
+    ids = torch.tensor([[5, 6, 7], [5, 6, 7]])
+
+    def step_ops(adapters: bool) -> tuple[int, torch.Tensor]:
+        from benchmarks.gpu_path import OpCounter
+
+        with torch.no_grad(), ex.row_switch(torch.tensor([False, True])):
+            if not adapters:
+                for layer in ex._lora_layers:
+                    layer.forward = layer.base_layer.forward
+            with OpCounter() as count:
+                logits = ex.model(input_ids=ids).logits
+        return count.ops, logits
+
+    with_adapters, logits = step_ops(True)
+    projections = len(ex._lora_layers)
+    base, base_logits = step_ops(False)
+    assert with_adapters - base == 2 * projections
+    assert torch.equal(logits[1:], base_logits[1:])  # the teacher row: the base model, bit for bit
+    with torch.no_grad():
+        student = ex.model(input_ids=ids[:1]).logits.float()  # peft's float32 adapters
+    moved = (student - base_logits[:1].float()).abs().max()
+    assert moved > 0 and (logits[:1].float() - student).abs().max() < 0.05 * moved
 
 
 def test_static_decode_refuses_flash_attention_in_one_line():

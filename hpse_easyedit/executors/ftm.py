@@ -107,8 +107,8 @@ class FTMExecutor(Executor):
     @contextlib.contextmanager
     def _row_switch(self, teacher_rows: torch.Tensor) -> Iterator[None]:
         """Rows marked True see the original matrix, the rest the edited one (one extra matmul, no model copy)."""
-        rows = teacher_rows.view(-1, 1, 1)
         module = unwrapped(self.model).get_submodule(self.module_name)
+        rows = teacher_rows.view(-1, 1, 1).to(module.weight.device)  # once, not in every captured step
 
         def original_for_teacher_rows(mod: torch.nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
             # on the input's device: the device the layer runs on, wherever device_map put it

@@ -15,6 +15,8 @@ from .state import edit_state
 __all__ = ["LoRAExecutor", "ADAPTER_NAME"]
 
 ADAPTER_NAME = "hpse"
+#: base-model dtypes whose decode computes the adapters in that dtype (``LoRAExecutor._half_weights``)
+HALF = (torch.float16, torch.bfloat16)
 
 
 class LoRAExecutor(Executor):
@@ -66,6 +68,7 @@ class LoRAExecutor(Executor):
         from peft.tuners.lora import LoraLayer
 
         self._lora_layers = [m for m in self.model.modules() if isinstance(m, LoraLayer)]
+        self._half: list[torch.Tensor] | None = None  # the adapters in a half-precision model's dtype (decode)
 
     @classmethod
     def model_mismatch(cls, model: Any, hparams: Any) -> str | None:
@@ -104,6 +107,12 @@ class LoRAExecutor(Executor):
         """Rows marked True compute the frozen base model (their adapter output is zeroed), the rest the student."""
         keep = (~teacher_rows).view(-1, 1, 1)
         if self._lora_layers and all(_plain_lora_linear(layer) for layer in self._lora_layers):
+            half = self._lora_layers[0].base_layer.weight.dtype in HALF
+            students = _leading_students(teacher_rows) if half else 0
+            if students:
+                with _half_forwards(self._lora_layers, students, self._half_weights()):
+                    yield
+                return
             with _lean_forwards(self._lora_layers, keep):
                 yield
             return
@@ -121,6 +130,22 @@ class LoRAExecutor(Executor):
         finally:
             for handle in handles:
                 handle.remove()
+
+    def _half_weights(self) -> list[torch.Tensor]:
+        """Every adapter matrix (``lora_A``, ``lora_B`` per layer) cast to the base model's half dtype: one cast of
+        the float32 adapters per decode (a rollout is no-grad, so they cannot change inside it) instead of a cast
+        of each projection's input on every call. The copies are kept (one rank-r pair per projection) and
+        refreshed in place, so a captured decode step reads the same tensors in every round."""
+        masters = [w for layer in self._lora_layers
+                   for w in (layer.lora_A[ADAPTER_NAME].weight, layer.lora_B[ADAPTER_NAME].weight)]
+        dtype = self._lora_layers[0].base_layer.weight.dtype
+        if self._half is None:
+            self._half = [torch.empty_like(w, dtype=dtype) for w in masters]
+            for w in self._half:
+                torch._dynamo.mark_static_address(w)
+        with torch.no_grad():
+            torch._foreach_copy_(self._half, masters)
+        return self._half
 
     def _teacher_context(self) -> ContextManager:
         if self._lora_layers and all(hasattr(layer, "_disable_adapters") for layer in self._lora_layers):
@@ -211,6 +236,45 @@ def _lean_forwards(layers: list, keep: torch.Tensor) -> Iterator[None]:
 
     for layer in layers:
         layer.forward = make(layer)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            del layer.forward
+
+
+def _leading_students(teacher_rows: torch.Tensor) -> int:
+    """How many student rows lead the batch when its rows are ``[student] * n + [teacher] * m`` (the rollouts'
+    layout), else 0; one host read per decode, not per token."""
+    flags = teacher_rows.tolist()
+    students = flags.index(True) if True in flags else len(flags)
+    return students if not any(flags[:students]) and all(flags[students:]) else 0
+
+
+@contextlib.contextmanager
+def _half_forwards(layers: list, students: int, half: list[torch.Tensor]) -> Iterator[None]:
+    """The row switch of a half-precision model: each LoRA layer adds ``scaling * x B^T A^T`` to its base output
+    for the leading ``students`` rows only, in the model's dtype (``half``: the adapters cast once per decode),
+    the teacher rows keep the base output. Two kernels per adapted projection (the rank-r product and one
+    ``addmm_`` into the base output) instead of peft's input cast, two products, mask, scale, add and cast
+    back."""
+
+    def make(layer: Any, weight_a: torch.Tensor, weight_b: torch.Tensor) -> Any:
+        base, scaling = layer.base_layer, layer.scaling[ADAPTER_NAME]
+
+        def forward(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+            result = base(x, *args, **kwargs)
+            if layer.disable_adapters:
+                return result
+            low = F.linear(x[:students], weight_a)
+            out = result[:students]
+            out.view(-1, out.shape[-1]).addmm_(low.view(-1, low.shape[-1]), weight_b.t(), alpha=scaling)
+            return result
+
+        return forward
+
+    for i, layer in enumerate(layers):
+        layer.forward = make(layer, half[2 * i], half[2 * i + 1])
     try:
         yield
     finally:
