@@ -47,7 +47,7 @@ def _task_model(task: Task) -> type[BaseModel]:
     """The pydantic model of a task's declared options: ranges, registry choices, no other key."""
     fields: dict[str, Any] = {}
     for o in task.options:
-        annotation: Any = Any if o.type is None else o.type | None
+        annotation: Any = o.type | None if isinstance(o.type, type) else Any  # a converter function: its result
         if o.choices is not None:
             annotation = Annotated[annotation, AfterValidator(_one_of(o.flag, o.choices))]
         fields[o.name] = (annotation, Field(o.default, ge=o.minimum))

@@ -104,7 +104,8 @@ class Task:
     options: tuple[Option, ...] = ()
 
     def load(self, data_dir: Path, opts: Any, client: Any, cache_dir: Path, template: str) -> tuple[Any, list[Path]]:
-        """The cases (``opts``: a ``RunOptions``) and the input files their results depend on (hashed into config.json)."""
+        """The cases, a ``datasets.Dataset`` with a ``case_id`` and a ``requests`` column (``opts``: a
+        ``RunOptions``), and the input files their results depend on (hashed into config.json)."""
         raise NotImplementedError
 
     def load_cases(self, data_dir: str | Path, file: str | Path | None = None, *, limit: int | None = None,
