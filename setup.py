@@ -7,8 +7,13 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=find_packages(include=["hpse_easyedit", "hpse_easyedit.*", "benchmarks", "benchmarks.*"]),
-    package_data={"hpse_easyedit": ["demo_passage.txt", "backbones/*.json"], "benchmarks": ["report/templates/*"]},
+    packages=find_packages(
+        include=["hpse_easyedit", "hpse_easyedit.*", "benchmarks", "benchmarks.*"]
+    ),
+    package_data={
+        "hpse_easyedit": ["demo_passage.txt", "backbones/*.json"],
+        "benchmarks": ["report/templates/*"],
+    },
     install_requires=[
         "torch>=2.1",
         "transformers>=4.45",
@@ -36,7 +41,15 @@ setup(
         # transformers that still has the modules it imports (5.24 removed one that EasyEdit's UnKE imports;
         # hpse_easyedit.integrations.easyedit_import.EASYEDIT_PINS holds the same pin); sentence-transformers for
         # the MiniLM score of eval_akew_unstructured, which EasyEdit's unstructured example imports
-        "easyedit": ["higher==0.2.1", "einops", "hydra-core", "nltk", "rouge", "sentence-transformers", "transformers<5.24"],
+        "easyedit": [
+            "higher==0.2.1",
+            "einops",
+            "hydra-core",
+            "nltk",
+            "rouge",
+            "sentence-transformers",
+            "transformers<5.24",
+        ],
         # llama.cpp's OpenAI-compatible server, to run the judge locally (compiles llama.cpp: long on a small CPU)
         "judge-server": ["llama-cpp-python[server]>=0.3"],
     },

@@ -76,8 +76,13 @@ class Editing:
         """Undo the edits whose values before are ``weights_copy``; the unedited model is this one's again."""
         self.model = self.method.restore(model, weights_copy)
 
-    def answers(self, model: Any, cases: Sequence[Mapping[str, Any]], results: Sequence[Any] = (),
-                desc: str = "answers") -> list[list[str]]:
+    def answers(
+        self,
+        model: Any,
+        cases: Sequence[Mapping[str, Any]],
+        results: Sequence[Any] = (),
+        desc: str = "answers",
+    ) -> list[list[str]]:
         """Greedy chat-template answers to every case's questions, batched across the cases (under the
         passages' system prompt when the edit results carry a context: the IN_CONTEXT reference); more than
         one batch of them under a progress bar named ``desc``."""
@@ -89,11 +94,20 @@ class Editing:
 
         questions = [self.task.questions(c) for c in cases]
         flat_questions = [q for qs in questions for q in qs]
-        with tqdm(total=len(flat_questions), desc=desc, unit="answer", leave=False, dynamic_ncols=True,
-                  disable=not self.show_progress or len(flat_questions) <= self.batch_size) as bar:
+        with tqdm(
+            total=len(flat_questions),
+            desc=desc,
+            unit="answer",
+            leave=False,
+            dynamic_ncols=True,
+            disable=not self.show_progress or len(flat_questions) <= self.batch_size,
+        ) as bar:
             flat = generate_answers(
-                model, self.tok, flat_questions,
-                max_new_tokens=self.max_new_tokens, batch_size=self.batch_size,
+                model,
+                self.tok,
+                flat_questions,
+                max_new_tokens=self.max_new_tokens,
+                batch_size=self.batch_size,
                 system=answer_system(model, results, self.hp),
                 template_kwargs=getattr(self.hp, "chat_template_kwargs", None),
                 progress=bar.update,
@@ -104,7 +118,9 @@ class Editing:
             pos += len(qs)
         return out
 
-    def edit_record(self, index: int, case: Mapping[str, Any], res: Any, seconds: float, block: int | None) -> dict:
+    def edit_record(
+        self, index: int, case: Mapping[str, Any], res: Any, seconds: float, block: int | None
+    ) -> dict:
         """What a case's record says about its edit (everything but the scores)."""
         rec: dict[str, Any] = {
             "case_id": case["case_id"],
@@ -114,7 +130,9 @@ class Editing:
             "edit_seconds": round(seconds, 3),
             "rounds": json_plain(list(getattr(res, "rounds", None) or [])),
         }
-        if getattr(res, "algorithm_seconds", None) is not None:  # EasyEdit's own algorithm, the rest is integration
+        if (
+            getattr(res, "algorithm_seconds", None) is not None
+        ):  # EasyEdit's own algorithm, the rest is integration
             rec["algorithm_seconds"] = round(res.algorithm_seconds, 3)
         rollouts = pack_rounds(getattr(res, "rollouts", None)) if self.store_rollouts else None
         if rollouts is not None:
@@ -122,12 +140,20 @@ class Editing:
         return rec
 
     @staticmethod
-    def failed_record(index: int, case: Mapping[str, Any], err: EditDivergedError, block: int | None) -> dict:
+    def failed_record(
+        index: int, case: Mapping[str, Any], err: EditDivergedError, block: int | None
+    ) -> dict:
         """A case whose edit diverged: why, and no scores (left out of every mean, counted as failed)."""
         log.warning("case %s: %s", case["case_id"], err)
-        return {"case_id": case["case_id"], "index": index, "block": block,
-                "subjects": [r["subject"] for r in case["requests"]], "edit_seconds": round(err.seconds, 3),
-                "rounds": [], "failed": str(err)}
+        return {
+            "case_id": case["case_id"],
+            "index": index,
+            "block": block,
+            "subjects": [r["subject"] for r in case["requests"]],
+            "edit_seconds": round(err.seconds, 3),
+            "rounds": [],
+            "failed": str(err),
+        }
 
 
 @dataclass
@@ -165,7 +191,9 @@ class SingleLoop(CaseLoop):
                 rec["MMLU_after"] = mmlu_after
             write_kept(self.results, [rec])
             self.scorer.stop_if_refused()
-            progress(1, {m: f"{100 * rec[m]:.0f}" for m in e.task.metrics if rec.get(m) is not None})
+            progress(
+                1, {m: f"{100 * rec[m]:.0f}" for m in e.task.metrics if rec.get(m) is not None}
+            )
 
 
 @dataclass
@@ -179,7 +207,9 @@ class SequentialLoop(CaseLoop):
     def run(self, blocks: list[tuple[int, list[int]]], progress: Progress) -> None:
         e, snapshots = self.editing, self.editing.method.resume is not None
         for b, block in blocks:
-            model, weights0, edits, results = self._resume_block(b, block)  # results: IN_CONTEXT's passages
+            model, weights0, edits, results = self._resume_block(
+                b, block
+            )  # results: IN_CONTEXT's passages
             self.checkpoint(b, block, len(edits), model, results)
             for j in range(len(edits), len(block)):
                 model, weights0, edit, res = self._sequence_edit(model, weights0, b, j, block[j])
@@ -189,8 +219,12 @@ class SequentialLoop(CaseLoop):
                 if snapshots and len(block) > 1:
                     self.sequence.save_state(model, b, j + 1, weights0)
                 self.checkpoint(b, block, j + 1, model, results)
-            answers = e.answers(model, [self.cases[i] for i in block], results,
-                                desc=f"block {b}: answers after {len(block)} edits")
+            answers = e.answers(
+                model,
+                [self.cases[i] for i in block],
+                results,
+                desc=f"block {b}: answers after {len(block)} edits",
+            )
             mmlu_after = self.probe.measure(model, e.tok) if self.probe.due(b) else None
             e.restore(model, weights0)
             records = []
@@ -218,16 +252,31 @@ class SequentialLoop(CaseLoop):
         if state is not None and 0 < state["edits"] <= len(edits):
             model = e.method.resume(e.model, e.hp, state["tensors"])
             weights0, done = state["weights0"], state["edits"]
-            log.info("block %d: resuming after edit %d of %d from %s", b, done, len(block), self.sequence.state)
+            log.info(
+                "block %d: resuming after edit %d of %d from %s",
+                b,
+                done,
+                len(block),
+                self.sequence.state,
+            )
         if done < len(edits):
-            log.info("block %d: replaying %d recorded edit(s) (%d to %d) without evaluating them", b,
-                     len(edits) - done, done + 1, len(edits))
+            log.info(
+                "block %d: replaying %d recorded edit(s) (%d to %d) without evaluating them",
+                b,
+                len(edits) - done,
+                done + 1,
+                len(edits),
+            )
         for j in range(done, len(edits)):
             model, weights0, replayed, res = self._sequence_edit(model, weights0, b, j, block[j])
             results += [res] if res is not None else []
             if not same_edit(edits[j], replayed):
-                log.warning("block %d: edit %d computes other values than recorded (another machine or kernels?); "
-                            "its record and every later one of the block are redone", b, j + 1)
+                log.warning(
+                    "block %d: edit %d computes other values than recorded (another machine or kernels?); "
+                    "its record and every later one of the block are redone",
+                    b,
+                    j + 1,
+                )
                 self.sequence.forget_from(b, j)
                 edits = [*edits[:j], replayed]
                 write_kept(self.sequence.edits, [replayed])
@@ -236,19 +285,32 @@ class SequentialLoop(CaseLoop):
                 return model, weights0, edits, results
         return model, weights0, edits, results
 
-    def _sequence_edit(self, model: Any, weights0: Any, b: int, j: int, i: int) -> tuple[Any, Any, dict, Any]:
+    def _sequence_edit(
+        self, model: Any, weights0: Any, b: int, j: int, i: int
+    ) -> tuple[Any, Any, dict, Any]:
         """Edit ``j`` of block ``b`` (case ``i``): the model after it, the values before the block's first edit,
         the edit's record and its result (None when it diverged: the model is then as before this edit)."""
         e = self.editing
         try:
             res, seconds = e.edit(model, self.cases[i])
         except EditDivergedError as err:
-            return (err.model, err.weights_copy if weights0 is None else weights0,
-                    {**e.failed_record(i, self.cases[i], err, b), "position": j}, None)
+            return (
+                err.model,
+                err.weights_copy if weights0 is None else weights0,
+                {**e.failed_record(i, self.cases[i], err, b), "position": j},
+                None,
+            )
         weights0 = res.weights_copy if weights0 is None else weights0
-        return res.model, weights0, {**e.edit_record(i, self.cases[i], res, seconds, b), "position": j}, res
+        return (
+            res.model,
+            weights0,
+            {**e.edit_record(i, self.cases[i], res, seconds, b), "position": j},
+            res,
+        )
 
-    def checkpoint(self, b: int, block: list[int], edits: int, model: Any, results: Sequence[Any]) -> None:
+    def checkpoint(
+        self, b: int, block: list[int], edits: int, model: Any, results: Sequence[Any]
+    ) -> None:
         """At a checkpoint, the scores of the block's first ``edits`` cases on the model as edited so far."""
         if edits not in self.checkpoints or edits >= len(block):
             return
@@ -256,16 +318,27 @@ class SequentialLoop(CaseLoop):
         ids = [str(self.cases[i]["case_id"]) for i in done]
         if self.sequence.has_checkpoint(b, edits, ids):
             return
-        failed = {str(r["case_id"]): r["failed"] for r in self.sequence.recorded(b) if "failed" in r}
+        failed = {
+            str(r["case_id"]): r["failed"] for r in self.sequence.recorded(b) if "failed" in r
+        }
         t0 = time.time()
-        answers = self.editing.answers(model, [self.cases[i] for i in done], results,
-                                       desc=f"block {b}: checkpoint after {edits} edits")
+        answers = self.editing.answers(
+            model,
+            [self.cases[i] for i in done],
+            results,
+            desc=f"block {b}: checkpoint after {edits} edits",
+        )
         mmlu_after = self.probe.measure(model, self.editing.tok) if self.probe.enabled else None
         records = []
         for i, a in zip(done, answers):
             case = self.cases[i]
-            rec: dict[str, Any] = {"case_id": case["case_id"], "index": i, "block": b, "checkpoint": edits,
-                                   "subjects": [r["subject"] for r in case["requests"]]}
+            rec: dict[str, Any] = {
+                "case_id": case["case_id"],
+                "index": i,
+                "block": b,
+                "checkpoint": edits,
+                "subjects": [r["subject"] for r in case["requests"]],
+            }
             if str(case["case_id"]) in failed:
                 rec["failed"] = failed[str(case["case_id"])]
                 records.append(rec)
@@ -276,4 +349,6 @@ class SequentialLoop(CaseLoop):
             records.append(rec)
         write_kept(self.sequence.checkpoints, records)
         self.scorer.stop_if_refused()
-        log.info("block %d: checkpoint after %d edits evaluated in %.0f s", b, edits, time.time() - t0)
+        log.info(
+            "block %d: checkpoint after %d edits evaluated in %.0f s", b, edits, time.time() - t0
+        )

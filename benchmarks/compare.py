@@ -22,12 +22,25 @@ from hpse_easyedit.cli import OneLineParser, run_cli
 
 from .paired import multi_report, multi_table
 from .report import judge_note, paper_table, plot_stepin_rates
-from .cli import add_run_arguments, benchmark_errors, configure_logging, is_main_process, options_from_args
+from .cli import (
+    add_run_arguments,
+    benchmark_errors,
+    configure_logging,
+    is_main_process,
+    options_from_args,
+)
 from .runner import RunOptions, failed_note, run_benchmark, unjudged_note
 from .store import write_json_atomic
 from .tasks import TASKS
 
-__all__ = ["compare_main", "overrides_for", "paired_tables", "parse_method", "preflight", "seconds_table"]
+__all__ = [
+    "compare_main",
+    "overrides_for",
+    "paired_tables",
+    "parse_method",
+    "preflight",
+    "seconds_table",
+]
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +60,12 @@ def parse_method(spec: Sequence[str]) -> tuple[str, str, list[str]]:
     label, path, *overrides = spec
     bad = [o for o in overrides if "=" not in o]
     if bad:
-        raise argparse.ArgumentTypeError(f"--method {label}: overrides must be KEY=VALUE, got {bad}")
-    scoped = [o for o in overrides if ":" in o.split("=", 1)[0] and o.split(":", 1)[0] not in BENCHMARKS]
+        raise argparse.ArgumentTypeError(
+            f"--method {label}: overrides must be KEY=VALUE, got {bad}"
+        )
+    scoped = [
+        o for o in overrides if ":" in o.split("=", 1)[0] and o.split(":", 1)[0] not in BENCHMARKS
+    ]
     if scoped:
         raise argparse.ArgumentTypeError(
             f"--method {label}: {scoped[0]!r} names no benchmark; a scoped override is BENCHMARK:KEY=VALUE with "
@@ -104,7 +121,10 @@ def seconds_table(rows: Sequence[tuple[str, dict]], benchmarks: Sequence[str]) -
     cell adds the share of that time spent inside EasyEdit's function (``algorithm_seconds_mean``); the
     rest is what this project's integration adds.
     """
-    lines = ["| method | " + " | ".join(f"s/edit ({b})" for b in benchmarks) + " |", "|---|" + "---:|" * len(benchmarks)]
+    lines = [
+        "| method | " + " | ".join(f"s/edit ({b})" for b in benchmarks) + " |",
+        "|---|" + "---:|" * len(benchmarks),
+    ]
     for label, summaries in rows:
         cells = []
         for b in benchmarks:
@@ -118,8 +138,14 @@ def seconds_table(rows: Sequence[tuple[str, dict]], benchmarks: Sequence[str]) -
     return "\n".join(lines) + "\n"
 
 
-def paired_tables(out: Path, labels: Sequence[str], reference: str, benchmarks: Sequence[str], *,
-                  resamples: int = 10000) -> tuple[str, dict]:
+def paired_tables(
+    out: Path,
+    labels: Sequence[str],
+    reference: str,
+    benchmarks: Sequence[str],
+    *,
+    resamples: int = 10000,
+) -> tuple[str, dict]:
     """Per benchmark, every row against ``reference`` on the cases all rows finished: markdown and the reports.
 
     A benchmark where some row has no finished case (or only one row ran) gets a line saying so instead.
@@ -133,7 +159,9 @@ def paired_tables(out: Path, labels: Sequence[str], reference: str, benchmarks: 
         try:
             report = multi_report(dirs, resamples=resamples)
         except (ValueError, FileNotFoundError) as err:
-            parts.append(f"{bench}: no paired comparison with {reference} ({' '.join(str(err).split())}).\n")
+            parts.append(
+                f"{bench}: no paired comparison with {reference} ({' '.join(str(err).split())}).\n"
+            )
             continue
         reports[bench] = report
         parts.append(multi_table(report, order))
@@ -143,20 +171,44 @@ def paired_tables(out: Path, labels: Sequence[str], reference: str, benchmarks: 
 def _compare(argv: Sequence[str]) -> int:
     parser = OneLineParser(
         description="Run several hparams files (with overrides) over the same cases; print one table in the "
-                    "paper's layout and plot the step-in rate per round.",
+        "paper's layout and plot the step-in rate per round.",
     )
-    parser.add_argument("--method", nargs="+", action="append", required=True, metavar="ARG",
-                        help="LABEL FILE [KEY=VALUE ...]; repeat for each method, e.g. "
-                             "--method LoRA hparams/HPSE/x.yaml kl_weight=0 --method HPSE hparams/HPSE/x.yaml; "
-                             "BENCHMARK:KEY=VALUE applies to one benchmark only (unkebench:max_new_tokens=128)")
-    parser.add_argument("--benchmark", nargs="+", default=list(BENCHMARKS),
-                        choices=BENCHMARKS, help="benchmarks to run (default both)")
-    parser.add_argument("--out", default="runs/compare", metavar="DIR", help="output directory (default runs/compare)")
-    parser.add_argument("--reference", metavar="LABEL",
-                        help="the row every other row is paired with (Avg difference, 95%% interval, wins/ties/losses); "
-                             "default the first --method")
-    parser.add_argument("--resamples", type=int, default=10000, metavar="N",
-                        help="bootstrap resamples of the intervals (default 10000)")
+    parser.add_argument(
+        "--method",
+        nargs="+",
+        action="append",
+        required=True,
+        metavar="ARG",
+        help="LABEL FILE [KEY=VALUE ...]; repeat for each method, e.g. "
+        "--method LoRA hparams/HPSE/x.yaml kl_weight=0 --method HPSE hparams/HPSE/x.yaml; "
+        "BENCHMARK:KEY=VALUE applies to one benchmark only (unkebench:max_new_tokens=128)",
+    )
+    parser.add_argument(
+        "--benchmark",
+        nargs="+",
+        default=list(BENCHMARKS),
+        choices=BENCHMARKS,
+        help="benchmarks to run (default both)",
+    )
+    parser.add_argument(
+        "--out",
+        default="runs/compare",
+        metavar="DIR",
+        help="output directory (default runs/compare)",
+    )
+    parser.add_argument(
+        "--reference",
+        metavar="LABEL",
+        help="the row every other row is paired with (Avg difference, 95%% interval, wins/ties/losses); "
+        "default the first --method",
+    )
+    parser.add_argument(
+        "--resamples",
+        type=int,
+        default=10000,
+        metavar="N",
+        help="bootstrap resamples of the intervals (default 10000)",
+    )
     add_run_arguments(parser, None)
     args = parser.parse_args(argv)
     configure_logging(args.log_level)
@@ -165,38 +217,63 @@ def _compare(argv: Sequence[str]) -> int:
     except argparse.ArgumentTypeError as err:
         parser.error(str(err))
     if args.cases and len(args.benchmark) > 1:
-        parser.error("--cases names case ids of one benchmark; pass "
-                     + " or ".join(f"--benchmark {b}" for b in sorted(BENCHMARKS)) + " with it")
+        parser.error(
+            "--cases names case ids of one benchmark; pass "
+            + " or ".join(f"--benchmark {b}" for b in sorted(BENCHMARKS))
+            + " with it"
+        )
     labels = [m[0] for m in methods]
     if len(set(map(_slug, labels))) != len(labels):
         parser.error(f"method labels must be distinct, got {labels}")
     reference = labels[0] if args.reference is None else args.reference
     if reference not in labels:
-        parser.error(f"--reference {reference!r}: no --method has that label; choose one of {labels}")
+        parser.error(
+            f"--reference {reference!r}: no --method has that label; choose one of {labels}"
+        )
     if args.resamples < 1:
         parser.error(f"--resamples {args.resamples}: must be >= 1")
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         parser.error(f"--out {out}: is a file, not a directory; give a directory path")
-    runs = [(label, bench, options_from_args(args, bench, path, overrides_for(overrides, bench),
-                                             str(out / bench / _slug(label)), label))
-            for label, path, overrides in methods for bench in args.benchmark]
+    runs = [
+        (
+            label,
+            bench,
+            options_from_args(
+                args,
+                bench,
+                path,
+                overrides_for(overrides, bench),
+                str(out / bench / _slug(label)),
+                label,
+            ),
+        )
+        for label, path, overrides in methods
+        for bench in args.benchmark
+    ]
     preflight([opts for _, _, opts in runs])
     rows, series, everything = [], {}, {}
     for label, _, _ in methods:
         summaries = {}
         for bench, opts in [(b, o) for lab, b, o in runs if lab == label]:
             summaries[bench] = run_benchmark(opts)
-            series[f"{label} ({bench})" if len(args.benchmark) > 1 else label] = summaries[bench]["stepin_rate_by_round"]
+            series[f"{label} ({bench})" if len(args.benchmark) > 1 else label] = summaries[bench][
+                "stepin_rate_by_round"
+            ]
         rows.append((label, summaries))
         everything[label] = summaries
     if not is_main_process():
         return 0
     every = [s for _, ss in rows for s in ss.values()]
     table = paper_table(rows) + judge_note(every) + unjudged_note(every) + failed_note(every)
-    paired, reports = paired_tables(out, labels, reference, args.benchmark, resamples=args.resamples)
-    details = ("Wall time per edit (mean over the row's cases):\n\n" + seconds_table(rows, args.benchmark)
-               + (f"\nPaired with {reference}, per benchmark:\n\n" + paired if paired else ""))
+    paired, reports = paired_tables(
+        out, labels, reference, args.benchmark, resamples=args.resamples
+    )
+    details = (
+        "Wall time per edit (mean over the row's cases):\n\n"
+        + seconds_table(rows, args.benchmark)
+        + (f"\nPaired with {reference}, per benchmark:\n\n" + paired if paired else "")
+    )
     out.mkdir(parents=True, exist_ok=True)
     (out / "compare.md").write_text(table, encoding="utf-8")
     (out / "paired.md").write_text(details, encoding="utf-8")
@@ -204,8 +281,10 @@ def _compare(argv: Sequence[str]) -> int:
     write_json_atomic(out / "paired.json", {"reference": reference, "benchmarks": reports})
     plot_stepin_rates(series, out / "stepin_by_round.png")
     print(table + "\n" + details, end="")
-    print(f"\ntables: {out / 'compare.md'} (paper layout), {out / 'paired.md'} (times, intervals, paired with "
-          f"{reference}); step-in plot: {out / 'stepin_by_round.png'}")
+    print(
+        f"\ntables: {out / 'compare.md'} (paper layout), {out / 'paired.md'} (times, intervals, paired with "
+        f"{reference}); step-in plot: {out / 'stepin_by_round.png'}"
+    )
     return 1 if any(s.get("unjudged_cases") for s in every) else 0
 
 

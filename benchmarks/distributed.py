@@ -25,7 +25,14 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Iterator, Sequence, TypeVar
 
-__all__ = ["DEFAULT_TIMEOUT", "LaunchError", "ProcessContext", "current_context", "gpu_group", "process_context"]
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "LaunchError",
+    "ProcessContext",
+    "current_context",
+    "gpu_group",
+    "process_context",
+]
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +74,9 @@ class ProcessContext:
 
     def __post_init__(self) -> None:
         if self.world < 1 or not 0 <= self.rank < self.world:
-            raise ValueError(f"rank must be in [0, world) and world >= 1, got rank {self.rank} of {self.world}")
+            raise ValueError(
+                f"rank must be in [0, world) and world >= 1, got rank {self.rank} of {self.world}"
+            )
 
     @property
     def is_main(self) -> bool:
@@ -75,8 +84,15 @@ class ProcessContext:
 
     def describe(self) -> str:
         """'process 2 of 8 (cuda:2)' for logs."""
-        where = f"GPUs {','.join(self.gpus)}" if self.gpus else (f"cuda:{self.device}" if isinstance(self.device, int)
-                                                              else self.device or "device from the hparams")
+        where = (
+            f"GPUs {','.join(self.gpus)}"
+            if self.gpus
+            else (
+                f"cuda:{self.device}"
+                if isinstance(self.device, int)
+                else self.device or "device from the hparams"
+            )
+        )
         return f"process {self.rank} of {self.world} ({where})"
 
     def shard(self, units: Sequence[T]) -> list[T]:
@@ -85,7 +101,7 @@ class ProcessContext:
         Depends only on a unit's position, not on how many there are, so raising ``--limit`` never
         moves a unit to another process.
         """
-        return list(units[self.rank:: self.world])
+        return list(units[self.rank :: self.world])
 
     def barrier(self) -> None:
         """Wait until every process got here (accelerate's ``wait_for_everyone``)."""
@@ -110,7 +126,9 @@ def _env_int(name: str, default: int) -> int:
 def gpu_group(visible: Sequence[str], local_rank: int, local_world: int) -> list[str]:
     """The contiguous share of a host's ``visible`` GPU ids that local process ``local_rank`` of ``local_world`` owns."""
     if not visible:
-        raise LaunchError("model_parallel with several processes needs GPUs, but none is visible on this host")
+        raise LaunchError(
+            "model_parallel with several processes needs GPUs, but none is visible on this host"
+        )
     k, rest = divmod(len(visible), local_world)
     if k == 0 or rest:
         raise LaunchError(
@@ -118,7 +136,7 @@ def gpu_group(visible: Sequence[str], local_rank: int, local_world: int) -> list
             f"{local_world} processes; launch a number of processes per host that divides the GPUs "
             "(8 GPUs: --num_processes 8, 4 or 2 per host for 1, 2 or 4 GPUs per model)"
         )
-    return list(visible[local_rank * k: (local_rank + 1) * k])
+    return list(visible[local_rank * k : (local_rank + 1) * k])
 
 
 def _claim_gpu_group() -> tuple[str, ...]:
@@ -132,8 +150,11 @@ def _claim_gpu_group() -> tuple[str, ...]:
         )
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
     # Before CUDA starts, torch counts GPUs through NVML, which does not pin the visible set.
-    visible = [s.strip() for s in env.split(",") if s.strip()] if env is not None else [
-        str(i) for i in range(torch.cuda.device_count())]
+    visible = (
+        [s.strip() for s in env.split(",") if s.strip()]
+        if env is not None
+        else [str(i) for i in range(torch.cuda.device_count())]
+    )
     group = gpu_group(visible, _env_int("LOCAL_RANK", 0), _env_int("LOCAL_WORLD_SIZE", 1))
     os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(group)
     torch.cuda.init()  # the driver reads CUDA_VISIBLE_DEVICES once; see whether it still could
@@ -151,7 +172,9 @@ def current_context() -> ProcessContext | None:
     return _CONTEXT
 
 
-def process_context(model_parallel: bool = False, timeout: timedelta = DEFAULT_TIMEOUT) -> ProcessContext:
+def process_context(
+    model_parallel: bool = False, timeout: timedelta = DEFAULT_TIMEOUT
+) -> ProcessContext:
     """This process's ``ProcessContext``, made once per process from accelerate's ``PartialState``.
 
     ``model_parallel`` decides how GPUs are shared out, which can only happen before CUDA starts: all
@@ -175,7 +198,11 @@ def process_context(model_parallel: bool = False, timeout: timedelta = DEFAULT_T
 
     # gloo when there is no GPU (torchrun or accelerate launch on a CPU machine), when asked for
     # (--cpu), and under model_parallel, where no process owns a single GPU for NCCL.
-    cpu = gpus is not None or parse_flag_from_env("ACCELERATE_USE_CPU") or not torch.cuda.is_available()
+    cpu = (
+        gpus is not None
+        or parse_flag_from_env("ACCELERATE_USE_CPU")
+        or not torch.cuda.is_available()
+    )
     state = PartialState(cpu=cpu, timeout=timeout)
     if state.num_processes != launched and launched > 1:
         raise LaunchError(
@@ -185,9 +212,19 @@ def process_context(model_parallel: bool = False, timeout: timedelta = DEFAULT_T
     device: int | str | None = None
     if state.num_processes > 1 and not model_parallel:
         d = state.device
-        device = d.index if d.type == "cuda" and d.index is not None else ("cpu" if d.type == "cpu" else str(d))
-    _CONTEXT = ProcessContext(rank=state.process_index, world=state.num_processes, device=device, gpus=gpus,
-                              model_parallel=model_parallel, state=state if state.num_processes > 1 else None)
+        device = (
+            d.index
+            if d.type == "cuda" and d.index is not None
+            else ("cpu" if d.type == "cpu" else str(d))
+        )
+    _CONTEXT = ProcessContext(
+        rank=state.process_index,
+        world=state.num_processes,
+        device=device,
+        gpus=gpus,
+        model_parallel=model_parallel,
+        state=state if state.num_processes > 1 else None,
+    )
     if _CONTEXT.world > 1:
         log.info("%s", _CONTEXT.describe())
     return _CONTEXT

@@ -35,8 +35,16 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["H100", "OpCounter", "compiled_decode_kernels", "decode_counts", "gpu_figures", "planner_check", "roofline",
-           "static_step_graph_breaks"]
+__all__ = [
+    "H100",
+    "OpCounter",
+    "compiled_decode_kernels",
+    "decode_counts",
+    "gpu_figures",
+    "planner_check",
+    "roofline",
+    "static_step_graph_breaks",
+]
 
 #: the aten ops that read a device value on the host (besides a ``_to_copy`` to the CPU)
 HOST_READS = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default)
@@ -69,8 +77,12 @@ class OpCounter(TorchDispatchMode):
         if not _is_view(func) and func not in KERNEL_FREE:
             self.ops += 1
             self.by_op[func.overloadpacket.__name__] += 1
-        to_host = func is torch.ops.aten._to_copy.default and (kwargs or {}).get("device") == torch.device("cpu")
-        if to_host and args[0].device.type != "cpu":  # a copy to the host (``.tolist()``, ``.cpu()``)
+        to_host = func is torch.ops.aten._to_copy.default and (kwargs or {}).get(
+            "device"
+        ) == torch.device("cpu")
+        if (
+            to_host and args[0].device.type != "cpu"
+        ):  # a copy to the host (``.tolist()``, ``.cpu()``)
             self.host_reads += 1
             if args[0].device.type == "meta":
                 return torch.zeros(args[0].shape, dtype=kwargs.get("dtype") or args[0].dtype)
@@ -108,20 +120,32 @@ def _requests(count: int) -> list[tuple[list[int], list[int]]]:
     return [([7] * 30, [9] * (60 + 10 * i)) for i in range(count)]
 
 
-def _rollout_counts(hparams: Any, layers: int, tokens: int, static: bool, requests: int) -> OpCounter:
+def _rollout_counts(
+    hparams: Any, layers: int, tokens: int, static: bool, requests: int
+) -> OpCounter:
     from hpse_easyedit.planner import fused_attention_on_meta
     from hpse_easyedit.rollout import batched_hybrid_rollout, batched_hybrid_rollouts
 
     executor = _meta_executor(hparams, layers)
-    gate = dict(tau=hparams.tau, kappa=hparams.kappa, top_k=hparams.top_k, max_new_tokens=tokens, stop_ids=[0],
-                pad_id=0, stop_every=hparams.decode_stop_every)
+    gate = dict(
+        tau=hparams.tau,
+        kappa=hparams.kappa,
+        top_k=hparams.top_k,
+        max_new_tokens=tokens,
+        stop_ids=[0],
+        pad_id=0,
+        stop_every=hparams.decode_stop_every,
+    )
     with fused_attention_on_meta(), OpCounter() as count:
         if requests > 1:
-            batched_hybrid_rollouts(executor.model, executor.row_switch, _requests(requests), **gate)
+            batched_hybrid_rollouts(
+                executor.model, executor.row_switch, _requests(requests), **gate
+            )
         else:
-            (student, teacher), = _requests(1)
-            batched_hybrid_rollout(executor.model, executor.row_switch, student, teacher, static_decode=static,
-                                   **gate)
+            ((student, teacher),) = _requests(1)
+            batched_hybrid_rollout(
+                executor.model, executor.row_switch, student, teacher, static_decode=static, **gate
+            )
     return count
 
 
@@ -140,7 +164,10 @@ def decode_counts(hparams: Any, static: bool, requests: int = 1) -> dict:
     for layers in (2, 3):
         short = _rollout_counts(hparams, layers, every, static, requests)
         long = _rollout_counts(hparams, layers, 2 * every, static, requests)
-        per_step[layers] = ((long.ops - short.ops) / every, (long.host_reads - short.host_reads) / every)
+        per_step[layers] = (
+            (long.ops - short.ops) / every,
+            (long.host_reads - short.host_reads) / every,
+        )
         by_op[layers] = {op: (long.by_op[op] - short.by_op[op]) / every for op in long.by_op}
     per_layer = per_step[3][0] - per_step[2][0]
     outside = per_step[2][0] - 2 * per_layer
@@ -157,14 +184,18 @@ def decode_counts(hparams: Any, static: bool, requests: int = 1) -> dict:
         "ops_per_step": step,
         "ops_per_token": step / requests,
         "host_syncs_per_token": per_step[2][1] / requests,
-        "top_ops_per_token": dict(sorted(((k, v) for k, v in ops.items() if v), key=lambda kv: -kv[1])[:8]),
+        "top_ops_per_token": dict(
+            sorted(((k, v) for k, v in ops.items() if v), key=lambda kv: -kv[1])[:8]
+        ),
     }
 
 
 #: a kernel launch in the ``call`` function of inductor's generated code: a fused kernel, an extern kernel
 #: (matmuls) or an aten fallback
-_LAUNCH = re.compile(r"^\s+(?:\w+ = )?(cpp_fused_\w+|triton_\w+\.run|extern_kernels\.\w+|torch\.ops\.aten\.\w+)\(",
-                     re.MULTILINE)
+_LAUNCH = re.compile(
+    r"^\s+(?:\w+ = )?(cpp_fused_\w+|triton_\w+\.run|extern_kernels\.\w+|torch\.ops\.aten\.\w+)\(",
+    re.MULTILINE,
+)
 
 
 def _compiled_step_kernels(hparams: Any, layers: int, vocab: int) -> int:
@@ -189,7 +220,11 @@ def _compiled_step_kernels(hparams: Any, layers: int, vocab: int) -> int:
         tokens = decoder.prefill().argmax(-1).view(2, 1)
         torch._dynamo.reset()
         _, codes = run_and_get_code(torch.compile(decoder.step, fullgraph=True), tokens)
-    return sum(len(_LAUNCH.findall(code[code.index("def call("):])) for code in codes if "def call(" in code)
+    return sum(
+        len(_LAUNCH.findall(code[code.index("def call(") :]))
+        for code in codes
+        if "def call(" in code
+    )
 
 
 def compiled_decode_kernels(hparams: Any, vocab: int = 512) -> dict:
@@ -204,8 +239,13 @@ def compiled_decode_kernels(hparams: Any, vocab: int = 512) -> dict:
     two, three = (_compiled_step_kernels(hparams, layers, vocab) for layers in (2, 3))
     per_layer = three - two
     outside = two - 2 * per_layer
-    return {"kernels_per_layer": per_layer, "kernels_outside_layers": outside, "layers": depth,
-            "kernels_per_token": outside + depth * per_layer, "requests": 1}
+    return {
+        "kernels_per_layer": per_layer,
+        "kernels_outside_layers": outside,
+        "layers": depth,
+        "kernels_per_token": outside + depth * per_layer,
+        "requests": 1,
+    }
 
 
 def static_step_graph_breaks(hparams: Any, layers: int = 2) -> int:
@@ -240,8 +280,18 @@ def roofline(hparams: Any, requests: int = 1) -> dict:
     rows = 2 * requests
     context = TEACHER_PROMPT + ROLLOUT // 2
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    kv_cache = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * dtype_bytes * context * rows
-    decoder = StaticDecoder(model, [[7] * STUDENT_PROMPT] * requests + [[9] * TEACHER_PROMPT] * requests, 0, ROLLOUT)
+    kv_cache = (
+        2
+        * config.num_hidden_layers
+        * config.num_key_value_heads
+        * head_dim
+        * dtype_bytes
+        * context
+        * rows
+    )
+    decoder = StaticDecoder(
+        model, [[7] * STUDENT_PROMPT] * requests + [[9] * TEACHER_PROMPT] * requests, 0, ROLLOUT
+    )
     teacher_rows = torch.tensor([False] * requests + [True] * requests)
     with torch.no_grad(), executor.row_switch(teacher_rows):
         tokens = decoder.prefill().argmax(-1).view(rows, 1)
@@ -325,8 +375,14 @@ def _cuda_sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def gpu_figures(hparams: Any, *, device: str, layers: int | None = None, vocab: int | None = None,
-                repeats: int = 3) -> dict:
+def gpu_figures(
+    hparams: Any,
+    *,
+    device: str,
+    layers: int | None = None,
+    vocab: int | None = None,
+    repeats: int = 3,
+) -> dict:
     """What only a GPU measures, on a random-weight model of ``hparams``' backbone (its published config,
     built straight on ``device`` in the file's dtype; ``layers``/``vocab`` cut it for a dry run): rollout tokens
     per second of one request at UnKEBench's lengths on the dynamic decode, the static one and the compiled
@@ -360,9 +416,20 @@ def gpu_figures(hparams: Any, *, device: str, layers: int | None = None, vocab: 
         for run in range(repeats + 1):  # run 0 warms up (and compiles)
             _cuda_sync(target)
             t0 = time.perf_counter()
-            ro = batched_hybrid_rollout(executor.model, executor.row_switch, student, teacher, tau=hp.tau,
-                                        kappa=hp.kappa, top_k=hp.top_k, max_new_tokens=ROLLOUT, stop_ids=[],
-                                        pad_id=0, static_decode=mode, stop_every=hp.decode_stop_every)
+            ro = batched_hybrid_rollout(
+                executor.model,
+                executor.row_switch,
+                student,
+                teacher,
+                tau=hp.tau,
+                kappa=hp.kappa,
+                top_k=hp.top_k,
+                max_new_tokens=ROLLOUT,
+                stop_ids=[],
+                pad_id=0,
+                static_decode=mode,
+                stop_every=hp.decode_stop_every,
+            )
             _cuda_sync(target)
             if run:
                 best = min(best, time.perf_counter() - t0)
@@ -370,7 +437,9 @@ def gpu_figures(hparams: Any, *, device: str, layers: int | None = None, vocab: 
     executor.finish()
     model = executor.model
     hp = hp.with_overrides({"static_decode": "compile"})
-    prompts = [EditPrompts(subject="s", student_ids=student, teacher_ids=teacher, passage_ids=[5] * 157)]
+    prompts = [
+        EditPrompts(subject="s", student_ids=student, teacher_ids=teacher, passage_ids=[5] * 157)
+    ]
     executor = make_executor(model, hp)
     objective = HPSEObjective(executor, prompts, hp, stop_ids=[], pad_id=0)
     _cuda_sync(target)
@@ -378,9 +447,17 @@ def gpu_figures(hparams: Any, *, device: str, layers: int | None = None, vocab: 
     train_edit(executor, hp, objective, rounds=hp.rounds, inner_steps=hp.inner_steps)
     _cuda_sync(target)
     edit_seconds = time.perf_counter() - t0
-    out = {"device": str(target), "layers": config.num_hidden_layers, "vocab": config.vocab_size,
-           "rollout_tokens": ROLLOUT, "gpu_rollout_tok_s": rollout["compiled"], "rollout_tok_s": rollout,
-           "gpu_edit_seconds": edit_seconds, "rounds": hp.rounds, "inner_steps": hp.inner_steps}
+    out = {
+        "device": str(target),
+        "layers": config.num_hidden_layers,
+        "vocab": config.vocab_size,
+        "rollout_tokens": ROLLOUT,
+        "gpu_rollout_tok_s": rollout["compiled"],
+        "rollout_tok_s": rollout,
+        "gpu_edit_seconds": edit_seconds,
+        "rounds": hp.rounds,
+        "inner_steps": hp.inner_steps,
+    }
     if target.type == "cuda":
         free, total = torch.cuda.mem_get_info(target)
         context = total - free - torch.cuda.memory_reserved(target)
@@ -409,30 +486,49 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.gpu_path",
         description="The GPU path's figures: on CPU (the default) kernels and host syncs per decoded token, graph "
-                    "breaks and the H100 roofline of every shipped 7B-9B HPSE file, counted on the meta device; with "
-                    "--device cuda, rollout tokens/s, one edit's seconds and reserved memory on that GPU.")
-    parser.add_argument("--hparams", nargs="+", help="HPSE files (default: every shipped 7B-9B file)")
-    parser.add_argument("--device", default="cpu", help="cpu: counts and roofline (no GPU); cuda[:N]: measure on it")
-    parser.add_argument("--layers", type=int, help="with --device: cut the model to this many layers (a dry run)")
-    parser.add_argument("--vocab", type=int, help="with --device: shrink the vocabulary (a dry run)")
-    parser.add_argument("--compiled", action="store_true",
-                        help="on CPU, also count the kernels of the compiled static step (inductor; minutes per file)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="hparams overrides")
+        "breaks and the H100 roofline of every shipped 7B-9B HPSE file, counted on the meta device; with "
+        "--device cuda, rollout tokens/s, one edit's seconds and reserved memory on that GPU.",
+    )
+    parser.add_argument(
+        "--hparams", nargs="+", help="HPSE files (default: every shipped 7B-9B file)"
+    )
+    parser.add_argument(
+        "--device", default="cpu", help="cpu: counts and roofline (no GPU); cuda[:N]: measure on it"
+    )
+    parser.add_argument(
+        "--layers", type=int, help="with --device: cut the model to this many layers (a dry run)"
+    )
+    parser.add_argument(
+        "--vocab", type=int, help="with --device: shrink the vocabulary (a dry run)"
+    )
+    parser.add_argument(
+        "--compiled",
+        action="store_true",
+        help="on CPU, also count the kernels of the compiled static step (inductor; minutes per file)",
+    )
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="hparams overrides"
+    )
     parser.add_argument("--out", help="write the JSON here (default: stdout)")
     args = parser.parse_args(argv)
     from hpse_easyedit import HPSEHyperParams
 
     root = Path(__file__).resolve().parents[1] / "hparams" / "HPSE"
-    paths = [Path(p) for p in args.hparams] if args.hparams else [
-        p for p in sorted(root.glob("*.yaml")) if not p.stem.startswith("smollm2")]
+    paths = (
+        [Path(p) for p in args.hparams]
+        if args.hparams
+        else [p for p in sorted(root.glob("*.yaml")) if not p.stem.startswith("smollm2")]
+    )
     report: dict[str, Any] = {"torch": torch.__version__}
     for path in paths:
         if args.device == "cpu" and args.layers is None:
             report[path.stem] = _cpu_figures(path, args.compiled)
         else:
             hp = HPSEHyperParams.from_hparams(path).with_overrides(list(args.set))
-            report[path.stem] = {**gpu_figures(hp, device=args.device, layers=args.layers, vocab=args.vocab),
-                                 "roofline": roofline(hp)}
+            report[path.stem] = {
+                **gpu_figures(hp, device=args.device, layers=args.layers, vocab=args.vocab),
+                "roofline": roofline(hp),
+            }
     text = json.dumps(report, indent=1)
     if args.out:
         Path(args.out).write_text(text + "\n")

@@ -21,7 +21,14 @@ from typing import Callable, Sequence
 
 from hpse_easyedit.errors import choice_text
 
-from .llm.client import ChatClient, JudgeError, JudgeRefusedError, JudgeSettings, Parsed, ResponseCache
+from .llm.client import (
+    ChatClient,
+    JudgeError,
+    JudgeRefusedError,
+    JudgeSettings,
+    Parsed,
+    ResponseCache,
+)
 from .llm.prompts import (
     _CONTENT_RE,
     DEMONSTRATIONS,
@@ -90,7 +97,12 @@ class FactScoreResult:
     complete: bool = True
 
     def to_dict(self) -> dict:
-        return {"facts": self.facts, "supported": self.supported, "score": self.score, "complete": self.complete}
+        return {
+            "facts": self.facts,
+            "supported": self.supported,
+            "score": self.score,
+            "complete": self.complete,
+        }
 
 
 class Judge:
@@ -130,12 +142,19 @@ class LLMJudge(Judge):
             build_support_prompt(subject, passage, facts), lambda t: parse_support(t, len(facts))
         )
         supported = [v == 1 for v in verdicts.value]
-        return FactScoreResult(facts, supported, supported_fraction(supported), decomposed.complete and verdicts.complete)
+        return FactScoreResult(
+            facts,
+            supported,
+            supported_fraction(supported),
+            decomposed.complete and verdicts.complete,
+        )
 
     def coverage(self, items: Sequence[CoverageItem]) -> tuple[list[int], bool]:
         if not items:
             return [], True
-        scores = self.client.complete(build_coverage_prompt(items), lambda t: parse_coverage(t, len(items)))
+        scores = self.client.complete(
+            build_coverage_prompt(items), lambda t: parse_coverage(t, len(items))
+        )
         return [int(v == 1) for v in scores.value], scores.complete
 
     def close(self) -> None:
@@ -170,7 +189,12 @@ class LexicalJudge(Judge):
             expected = _content_words(it.expected)
             asked = set(_content_words(it.question))
             new = [w for w in expected if w not in asked] or expected
-            scores.append(int(bool(new) and self._recall(new, set(_content_words(it.answer))) >= self.coverage_threshold))
+            scores.append(
+                int(
+                    bool(new)
+                    and self._recall(new, set(_content_words(it.answer))) >= self.coverage_threshold
+                )
+            )
         return scores, True
 
 
@@ -191,7 +215,11 @@ def make_judge(kind: str, settings: JudgeSettings, warn: bool = True) -> Judge:
             )
     judge = JUDGES[kind](settings)
     if warn and isinstance(judge, LLMJudge):
-        log.info("judge: %s at %s", judge.client.name, judge.client.settings.base_url or "the OpenAI default URL")
+        log.info(
+            "judge: %s at %s",
+            judge.client.name,
+            judge.client.settings.base_url or "the OpenAI default URL",
+        )
     return judge
 
 
@@ -210,4 +238,3 @@ def register_judge(kind: str, factory: Callable[[JudgeSettings], Judge]) -> None
     JUDGES[kind] = factory
     if kind not in JUDGE_KINDS:
         JUDGE_KINDS.append(kind)
-

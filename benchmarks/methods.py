@@ -17,7 +17,13 @@ The plain LoRA / FT-M baselines need no entry: they are HPSE files with ``kl_wei
 from __future__ import annotations
 
 from hpse_easyedit.loading import load_model
-from hpse_easyedit.methods import MethodSpec, get_method, hparams_dict, method_for_file, register_method
+from hpse_easyedit.methods import (
+    MethodSpec,
+    get_method,
+    hparams_dict,
+    method_for_file,
+    register_method,
+)
 
 from .references import InContextHParams, ReferenceHParams, keep_model, reference_edit
 
@@ -36,5 +42,13 @@ def method_label(name: str, hparams: dict) -> str:
     return {"COIN": "COIN*"}.get(name, name)
 
 
-register_method(MethodSpec("UNEDITED", ReferenceHParams.load, hparams_dict, load_model, reference_edit, keep_model))
-register_method(MethodSpec("IN_CONTEXT", InContextHParams.load, hparams_dict, load_model, reference_edit, keep_model))
+register_method(
+    MethodSpec(
+        "UNEDITED", ReferenceHParams.load, hparams_dict, load_model, reference_edit, keep_model
+    )
+)
+register_method(
+    MethodSpec(
+        "IN_CONTEXT", InContextHParams.load, hparams_dict, load_model, reference_edit, keep_model
+    )
+)

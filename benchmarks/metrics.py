@@ -80,10 +80,18 @@ def mquake_case_scores(
         )
     if not single_hop_answers or not multi_hop_generations:
         raise ValueError("a MQuAKE case needs at least one single-hop and one multi-hop question")
-    hops = [answer_matches(g, a, whole_word_max=whole_word_max) for g, a in zip(single_hop_generations, single_hop_answers)]
+    hops = [
+        answer_matches(g, a, whole_word_max=whole_word_max)
+        for g, a in zip(single_hop_generations, single_hop_answers)
+    ]
     return {
         "Ind": sum(hops) / len(hops),
-        "Cmp": float(any(answer_matches(g, multi_hop_answers, whole_word_max=whole_word_max) for g in multi_hop_generations)),
+        "Cmp": float(
+            any(
+                answer_matches(g, multi_hop_answers, whole_word_max=whole_word_max)
+                for g in multi_hop_generations
+            )
+        ),
     }
 
 
@@ -111,12 +119,21 @@ def bleu(hypothesis: Sequence[str], references: Sequence[Sequence[str]], max_n: 
     reference; the brevity penalty uses the reference length closest to the hypothesis length
     (the shorter one on ties). No unigram match at all gives 0.
     """
-    from nltk.translate.bleu_score import SmoothingFunction, sentence_bleu  # nltk's import costs ~1 s: only here
+    from nltk.translate.bleu_score import (
+        SmoothingFunction,
+        sentence_bleu,
+    )  # nltk's import costs ~1 s: only here
 
     if not references:
         raise ValueError("BLEU needs at least one reference")
-    return float(sentence_bleu([list(r) for r in references], list(hypothesis), (1.0 / max_n,) * max_n,
-                               smoothing_function=SmoothingFunction().method1))
+    return float(
+        sentence_bleu(
+            [list(r) for r in references],
+            list(hypothesis),
+            (1.0 / max_n,) * max_n,
+            smoothing_function=SmoothingFunction().method1,
+        )
+    )
 
 
 def self_bleu(texts: Sequence[str], max_n: int = 4) -> float | None:
@@ -152,5 +169,9 @@ def cut_to_tokens(text: str, n: int, token_spans=None) -> str:
     """
     if n < 1:
         raise ValueError(f"cut to {n} tokens: give a number >= 1")
-    spans = list(token_spans(text)) if token_spans is not None else [m.span() for m in _WORD_RE.finditer(text)]
+    spans = (
+        list(token_spans(text))
+        if token_spans is not None
+        else [m.span() for m in _WORD_RE.finditer(text)]
+    )
     return text if len(spans) <= n else text[: spans[n - 1][1]]

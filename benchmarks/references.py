@@ -22,8 +22,14 @@ from typing import Any, ClassVar, Sequence
 from hpse_easyedit.hparams import EditorHParams, hp_field
 
 __all__ = [
-    "InContextHParams", "ReferenceHParams", "ReferenceResult", "answer_system", "keep_model", "reference_edit",
+    "InContextHParams",
+    "ReferenceHParams",
+    "ReferenceResult",
+    "answer_system",
+    "keep_model",
+    "reference_edit",
 ]
+
 
 @dataclass
 class ReferenceHParams(EditorHParams):
@@ -40,9 +46,12 @@ class InContextHParams(ReferenceHParams):
 
     ALG_NAME: ClassVar[str] = "IN_CONTEXT"
 
-    alg_name: str = hp_field("IN_CONTEXT", "Method name; must be IN_CONTEXT.", choices=("IN_CONTEXT",))
+    alg_name: str = hp_field(
+        "IN_CONTEXT", "Method name; must be IN_CONTEXT.", choices=("IN_CONTEXT",)
+    )
     teacher_prompt_style: str = hp_field(
-        "auto", "System-prompt wording, as HPSE's teacher_prompt_style ('auto' = from model_type).",
+        "auto",
+        "System-prompt wording, as HPSE's teacher_prompt_style ('auto' = from model_type).",
         choices=("auto", "default", "llama", "plain"),
     )
 
@@ -55,7 +64,9 @@ class ReferenceResult:
     weights_copy: dict = field(default_factory=dict)
     rounds: list = field(default_factory=list)
     seconds: float = 0.0
-    context: list = field(default_factory=list)  # [(subject, passage)] for IN_CONTEXT, [] for UNEDITED
+    context: list = field(
+        default_factory=list
+    )  # [(subject, passage)] for IN_CONTEXT, [] for UNEDITED
 
 
 def keep_model(model: Any, weights_copy: Any) -> Any:
@@ -63,7 +74,9 @@ def keep_model(model: Any, weights_copy: Any) -> Any:
     return model
 
 
-def reference_edit(model: Any, tok: Any, requests: list[dict], hp: ReferenceHParams) -> ReferenceResult:
+def reference_edit(
+    model: Any, tok: Any, requests: list[dict], hp: ReferenceHParams
+) -> ReferenceResult:
     """No weight changes; IN_CONTEXT keeps the requests' passages for the answers' system prompt
     (requests checked and read exactly as an HPSE edit reads them)."""
     from hpse_easyedit.edit_requests import normalize_requests

@@ -28,24 +28,44 @@ import numpy as np
 
 from .metrics import mean
 
-__all__ = ["pack_rollout", "pack_rounds", "plot_stepin_rates", "stepin_rate_by_round", "unpack_gaps", "unpack_rollout"]
+__all__ = [
+    "pack_rollout",
+    "pack_rounds",
+    "plot_stepin_rates",
+    "stepin_rate_by_round",
+    "unpack_gaps",
+    "unpack_rollout",
+]
 
 GAP_STEP = 8  # the stored margin is round(gap * GAP_STEP) as a signed byte
 
 
-def pack_rollout(tokens: Sequence[int], stepped_in: Sequence[bool], teacher_p: Sequence[float],
-                 gate_gap: Sequence[float] | None = None) -> dict:
+def pack_rollout(
+    tokens: Sequence[int],
+    stepped_in: Sequence[bool],
+    teacher_p: Sequence[float],
+    gate_gap: Sequence[float] | None = None,
+) -> dict:
     """The stored form of one rollout (see the module docstring)."""
     mask = np.asarray(stepped_in, dtype=bool)
     probs = np.clip(np.rint(np.asarray(teacher_p, dtype=np.float64) * 255), 0, 255).astype(np.uint8)
     if not len(tokens) == len(mask) == len(probs):
-        raise ValueError(f"rollout parts differ in length: {len(tokens)} ids, {len(mask)} mask bits, {len(probs)} probabilities")
-    out = {"ids": [int(t) for t in tokens], "stepin": np.packbits(mask, bitorder="little").tobytes().hex(),
-           "teacher_p": probs.tobytes().hex()}
+        raise ValueError(
+            f"rollout parts differ in length: {len(tokens)} ids, {len(mask)} mask bits, {len(probs)} probabilities"
+        )
+    out = {
+        "ids": [int(t) for t in tokens],
+        "stepin": np.packbits(mask, bitorder="little").tobytes().hex(),
+        "teacher_p": probs.tobytes().hex(),
+    }
     if gate_gap is not None:
-        gaps = np.nan_to_num(np.asarray(gate_gap, dtype=np.float64), nan=0.0, posinf=1e9, neginf=-1e9)
+        gaps = np.nan_to_num(
+            np.asarray(gate_gap, dtype=np.float64), nan=0.0, posinf=1e9, neginf=-1e9
+        )
         if len(gaps) != len(mask):
-            raise ValueError(f"rollout parts differ in length: {len(tokens)} ids, {len(gaps)} gate margins")
+            raise ValueError(
+                f"rollout parts differ in length: {len(tokens)} ids, {len(gaps)} gate margins"
+            )
         out["gap"] = np.clip(np.rint(gaps * GAP_STEP), -128, 127).astype(np.int8).tobytes().hex()
     return out
 
@@ -61,9 +81,13 @@ def unpack_gaps(stored: Mapping[str, Any]) -> list[float]:
 def unpack_rollout(stored: Mapping[str, Any]) -> tuple[list[int], list[bool], list[float]]:
     """(token ids, step-in mask, teacher probability per token) of a stored rollout."""
     ids = [int(t) for t in stored["ids"]]
-    bits = np.unpackbits(np.frombuffer(bytes.fromhex(stored["stepin"]), dtype=np.uint8), bitorder="little")
-    if len(bits) < len(ids) or len(bits) >= len(ids) + 8 or bits[len(ids):].any():
-        raise ValueError(f"stored step-in mask of {len(bits)} bits does not fit {len(ids)} token ids")
+    bits = np.unpackbits(
+        np.frombuffer(bytes.fromhex(stored["stepin"]), dtype=np.uint8), bitorder="little"
+    )
+    if len(bits) < len(ids) or len(bits) >= len(ids) + 8 or bits[len(ids) :].any():
+        raise ValueError(
+            f"stored step-in mask of {len(bits)} bits does not fit {len(ids)} token ids"
+        )
     probs = np.frombuffer(bytes.fromhex(stored.get("teacher_p", "")), dtype=np.uint8)
     if len(probs) not in (0, len(ids)):
         raise ValueError(f"stored teacher probabilities: {len(probs)} for {len(ids)} token ids")
@@ -83,10 +107,15 @@ def pack_rounds(rollouts: Sequence[Sequence[Any] | None] | None) -> list[list[di
     """
     if not rollouts or all(r is None for r in rollouts):
         return None
+
     def pack(ro: Any) -> dict:
         gap = getattr(ro, "gate_gap", None)
-        return pack_rollout(ro.tokens.tolist(), ro.stepped_in.tolist(), _teacher_p(ro),
-                            None if gap is None else gap.float().tolist())
+        return pack_rollout(
+            ro.tokens.tolist(),
+            ro.stepped_in.tolist(),
+            _teacher_p(ro),
+            None if gap is None else gap.float().tolist(),
+        )
 
     return [None if rnd is None else [pack(ro) for ro in rnd] for rnd in rollouts]
 
@@ -95,13 +124,20 @@ def stepin_rate_by_round(records: Sequence[Mapping[str, Any]]) -> list[float | N
     """Mean step-in rate per round index over the records (rounds without a rollout are left out)."""
     n_rounds = max((len(r.get("rounds") or []) for r in records), default=0)
     return [
-        mean((r.get("rounds") or [])[i].get("stepin_rate") for r in records if len(r.get("rounds") or []) > i)
+        mean(
+            (r.get("rounds") or [])[i].get("stepin_rate")
+            for r in records
+            if len(r.get("rounds") or []) > i
+        )
         for i in range(n_rounds)
     ]
 
 
-def plot_stepin_rates(series: Mapping[str, Sequence[float | None]], path: str | os.PathLike | IO[bytes],
-                      title: str = "") -> None:
+def plot_stepin_rates(
+    series: Mapping[str, Sequence[float | None]],
+    path: str | os.PathLike | IO[bytes],
+    title: str = "",
+) -> None:
     """PNG line plot of the mean step-in rate (percent) per round, one line per method (to a path or a binary file)."""
     import matplotlib
 
@@ -126,8 +162,15 @@ def plot_stepin_rates(series: Mapping[str, Sequence[float | None]], path: str | 
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.set_ylim(bottom=0)
     if without:
-        ax.text(0.5, 0.5 if not plotted else 0.02, "no rollouts (no step-in rate): " + ", ".join(without),
-                ha="center", va="center" if not plotted else "bottom", fontsize=7, transform=ax.transAxes)
+        ax.text(
+            0.5,
+            0.5 if not plotted else 0.02,
+            "no rollouts (no step-in rate): " + ", ".join(without),
+            ha="center",
+            va="center" if not plotted else "bottom",
+            fontsize=7,
+            transform=ax.transAxes,
+        )
     fig.tight_layout()
     fig.savefig(path, format="png")
     plt.close(fig)

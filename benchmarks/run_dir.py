@@ -22,7 +22,16 @@ from hpse_easyedit.locks import writer_lock
 
 from .distributed import ProcessContext
 from .sequence import SequenceLog
-from .store import CONFIG, ConfigPolicy, ResultFile, check_run_config, merge_results, read_results, result_files, results_name
+from .store import (
+    CONFIG,
+    ConfigPolicy,
+    ResultFile,
+    check_run_config,
+    merge_results,
+    read_results,
+    result_files,
+    results_name,
+)
 
 __all__ = ["ENVIRONMENTS_FILE", "RunDirectory", "environment_record", "units", "write_kept"]
 
@@ -61,12 +70,25 @@ class RunDirectory:
             try:
                 yield
             except KeyboardInterrupt:
-                done = len(merge_results(self.path, None, require_all=False)) if self.path.is_dir() else 0
-                raise Interrupted(f"{done} case(s) are recorded in {self.path}; run the same command again to "
-                                  "resume from there (a continual sequence resumes after its last edit)") from None
+                done = (
+                    len(merge_results(self.path, None, require_all=False))
+                    if self.path.is_dir()
+                    else 0
+                )
+                raise Interrupted(
+                    f"{done} case(s) are recorded in {self.path}; run the same command again to "
+                    "resume from there (a continual sequence resumes after its last edit)"
+                ) from None
 
-    def open(self, config: Mapping[str, Any], ids: list[str], blocks: list[list[int]], *, sequential: bool,
-             retry_failed: bool) -> set[str]:
+    def open(
+        self,
+        config: Mapping[str, Any],
+        ids: list[str],
+        blocks: list[list[int]],
+        *,
+        sequential: bool,
+        retry_failed: bool,
+    ) -> set[str]:
         """Check config.json, open this process's results file; returns the case ids already done.
 
         The main process runs this before the others (``main_first``): it records config.json, cuts torn
@@ -89,8 +111,14 @@ class RunDirectory:
         self.results = ResultFile(own)
         if sequential:
             self.sequence = SequenceLog(self.path, rank, world)
-            finished = {b for b, blk in enumerate(blocks) if all(ids[i] in self.results.records for i in blk)}
-            self.sequence.forget(lambda r: r.get("block") not in finished)  # moved to results, killed before dropping
+            finished = {
+                b
+                for b, blk in enumerate(blocks)
+                if all(ids[i] in self.results.records for i in blk)
+            }
+            self.sequence.forget(
+                lambda r: r.get("block") not in finished
+            )  # moved to results, killed before dropping
             self.sequence.checkpoints.drop(lambda r: r.get("block") not in retry_blocks)
         # Files of this launch's other processes hold only their cases, and are being written to.
         peers = {results_name(r, world) for r in range(world)} - {own.name}
@@ -101,18 +129,28 @@ class RunDirectory:
         return done
 
     @staticmethod
-    def _drop_unfinished_blocks(files: Mapping[Path, ResultFile], ids: list[str], blocks: list[list[int]]) -> None:
+    def _drop_unfinished_blocks(
+        files: Mapping[Path, ResultFile], ids: list[str], blocks: list[list[int]]
+    ) -> None:
         done = {cid for f in files.values() for cid in f.records}
         selected = set(ids)
         whole = {ids[i] for blk in blocks if all(ids[j] in done for j in blk) for i in blk}
-        dropped = [cid for f in files.values()
-                   for cid in f.drop(lambda r: str(r["case_id"]) in whole or str(r["case_id"]) not in selected)]
+        dropped = [
+            cid
+            for f in files.values()
+            for cid in f.drop(
+                lambda r: str(r["case_id"]) in whole or str(r["case_id"]) not in selected
+            )
+        ]
         if dropped:
-            log.warning("dropping %d record(s) of an unfinished block; the block is redone", len(dropped))
+            log.warning(
+                "dropping %d record(s) of an unfinished block; the block is redone", len(dropped)
+            )
 
     @staticmethod
-    def _drop_failed(files: Mapping[Path, ResultFile], ids: list[str], blocks: list[list[int]],
-                     sequential: bool) -> set[int]:
+    def _drop_failed(
+        files: Mapping[Path, ResultFile], ids: list[str], blocks: list[list[int]], sequential: bool
+    ) -> set[int]:
         """``--retry-failed``: forget the records of failed edits (in continual mode, of their whole blocks) so
         they are edited again; returns the blocks to redo."""
         failed = {cid for f in files.values() for cid, r in f.records.items() if "failed" in r}
@@ -134,8 +172,11 @@ class RunDirectory:
             return
         if any(read_results(p) or p.stat().st_size for p in result_files(self.path)):
             return
-        log.info("%s: no case was recorded under it (the last run stopped before its first edit); recording the "
-                 "current configuration instead", path)
+        log.info(
+            "%s: no case was recorded under it (the last run stopped before its first edit); recording the "
+            "current configuration instead",
+            path,
+        )
         path.unlink()
 
     def record_environment(self, case_ids: Sequence[str]) -> None:
@@ -174,16 +215,28 @@ def environment_record(case_ids: Sequence[str], ctx: ProcessContext) -> dict:
     src = os.environ.get("EASYEDIT_SRC")
     if src:
         try:
-            commit = subprocess.run(["git", "-C", src, "rev-parse", "HEAD"], capture_output=True, text=True,
-                                    timeout=10).stdout.strip() or None
+            commit = (
+                subprocess.run(
+                    ["git", "-C", src, "rev-parse", "HEAD"],
+                    capture_output=True,
+                    text=True,
+                    timeout=10,
+                ).stdout.strip()
+                or None
+            )
         except (OSError, subprocess.SubprocessError):
             commit = None
         easyedit = {"src": src, "commit": commit}
     return {
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "rank": ctx.rank, "world": ctx.world, "cases": list(case_ids),
-        "python": platform.python_version(), **versions, "easyedit": easyedit,
-        "platform": platform.platform(), "cpus": os.cpu_count(),
+        "rank": ctx.rank,
+        "world": ctx.world,
+        "cases": list(case_ids),
+        "python": platform.python_version(),
+        **versions,
+        "easyedit": easyedit,
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
     }
 
 
@@ -199,16 +252,34 @@ def write_kept(file: ResultFile, records: list[dict]) -> None:
         except OSError as err:
             if err.errno not in ENVIRONMENT_ERRNOS:
                 raise
-            if waited >= wait or err.errno not in (errno.ENOSPC, errno.EDQUOT):  # no space to wait for
+            if waited >= wait or err.errno not in (
+                errno.ENOSPC,
+                errno.EDQUOT,
+            ):  # no space to wait for
                 payload = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
-                kept = write_aside(lambda path: path.write_text(payload, encoding="utf-8"),
-                                   f"hpse-unwritten-{file.path.name}-", suffix=".jsonl")
-                where = f"saved whole to {kept}: append it with `cat {kept} >> {file.path}`" if kept else "lost"
-                raise UsageError(f"{file.path}: {err.strerror or err}; the {len(records)} finished record(s) were "
-                                 f"{where} once space is freed, then run the same command again to go on") from None
+                kept = write_aside(
+                    lambda path: path.write_text(payload, encoding="utf-8"),
+                    f"hpse-unwritten-{file.path.name}-",
+                    suffix=".jsonl",
+                )
+                where = (
+                    f"saved whole to {kept}: append it with `cat {kept} >> {file.path}`"
+                    if kept
+                    else "lost"
+                )
+                raise UsageError(
+                    f"{file.path}: {err.strerror or err}; the {len(records)} finished record(s) were "
+                    f"{where} once space is freed, then run the same command again to go on"
+                ) from None
             if not waited:
-                log.warning("%s: %s; the %d finished record(s) are kept in memory and written as soon as space is "
-                            "freed (trying every 10 s for %.0f s)", file.path, err.strerror, len(records), wait)
+                log.warning(
+                    "%s: %s; the %d finished record(s) are kept in memory and written as soon as space is "
+                    "freed (trying every 10 s for %.0f s)",
+                    file.path,
+                    err.strerror,
+                    len(records),
+                    wait,
+                )
             step = min(10.0, wait - waited)
             time.sleep(step)
             waited += step

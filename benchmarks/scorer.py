@@ -11,7 +11,16 @@ import logging
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from .judge import LEXICAL_JUDGE_NAME, ChatClient, Judge, JudgeError, JudgeRefusedError, JudgeSettings, LLMJudge, make_judge
+from .judge import (
+    LEXICAL_JUDGE_NAME,
+    ChatClient,
+    Judge,
+    JudgeError,
+    JudgeRefusedError,
+    JudgeSettings,
+    LLMJudge,
+    make_judge,
+)
 from .paths import JUDGE_CACHE
 from .store import ResultFile
 from .tasks import Task, unjudged_metrics
@@ -28,10 +37,21 @@ class Scorer:
     def __init__(self, task: Task, kind: str, settings: JudgeSettings, cache_dir: Path) -> None:
         self.task = task
         self.kind = kind
-        settings = JudgeSettings(**{**settings.__dict__, "cache_path": str(cache_dir / JUDGE_CACHE)})
-        self.judge: Judge | None = make_judge(kind, settings, warn=False) if task.needs_judge else None
-        self.client: ChatClient | None = self.judge.client if isinstance(self.judge, LLMJudge) else None
-        if self.client is None and not task.needs_judge and kind != "lexical" and settings.resolve().configured:
+        settings = JudgeSettings(
+            **{**settings.__dict__, "cache_path": str(cache_dir / JUDGE_CACHE)}
+        )
+        self.judge: Judge | None = (
+            make_judge(kind, settings, warn=False) if task.needs_judge else None
+        )
+        self.client: ChatClient | None = (
+            self.judge.client if isinstance(self.judge, LLMJudge) else None
+        )
+        if (
+            self.client is None
+            and not task.needs_judge
+            and kind != "lexical"
+            and settings.resolve().configured
+        ):
             self.client = ChatClient(settings)
         self.refused: JudgeRefusedError | None = None
 
@@ -39,7 +59,11 @@ class Scorer:
         """One cheap request to the judge endpoint before the first edit (``JudgeError`` when it is not there)."""
         if self.client is not None:
             self.client.probe()
-            log.info("judge: %s at %s", self.client.name, self.client.settings.base_url or "the OpenAI default URL")
+            log.info(
+                "judge: %s at %s",
+                self.client.name,
+                self.client.settings.base_url or "the OpenAI default URL",
+            )
         if self.judge is not None and self.judge.name == LEXICAL_JUDGE_NAME and self.kind == "auto":
             log.warning(
                 "no judge endpoint configured (--judge-base-url / HPSE_JUDGE_BASE_URL / OPENAI_BASE_URL or an API "
@@ -52,8 +76,11 @@ class Scorer:
         try:
             return self.task.score(case, answers, self.judge)
         except JudgeError as err:
-            log.warning("case %s: the judge failed (%s); its answers are kept and judged by the next run",
-                        case["case_id"], " ".join(str(err).split())[:200])
+            log.warning(
+                "case %s: the judge failed (%s); its answers are kept and judged by the next run",
+                case["case_id"],
+                " ".join(str(err).split())[:200],
+            )
             if isinstance(err, JudgeRefusedError):
                 self.refused = err
             return self.task.unjudged_record(case, answers, self.judge, err)
@@ -70,7 +97,10 @@ class Scorer:
         pending = [r for cid, r in results.records.items() if cid in index and unjudged_metrics(r)]
         if not pending:
             return
-        log.info("judging %d recorded case(s) again that the judge could not judge before (no new edit)", len(pending))
+        log.info(
+            "judging %d recorded case(s) again that the judge could not judge before (no new edit)",
+            len(pending),
+        )
         redone = []
         for rec in pending:
             case = cases[index[str(rec["case_id"])]]
@@ -81,7 +111,12 @@ class Scorer:
         results.replace(redone)
         self.stop_if_refused()
         left = sum(bool(unjudged_metrics(r)) for r in redone)
-        log.info("%d of %d judged now%s", len(redone) - left, len(redone), f"; {left} still unjudged" if left else "")
+        log.info(
+            "%d of %d judged now%s",
+            len(redone) - left,
+            len(redone),
+            f"; {left} still unjudged" if left else "",
+        )
 
     def close(self) -> None:
         """Release the judge endpoint and its cache."""

@@ -33,8 +33,17 @@ from hpse_easyedit.atomic import replacing
 
 from .store import ResultFile, read_results, result_files, results_name
 
-__all__ = ["CHECKPOINTS", "SEQUENCE", "STATE_DIR", "SequenceLog", "checkpoint_key", "checkpoint_records",
-           "parse_checkpoints", "same_edit", "split_checkpoint"]
+__all__ = [
+    "CHECKPOINTS",
+    "SEQUENCE",
+    "STATE_DIR",
+    "SequenceLog",
+    "checkpoint_key",
+    "checkpoint_records",
+    "parse_checkpoints",
+    "same_edit",
+    "split_checkpoint",
+]
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +62,9 @@ def parse_checkpoints(value: str) -> list[int]:
     try:
         return [int(v) for v in value.split(",") if v.strip()]
     except ValueError:
-        raise ValueError(f"--checkpoints takes comma-separated edit counts, e.g. 10,20,50; got {value!r}") from None
+        raise ValueError(
+            f"--checkpoints takes comma-separated edit counts, e.g. 10,20,50; got {value!r}"
+        ) from None
 
 
 def split_checkpoint(run: str | Path) -> tuple[Path, int | None]:
@@ -97,15 +108,19 @@ class SequenceLog:
 
     def __init__(self, out_dir: Path, rank: int, world: int) -> None:
         self.edits = ResultFile(out_dir / results_name(rank, world, SEQUENCE))
-        self.checkpoints = ResultFile(out_dir / results_name(rank, world, CHECKPOINTS), checkpoint_key)
+        self.checkpoints = ResultFile(
+            out_dir / results_name(rank, world, CHECKPOINTS), checkpoint_key
+        )
         self.state_dir = out_dir / STATE_DIR
         self.state = self.state_dir / results_name(rank, world, "state").replace(".jsonl", ".pt")
 
     # ------------------------------------------------------------------------------------- recorded edits
     def recorded(self, block: int) -> list[dict]:
         """The recorded edits of ``block``, in the order they were made."""
-        return sorted((r for r in self.edits.records.values() if r.get("block") == block),
-                      key=lambda r: r["position"])
+        return sorted(
+            (r for r in self.edits.records.values() if r.get("block") == block),
+            key=lambda r: r["position"],
+        )
 
     def append(self, record: Mapping[str, Any]) -> None:
         self.edits.append([record])
@@ -117,7 +132,9 @@ class SequenceLog:
     def forget_from(self, block: int, position: int) -> None:
         """Drop ``block``'s recorded edits from ``position`` on and its checkpoints after ``position`` edits."""
         self.edits.drop(lambda r: not (r.get("block") == block and r["position"] >= position))
-        self.checkpoints.drop(lambda r: not (r.get("block") == block and r["checkpoint"] > position))
+        self.checkpoints.drop(
+            lambda r: not (r.get("block") == block and r["checkpoint"] > position)
+        )
 
     def finish(self, block: int) -> None:
         """The block's records are in the results file: its edit lines and its snapshot go."""
@@ -135,13 +152,22 @@ class SequenceLog:
         self.checkpoints.append(records)
 
     # ------------------------------------------------------------------------------------- snapshot
-    def save_state(self, model: Any, block: int, edits: int, weights0: Mapping[str, torch.Tensor]) -> None:
+    def save_state(
+        self, model: Any, block: int, edits: int, weights0: Mapping[str, torch.Tensor]
+    ) -> None:
         """The values after ``edits`` edits of every tensor the sequence changes, and their values before it."""
         tensors = {name: model.get_parameter(name).detach().cpu().clone() for name in weights0}
         self.state_dir.mkdir(parents=True, exist_ok=True)
         with replacing(self.state) as tmp:
-            torch.save({"block": block, "edits": edits, "tensors": tensors,
-                        "weights0": {k: v.detach().cpu() for k, v in weights0.items()}}, tmp)
+            torch.save(
+                {
+                    "block": block,
+                    "edits": edits,
+                    "tensors": tensors,
+                    "weights0": {k: v.detach().cpu() for k, v in weights0.items()},
+                },
+                tmp,
+            )
 
     def load_state(self, block: int) -> dict | None:
         """The snapshot of ``block`` if there is a readable one (else None: the edits are replayed)."""
@@ -149,8 +175,12 @@ class SequenceLog:
             return None
         try:
             state = torch.load(self.state, map_location="cpu", weights_only=True)
-        except Exception as err:  # a snapshot cut off by a kill, or from another torch: replay instead
-            log.warning("%s cannot be read (%s); replaying the recorded edits instead", self.state, err)
+        except (
+            Exception
+        ) as err:  # a snapshot cut off by a kill, or from another torch: replay instead
+            log.warning(
+                "%s cannot be read (%s); replaying the recorded edits instead", self.state, err
+            )
             return None
         return state if state.get("block") == block else None
 

@@ -34,8 +34,23 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from hpse_easyedit.atomic import replacing
 
 __all__ = [
-    "KERNEL_KEYS", "PLACEMENT_KEYS", "ConfigMismatchError", "case_key", "ConfigPolicy", "IncompleteRunError", "ResultFile", "check_run_config",
-    "config_policy", "json_plain", "merge_results", "read_results", "result_files", "results_name", "write_json_atomic", "write_new_json", "write_text_atomic",
+    "KERNEL_KEYS",
+    "PLACEMENT_KEYS",
+    "ConfigMismatchError",
+    "case_key",
+    "ConfigPolicy",
+    "IncompleteRunError",
+    "ResultFile",
+    "check_run_config",
+    "config_policy",
+    "json_plain",
+    "merge_results",
+    "read_results",
+    "result_files",
+    "results_name",
+    "write_json_atomic",
+    "write_new_json",
+    "write_text_atomic",
 ]
 
 log = logging.getLogger(__name__)
@@ -69,7 +84,11 @@ def result_files(out_dir: str | os.PathLike, stem: str = "results") -> list[Path
     out_dir = Path(out_dir)
     if not out_dir.is_dir():
         return []
-    pattern = _RESULTS_RE if stem == "results" else re.compile(rf"^{re.escape(stem)}(?:\.rank(\d+)-of-(\d+))?\.jsonl$")
+    pattern = (
+        _RESULTS_RE
+        if stem == "results"
+        else re.compile(rf"^{re.escape(stem)}(?:\.rank(\d+)-of-(\d+))?\.jsonl$")
+    )
     found = []
     for p in out_dir.iterdir():
         m = pattern.match(p.name)
@@ -147,8 +166,14 @@ def _insert(config: dict, path: KeyPath, value: Any) -> None:
 PLACEMENT_KEYS = ("device", "model_parallel")
 #: hparams keys that choose kernels for the same computation (results differ only in float rounding, as they do
 #: on another CPU's BLAS): a rerun may change them too; config.json keeps the value the run started with.
-KERNEL_KEYS = ("fast_decode", "scored_logits_only", "static_decode", "decode_stop_every", "attn_implementation",
-               "gradient_checkpointing")
+KERNEL_KEYS = (
+    "fast_decode",
+    "scored_logits_only",
+    "static_decode",
+    "decode_stop_every",
+    "attn_implementation",
+    "gradient_checkpointing",
+)
 
 
 def json_plain(value: Any) -> Any:
@@ -188,7 +213,10 @@ def _field_defaults(obj: Any) -> dict[str, Any]:
                 continue
             try:
                 value = json.loads(json.dumps(json_plain(default)))
-            except (TypeError, ValueError):  # not a JSON value, so never in a recorded config either
+            except (
+                TypeError,
+                ValueError,
+            ):  # not a JSON value, so never in a recorded config either
                 continue
             if f.name in out and out[f.name] != value:
                 clash.add(f.name)
@@ -208,15 +236,25 @@ def config_policy(hparams: Any) -> ConfigPolicy:
     """
     defaults = _field_defaults(hparams)
     return ConfigPolicy(
-        ignored=lambda path: len(path) == 2 and path[0] == "hparams" and path[1] in PLACEMENT_KEYS + KERNEL_KEYS,
+        ignored=lambda path: (
+            len(path) == 2 and path[0] == "hparams" and path[1] in PLACEMENT_KEYS + KERNEL_KEYS
+        ),
         new_default=lambda path, value: (
-            len(path) == 2 and path[0] == "hparams" and path[1] in defaults and defaults[path[1]] == value
+            len(path) == 2
+            and path[0] == "hparams"
+            and path[1] in defaults
+            and defaults[path[1]] == value
         ),
     )
 
 
-def check_run_config(out_dir: str | os.PathLike, config: Mapping[str, Any], *, write: bool = True,
-                     policy: ConfigPolicy | None = None) -> None:
+def check_run_config(
+    out_dir: str | os.PathLike,
+    config: Mapping[str, Any],
+    *,
+    write: bool = True,
+    policy: ConfigPolicy | None = None,
+) -> None:
     """Make sure ``out_dir`` holds results of ``config`` only; record ``config.json`` when ``write``.
 
     A directory with results files but no ``config.json`` was not written by this runner and is refused.
@@ -254,15 +292,19 @@ def check_run_config(out_dir: str | os.PathLike, config: Mapping[str, Any], *, w
     if changed:
         raise ConfigMismatchError(
             f"{out_dir} already holds results of a different configuration ("
-            + "; ".join(changed[:8]) + ("; ..." if len(changed) > 8 else "")
+            + "; ".join(changed[:8])
+            + ("; ..." if len(changed) > 8 else "")
             + "). Use another --out directory, or delete this one to start over."
         )
     if added and write:
         for path, value in added:
             _insert(old, path, value)
         write_json_atomic(config_path, old)
-        log.info("%s: recorded %s (new in this version of the code, at their defaults: the results there stay valid)",
-                 config_path, ", ".join(f"{'.'.join(p)}={v!r}" for p, v in added))
+        log.info(
+            "%s: recorded %s (new in this version of the code, at their defaults: the results there stay valid)",
+            config_path,
+            ", ".join(f"{'.'.join(p)}={v!r}" for p, v in added),
+        )
 
 
 # ------------------------------------------------------------------------------------------ results files
@@ -271,9 +313,13 @@ def case_key(record: Mapping[str, Any]) -> str:
     return str(record.get("case_id"))
 
 
-def _parse(path: Path, data: bytes, key: Callable[[Mapping[str, Any]], str] = case_key) -> tuple[dict[str, dict], bytes]:
+def _parse(
+    path: Path, data: bytes, key: Callable[[Mapping[str, Any]], str] = case_key
+) -> tuple[dict[str, dict], bytes]:
     """Records of a results file's bytes (by ``key``), and the torn tail after its last newline (b'' if none)."""
-    *complete, torn = data.split(b"\n")  # every record ends with a newline; text after the last one is torn
+    *complete, torn = data.split(
+        b"\n"
+    )  # every record ends with a newline; text after the last one is torn
     records: dict[str, dict] = {}
     for n, raw in enumerate(complete, 1):
         if not raw.strip():
@@ -281,15 +327,21 @@ def _parse(path: Path, data: bytes, key: Callable[[Mapping[str, Any]], str] = ca
         try:
             rec = json.loads(raw)
         except ValueError:
-            raise ValueError(f"{path}: line {n} is not valid JSON; repair or delete the file") from None
+            raise ValueError(
+                f"{path}: line {n} is not valid JSON; repair or delete the file"
+            ) from None
         cid = key(rec)
         if cid in records:
-            raise ValueError(f"{path}: case_id {cid} appears twice (line {n}); repair or delete the file")
+            raise ValueError(
+                f"{path}: case_id {cid} appears twice (line {n}); repair or delete the file"
+            )
         records[cid] = rec
     return records, torn
 
 
-def read_results(path: str | os.PathLike, key: Callable[[Mapping[str, Any]], str] = case_key) -> dict[str, dict]:
+def read_results(
+    path: str | os.PathLike, key: Callable[[Mapping[str, Any]], str] = case_key
+) -> dict[str, dict]:
     """The records of a results file, read only: a last line without its newline (torn, or still being
     written by its process) is left out and left alone."""
     path = Path(path)
@@ -301,7 +353,9 @@ def read_results(path: str | os.PathLike, key: Callable[[Mapping[str, Any]], str
 class ResultFile:
     """One append-only results file, keyed by ``case_id`` (or ``key``); only its own process writes to it."""
 
-    def __init__(self, path: str | os.PathLike, key: Callable[[Mapping[str, Any]], str] = case_key) -> None:
+    def __init__(
+        self, path: str | os.PathLike, key: Callable[[Mapping[str, Any]], str] = case_key
+    ) -> None:
         self.path = Path(path)
         self.key = key
         self.records: dict[str, dict] = {}
@@ -309,7 +363,10 @@ class ResultFile:
             data = self.path.read_bytes()
             self.records, torn = _parse(self.path, data, key)
             if torn:
-                log.warning("%s: dropping a torn last line (the previous run was killed while writing it)", self.path)
+                log.warning(
+                    "%s: dropping a torn last line (the previous run was killed while writing it)",
+                    self.path,
+                )
                 with open(self.path, "r+b") as fh:
                     fh.truncate(len(data) - len(torn))
 
@@ -326,7 +383,9 @@ class ResultFile:
         for r in records:
             cid = self.key(r)
             if cid in self.records:
-                raise ValueError(f"case {cid} is already recorded in {self.path}; refusing to write it twice")
+                raise ValueError(
+                    f"case {cid} is already recorded in {self.path}; refusing to write it twice"
+                )
         payload = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
         size = self.path.stat().st_size if self.path.exists() else 0
         try:
@@ -334,7 +393,9 @@ class ResultFile:
                 fh.write(payload)
                 fh.flush()
                 os.fsync(fh.fileno())
-        except OSError:  # e.g. a full disk: no partial line is left behind, the caller may write them again
+        except (
+            OSError
+        ):  # e.g. a full disk: no partial line is left behind, the caller may write them again
             with contextlib.suppress(OSError):
                 os.truncate(self.path, size)
             raise
@@ -355,7 +416,9 @@ class ResultFile:
         records = [dict(r) for r in records]
         for r in records:
             if self.key(r) not in self.records:
-                raise ValueError(f"case {r['case_id']} is not recorded in {self.path}; append it instead")
+                raise ValueError(
+                    f"case {r['case_id']} is not recorded in {self.path}; append it instead"
+                )
         if not records:
             return
         for r in records:
@@ -364,13 +427,16 @@ class ResultFile:
 
     def _rewrite(self) -> None:
         with replacing(self.path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
-            fh.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in self.records.values()))
+            fh.write(
+                "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in self.records.values())
+            )
             fh.flush()
             os.fsync(fh.fileno())
 
 
-def merge_results(out_dir: str | os.PathLike, case_ids: Sequence[str] | None, *,
-                  require_all: bool = True) -> dict[str, dict]:
+def merge_results(
+    out_dir: str | os.PathLike, case_ids: Sequence[str] | None, *, require_all: bool = True
+) -> dict[str, dict]:
     """The records of ``case_ids`` (``None``: every recorded case) from every results file of ``out_dir``,
     each found exactly once.
 

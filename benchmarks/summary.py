@@ -42,7 +42,9 @@ class RunSummary:
         if self.task.measures_mmlu:
             out["MMLU_before"] = mmlu_before
             out["MMLU_after"] = mean(r.get("MMLU_after") for r in records)
-            out["MMLU_edits"] = sum(r.get("MMLU_after") is not None for r in records)  # < n_cases under --mmlu-every
+            out["MMLU_edits"] = sum(
+                r.get("MMLU_after") is not None for r in records
+            )  # < n_cases under --mmlu-every
         if self.task.needs_judge:
             out["judge"] = self.judge
             out["unjudged_cases"] = sum(bool(unjudged_metrics(r)) for r in records)
@@ -50,14 +52,19 @@ class RunSummary:
             n_cases=len(all_records),
             stepin_rate_by_round=stepin_rate_by_round(records),
             edit_seconds_mean=mean(r["edit_seconds"] for r in all_records),
-            **({"algorithm_seconds_mean": mean(r["algorithm_seconds"] for r in records)}
-               if records and all("algorithm_seconds" in r for r in records) else {}),
+            **(
+                {"algorithm_seconds_mean": mean(r["algorithm_seconds"] for r in records)}
+                if records and all("algorithm_seconds" in r for r in records)
+                else {}
+            ),
             label=self.label,
             benchmark=self.task.name,
             editor=self.method,
             mode="sequential" if self.sequential else "single",
             sequential=self.sequential,
-            **({"checkpoints": self._checkpoint_summaries(all_records)} if self.checkpoints else {}),
+            **(
+                {"checkpoints": self._checkpoint_summaries(all_records)} if self.checkpoints else {}
+            ),
             out_dir=str(self.out_dir),
             hparams=hparams,
         )
@@ -83,14 +90,20 @@ class RunSummary:
     def write(self, summary: dict) -> None:
         """``summary.json``, ``table.md`` (a row per checkpoint, then the run's), and UnKE's own metrics."""
         write_json_atomic(self.out_dir / "summary.json", summary)
-        rows = [(f"{self.label} after {c} edits", {self.task.name: part})
-                for c, part in summary.get("checkpoints", {}).items()]
+        rows = [
+            (f"{self.label} after {c} edits", {self.task.name: part})
+            for c, part in summary.get("checkpoints", {}).items()
+        ]
         write_text_atomic(
             self.out_dir / "table.md",
-            paper_table([*rows, (self.label, {self.task.name: summary})]) + judge_note([summary])
-            + unjudged_note([summary]) + failed_note([summary]),
+            paper_table([*rows, (self.label, {self.task.name: summary})])
+            + judge_note([summary])
+            + unjudged_note([summary])
+            + failed_note([summary]),
         )
-        if summary.get("unke_metrics"):  # UnKE's own metrics: the same section `unke_metrics --write` adds
+        if summary.get(
+            "unke_metrics"
+        ):  # UnKE's own metrics: the same section `unke_metrics --write` adds
             from .unke_metrics import write_run
 
             write_run(self.out_dir, summary["unke_metrics"])
@@ -102,8 +115,10 @@ def failed_note(summaries: Sequence[Mapping]) -> str:
     if not n:
         return ""
     total = sum(int(s.get("n_cases") or 0) for s in summaries if s)
-    return (f"\nFAILED: the edits of {n} of {total} case(s) diverged (results.jsonl says why); they are left out of "
-            "every mean, not counted as 0. Lower lr and rerun with --retry-failed to edit them again.\n")
+    return (
+        f"\nFAILED: the edits of {n} of {total} case(s) diverged (results.jsonl says why); they are left out of "
+        "every mean, not counted as 0. Lower lr and rerun with --retry-failed to edit them again.\n"
+    )
 
 
 def unjudged_note(summaries: Sequence[Mapping]) -> str:
@@ -112,5 +127,7 @@ def unjudged_note(summaries: Sequence[Mapping]) -> str:
     if not n:
         return ""
     total = sum(int(s.get("n_cases") or 0) for s in summaries if s and "unjudged_cases" in s)
-    return (f"\nUNJUDGED: {n} of {total} UnKEBench case(s) have no Jnt/Dmp yet (the judge could not judge them; they "
-            "are left out of Jnt/Dmp, not counted as 0). Rerun the same command to judge them; nothing is edited again.\n")
+    return (
+        f"\nUNJUDGED: {n} of {total} UnKEBench case(s) have no Jnt/Dmp yet (the judge could not judge them; they "
+        "are left out of Jnt/Dmp, not counted as 0). Rerun the same command to judge them; nothing is edited again.\n"
+    )

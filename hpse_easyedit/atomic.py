@@ -39,7 +39,9 @@ def replacing(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[Path]:
         raise
 
 
-def write_aside(write: Callable[[Path], None], prefix: str, *, suffix: str = "", directory: bool = False) -> Path | None:
+def write_aside(
+    write: Callable[[Path], None], prefix: str, *, suffix: str = "", directory: bool = False
+) -> Path | None:
     """Where a write failed on the machine's state (a full disk), write the same thing whole under a new temporary
     name instead: in the system's temporary directory, else in ``/dev/shm``. ``write(path)`` fills ``path`` (a new
     empty file, or with ``directory`` a new empty directory). Returns that path, or None when neither could hold it."""

@@ -44,7 +44,14 @@ from .locks import DirectoryBusyError, writer_lock
 from .model_io import save_edit
 from .training import EditDivergedError, describe_loss
 
-__all__ = ["OneLineFormatter", "OneLineParser", "build_parser", "main", "run_cli", "user_error_types"]
+__all__ = [
+    "OneLineFormatter",
+    "OneLineParser",
+    "build_parser",
+    "main",
+    "run_cli",
+    "user_error_types",
+]
 
 DEBUG_FLAG = "--debug"
 DEBUG_HELP = "show the full traceback of an error instead of one line (or set HPSE_DEBUG=1)"
@@ -61,8 +68,22 @@ def user_error_types(extra: Sequence[type[BaseException]] = ()) -> tuple[type[Ba
     """Exceptions that mean bad input (one line, exit 2), not a bug (a traceback)."""
     from .integrations.easyedit_import import EasyEditNotFoundError, EasyEditVersionError
 
-    return (UsageError, HParamsError, ModelNotFoundError, RequestError, EasyEditNotFoundError, EasyEditVersionError,
-            DirectoryBusyError, EditDivergedError, TextEncodingError, FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError, *extra)
+    return (
+        UsageError,
+        HParamsError,
+        ModelNotFoundError,
+        RequestError,
+        EasyEditNotFoundError,
+        EasyEditVersionError,
+        DirectoryBusyError,
+        EditDivergedError,
+        TextEncodingError,
+        FileNotFoundError,
+        FileExistsError,
+        IsADirectoryError,
+        NotADirectoryError,
+        *extra,
+    )
 
 
 class OneLineFormatter(logging.Formatter):
@@ -74,8 +95,12 @@ class OneLineFormatter(logging.Formatter):
         return f"{prefix}: {record.getMessage()}" if prefix else super().format(record)
 
 
-def run_cli(main: Callable[[list[str]], int], argv: Sequence[str] | None = None,
-            extra: Sequence[type[BaseException]] = (), logger: logging.Logger | None = None) -> int:
+def run_cli(
+    main: Callable[[list[str]], int],
+    argv: Sequence[str] | None = None,
+    extra: Sequence[type[BaseException]] = (),
+    logger: logging.Logger | None = None,
+) -> int:
     """Run ``main(argv)``; a user error becomes one ``error: ...`` line on stderr and exit code 2, Ctrl-C one
     ``interrupted: ...`` line (what was finished, from ``Interrupted``) and exit code 130.
 
@@ -102,14 +127,19 @@ def run_cli(main: Callable[[list[str]], int], argv: Sequence[str] | None = None,
         say("interrupted", str(err) or "stopped by Ctrl-C")
         return 130
     except OSError as err:
-        if debug or (err.errno not in ENVIRONMENT_ERRNOS and not isinstance(err, user_error_types(extra))):
+        if debug or (
+            err.errno not in ENVIRONMENT_ERRNOS and not isinstance(err, user_error_types(extra))
+        ):
             raise
         if err.errno not in ENVIRONMENT_ERRNOS:
             say("error", _user_error_text(err))
             return 2
         where = f"{err.filename}: " if err.filename else ""
-        say("error", f"{where}{err.strerror or err}; free space or give a writable location, then run the same "
-                     "command again (what was finished is kept)")
+        say(
+            "error",
+            f"{where}{err.strerror or err}; free space or give a writable location, then run the same "
+            "command again (what was finished is kept)",
+        )
         return 2
     except user_error_types(extra) as err:
         if debug:
@@ -125,17 +155,24 @@ def _user_error_text(err: BaseException) -> str:
     return text
 
 
-def _save_elsewhere(result: Any, hparams: HPSEHyperParams, requests: list[dict], option_dir: Path,
-                    err: OSError) -> UsageError:
+def _save_elsewhere(
+    result: Any, hparams: HPSEHyperParams, requests: list[dict], option_dir: Path, err: OSError
+) -> UsageError:
     """``--save`` failed on the machine's state: save the edit whole to a temporary directory instead, so it is not
     lost; returns the one-line error that says where it is."""
     reason = err.strerror or str(err)
-    fallback = write_aside(lambda path: save_edit(result, hparams, path, requests), "hpse-edit-", directory=True)
+    fallback = write_aside(
+        lambda path: save_edit(result, hparams, path, requests), "hpse-edit-", directory=True
+    )
     if fallback is not None:
-        return UsageError(f"--save {option_dir}: {reason}; the edit was saved whole to {fallback} instead: move it "
-                          "where you want it once space is freed")
-    return UsageError(f"--save {option_dir}: {reason}, and no temporary directory could hold the edit either; free space "
-                      "and run the same command again")
+        return UsageError(
+            f"--save {option_dir}: {reason}; the edit was saved whole to {fallback} instead: move it "
+            "where you want it once space is freed"
+        )
+    return UsageError(
+        f"--save {option_dir}: {reason}, and no temporary directory could hold the edit either; free space "
+        "and run the same command again"
+    )
 
 
 def _print_answers(title: str, questions: Sequence[str], answers: Sequence[str]) -> None:
@@ -154,14 +191,21 @@ def _cmd_edit(args: argparse.Namespace) -> int:
     for path in args.passage_file:
         text = read_text(check_text_file("--passage-file", path)).strip()
         if not text:
-            raise UsageError(f"--passage-file {path}: the file is empty; put the passage to inject in it")
+            raise UsageError(
+                f"--passage-file {path}: the file is empty; put the passage to inject in it"
+            )
         passages.append(text)
     subjects = [s.strip() for s in args.subject]
     if len(subjects) != len(passages):
-        raise UsageError(f"got {len(subjects)} --subject and {len(passages)} --passage-file; give one subject per passage")
+        raise UsageError(
+            f"got {len(subjects)} --subject and {len(passages)} --passage-file; give one subject per passage"
+        )
     if not all(subjects):
         raise UsageError("--subject is empty; give the topic phrase s of 'Introduce {s}.'")
-    requests = [{"subject": s, "target_new": c, "prompt": hp.editing_prompt.format(subject=s)} for s, c in zip(subjects, passages)]
+    requests = [
+        {"subject": s, "target_new": c, "prompt": hp.editing_prompt.format(subject=s)}
+        for s, c in zip(subjects, passages)
+    ]
     with writer_lock(args.save, "--save") if args.save else contextlib.nullcontext():
         return _edit_and_save(args, hp, requests)
 
@@ -177,13 +221,20 @@ def _edit_and_save(args: argparse.Namespace, hp: HPSEHyperParams, requests: list
     try:
         result = hpse_edit(model, tok, requests, hp)
     except KeyboardInterrupt:
-        raise Interrupted("stopped during the edit; nothing was saved" + (f" to --save {args.save}" if args.save else "")
-                          + "; run the same command again to edit") from None
+        raise Interrupted(
+            "stopped during the edit; nothing was saved"
+            + (f" to --save {args.save}" if args.save else "")
+            + "; run the same command again to edit"
+        ) from None
     print(f"\n== edit: {time.perf_counter() - t0:.1f} s")
     for r in result.rounds:
         rate = "n/a" if r["stepin_rate"] is None else f"{100 * r['stepin_rate']:.1f}%"
-        print(f"round {r['round']}: step-in {rate}, {describe_loss(r, hp.inner_steps)}, {r['seconds']:.1f} s")
-    _print_answers("after the edit", questions, generate_answers(result.model, tok, questions, **kwargs))
+        print(
+            f"round {r['round']}: step-in {rate}, {describe_loss(r, hp.inner_steps)}, {r['seconds']:.1f} s"
+        )
+    _print_answers(
+        "after the edit", questions, generate_answers(result.model, tok, questions, **kwargs)
+    )
     if args.save:
         try:
             print(f"saved to {save_edit(result, hp, args.save, requests)}")
@@ -205,8 +256,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         print(json.dumps(plan, indent=1))
         return 0
     cards = " ".join(f"{c:>4}" for c in CARDS_GIB)
-    print(f"{plan['model_name']} ({plan['dtype']}, {plan['executor']}), {plan['benchmark']}: peak "
-          f"{plan['peak_gib']:.1f} GiB of tensors + {plan['cuda_overhead_gib']:.1f} GiB CUDA overhead (estimate)")
+    print(
+        f"{plan['model_name']} ({plan['dtype']}, {plan['executor']}), {plan['benchmark']}: peak "
+        f"{plan['peak_gib']:.1f} GiB of tensors + {plan['cuda_overhead_gib']:.1f} GiB CUDA overhead (estimate)"
+    )
     print(f"{'phase':<16} {'GiB':>6}  fits {cards}  knob for {args.gpu_gib:g} GiB")
     for name, phase in plan["phases"].items():
         fits = " ".join(f"{'yes' if phase['fits'][str(c)] else 'no':>4}" for c in CARDS_GIB)
@@ -219,27 +272,73 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="python -m hpse_easyedit", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     edit = sub.add_parser("edit", help="edit a model with one or more passages and compare answers")
-    edit.add_argument("--hparams", required=True, help="HPSE YAML file, e.g. hparams/HPSE/smollm2-135m.yaml")
-    edit.add_argument("--subject", action="append", required=True,
-                      help="topic phrase s of 'Introduce {s}.'; repeat once per --passage-file")
-    edit.add_argument("--passage-file", action="append", required=True, help="text file holding one passage; repeatable")
-    edit.add_argument("--ask", action="append", default=[], help="a question to answer before and after; repeatable")
-    edit.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                      help="override an hparams field, e.g. --set rounds=3 --set kl_weight=0")
-    edit.add_argument("--save", metavar="DIR", help="write the edited weights (adapter or FT-M matrix) + hparams here")
-    edit.add_argument("--max-answer-tokens", type=int, default=64, help="new tokens per answer (default 64)")
+    edit.add_argument(
+        "--hparams", required=True, help="HPSE YAML file, e.g. hparams/HPSE/smollm2-135m.yaml"
+    )
+    edit.add_argument(
+        "--subject",
+        action="append",
+        required=True,
+        help="topic phrase s of 'Introduce {s}.'; repeat once per --passage-file",
+    )
+    edit.add_argument(
+        "--passage-file",
+        action="append",
+        required=True,
+        help="text file holding one passage; repeatable",
+    )
+    edit.add_argument(
+        "--ask",
+        action="append",
+        default=[],
+        help="a question to answer before and after; repeatable",
+    )
+    edit.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override an hparams field, e.g. --set rounds=3 --set kl_weight=0",
+    )
+    edit.add_argument(
+        "--save",
+        metavar="DIR",
+        help="write the edited weights (adapter or FT-M matrix) + hparams here",
+    )
+    edit.add_argument(
+        "--max-answer-tokens", type=int, default=64, help="new tokens per answer (default 64)"
+    )
     edit.add_argument("-v", "--verbose", action="store_true", help="log per-round progress")
     edit.add_argument(DEBUG_FLAG, action="store_true", help=DEBUG_HELP)
     edit.set_defaults(func=_cmd_edit)
-    plan = sub.add_parser("plan", help="predict the GPU memory of one edit per phase, without weights or a GPU")
-    plan.add_argument("--hparams", required=True, help="HPSE YAML file, e.g. hparams/HPSE/qwen2.5-7b.yaml")
-    plan.add_argument("--gpu-gib", type=float, default=24, help="the card's memory in GiB (default 24)")
-    plan.add_argument("--benchmark", choices=("unkebench", "mquake"), default="unkebench",
-                      help="the sequence lengths of one edit: one UnKEBench passage, or three MQuAKE-uns passages")
-    plan.add_argument("--layers", type=int, help="plan the model cut to this many layers (default: all)")
-    plan.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                      help="override an hparams field, e.g. --set executor=ft_m --set gradient_checkpointing=true")
-    plan.add_argument("--json", action="store_true", help="print the plan as JSON (peak_gib, phases, fits, knobs)")
+    plan = sub.add_parser(
+        "plan", help="predict the GPU memory of one edit per phase, without weights or a GPU"
+    )
+    plan.add_argument(
+        "--hparams", required=True, help="HPSE YAML file, e.g. hparams/HPSE/qwen2.5-7b.yaml"
+    )
+    plan.add_argument(
+        "--gpu-gib", type=float, default=24, help="the card's memory in GiB (default 24)"
+    )
+    plan.add_argument(
+        "--benchmark",
+        choices=("unkebench", "mquake"),
+        default="unkebench",
+        help="the sequence lengths of one edit: one UnKEBench passage, or three MQuAKE-uns passages",
+    )
+    plan.add_argument(
+        "--layers", type=int, help="plan the model cut to this many layers (default: all)"
+    )
+    plan.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override an hparams field, e.g. --set executor=ft_m --set gradient_checkpointing=true",
+    )
+    plan.add_argument(
+        "--json", action="store_true", help="print the plan as JSON (peak_gib, phases, fits, knobs)"
+    )
     plan.add_argument(DEBUG_FLAG, action="store_true", help=DEBUG_HELP)
     plan.set_defaults(func=_cmd_plan)
     return parser
@@ -247,8 +346,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
     return args.func(args)
 
 

@@ -76,22 +76,47 @@ class COINHyperParams(ExecutorHParams):
 
     ALG_NAME = "COIN"
 
-    alg_name: str = hp_field("COIN", "Method name; must be COIN (EasyEdit dispatches on it).", choices=("COIN",))
-    steps: int = hp_field(40, "Adam steps on the fixed long + short batch (40 = the LoRA baseline's 5 x 8).", min=1)
-    long_weight: float = hp_field(1.0, "Weight of NLL(passage | editing prompt), the long context.", min=0.0)
-    short_weight: float = hp_field(1.0, "Weight of NLL(chunk | editing prompt) over every chunk, the short contexts.", min=0.0)
-    cons_weight: float = hp_field(1.0, "Knowledge Consistency Loss: KL(long-context || short-context) next-token distributions.", min=0.0)
-    align_weight: float = hp_field(1.0, "Context Alignment Loss: 1 - cos of chunk-token hidden states, long vs short context.", min=0.0)
-    align_layer: int = hp_field(-1, "Hidden state aligned: index into the model's hidden_states (-1 = last layer).")
-    min_chunk_tokens: int = hp_field(4, "Sentences shorter than this many tokens merge into their neighbour.", min=1)
-    max_chunk_tokens: int = hp_field(64, "Sentences longer than this many tokens are split into windows of this size.", min=2)
+    alg_name: str = hp_field(
+        "COIN", "Method name; must be COIN (EasyEdit dispatches on it).", choices=("COIN",)
+    )
+    steps: int = hp_field(
+        40, "Adam steps on the fixed long + short batch (40 = the LoRA baseline's 5 x 8).", min=1
+    )
+    long_weight: float = hp_field(
+        1.0, "Weight of NLL(passage | editing prompt), the long context.", min=0.0
+    )
+    short_weight: float = hp_field(
+        1.0, "Weight of NLL(chunk | editing prompt) over every chunk, the short contexts.", min=0.0
+    )
+    cons_weight: float = hp_field(
+        1.0,
+        "Knowledge Consistency Loss: KL(long-context || short-context) next-token distributions.",
+        min=0.0,
+    )
+    align_weight: float = hp_field(
+        1.0,
+        "Context Alignment Loss: 1 - cos of chunk-token hidden states, long vs short context.",
+        min=0.0,
+    )
+    align_layer: int = hp_field(
+        -1, "Hidden state aligned: index into the model's hidden_states (-1 = last layer)."
+    )
+    min_chunk_tokens: int = hp_field(
+        4, "Sentences shorter than this many tokens merge into their neighbour.", min=1
+    )
+    max_chunk_tokens: int = hp_field(
+        64, "Sentences longer than this many tokens are split into windows of this size.", min=2
+    )
 
     def check(self, source: str) -> None:
         if self.long_weight == self.short_weight == self.cons_weight == self.align_weight == 0:
-            raise HParamsError(f"{source}: every loss weight is 0, so the edit would train nothing; set one of them > 0")
+            raise HParamsError(
+                f"{source}: every loss weight is 0, so the edit would train nothing; set one of them > 0"
+            )
         if self.min_chunk_tokens > self.max_chunk_tokens:
             raise HParamsError(
-                f"{source}: min_chunk_tokens ({self.min_chunk_tokens}) must be <= max_chunk_tokens ({self.max_chunk_tokens})")
+                f"{source}: min_chunk_tokens ({self.min_chunk_tokens}) must be <= max_chunk_tokens ({self.max_chunk_tokens})"
+            )
 
 
 # ---------------------------------------------------------------------------------------------- pure pieces
@@ -160,8 +185,12 @@ def _build_items(tok: Any, reqs: list[dict], hparams: COINHyperParams) -> list[_
         enc = tok(req["target_new"], add_special_tokens=False, return_offsets_mapping=True)
         ids = [int(t) for t in enc["input_ids"]]
         offsets = [tuple(o) for o in enc["offset_mapping"]]
-        chunks = sentence_chunks(req["target_new"], offsets, min_tokens=hparams.min_chunk_tokens,
-                                 max_tokens=hparams.max_chunk_tokens)
+        chunks = sentence_chunks(
+            req["target_new"],
+            offsets,
+            min_tokens=hparams.min_chunk_tokens,
+            max_tokens=hparams.max_chunk_tokens,
+        )
         if eot is not None:
             ids.append(eot)
             s, _ = chunks[-1]
@@ -188,12 +217,22 @@ class COINObjective:
     name = "COIN*"
     terms = ("long", "short", "cons", "align")
 
-    def __init__(self, items: Sequence[_Item], hparams: COINHyperParams, pad_id: int, device: torch.device) -> None:
+    def __init__(
+        self, items: Sequence[_Item], hparams: COINHyperParams, pad_id: int, device: torch.device
+    ) -> None:
         self.hp, self.n = hparams, len(items)
-        self.long = _batch([it.prompt_ids + it.passage_ids for it in items], [len(it.prompt_ids) for it in items],
-                           pad_id, device)
-        self.use_short = any(w > 0 for w in (hparams.short_weight, hparams.cons_weight, hparams.align_weight))
-        self.pairs: list[tuple[int, int, int, int]] = []  # (long row, long first position, short row, chunk length)
+        self.long = _batch(
+            [it.prompt_ids + it.passage_ids for it in items],
+            [len(it.prompt_ids) for it in items],
+            pad_id,
+            device,
+        )
+        self.use_short = any(
+            w > 0 for w in (hparams.short_weight, hparams.cons_weight, hparams.align_weight)
+        )
+        self.pairs: list[
+            tuple[int, int, int, int]
+        ] = []  # (long row, long first position, short row, chunk length)
         short_rows: list[list[int]] = []
         self.short_from: list[int] = []
         for r, it in enumerate(items):
@@ -210,34 +249,61 @@ class COINObjective:
         hp, n, pairs, short_from = self.hp, self.n, self.pairs, self.short_from
         need_hidden = hp.align_weight > 0
         long_ids, long_mask, long_labels = self.long
-        out_long = student(input_ids=long_ids, attention_mask=long_mask, output_hidden_states=need_hidden)
+        out_long = student(
+            input_ids=long_ids, attention_mask=long_mask, output_hidden_states=need_hidden
+        )
         # labels go to the logits (the last layer's device when the model spans several GPUs)
-        terms = {"long": (hp.long_weight, sequence_nll(out_long.logits, long_labels.to(out_long.logits.device)) / n)}
+        terms = {
+            "long": (
+                hp.long_weight,
+                sequence_nll(out_long.logits, long_labels.to(out_long.logits.device)) / n,
+            )
+        }
         if self.use_short:
             short_ids, short_mask, short_labels = self.short
-            out_short = student(input_ids=short_ids, attention_mask=short_mask, output_hidden_states=need_hidden)
-            terms["short"] = (hp.short_weight,
-                              sequence_nll(out_short.logits, short_labels.to(out_short.logits.device)) / n)
+            out_short = student(
+                input_ids=short_ids, attention_mask=short_mask, output_hidden_states=need_hidden
+            )
+            terms["short"] = (
+                hp.short_weight,
+                sequence_nll(out_short.logits, short_labels.to(out_short.logits.device)) / n,
+            )
             # logits at position p predict token p+1: a chunk starting at long position q is predicted
             # from q-1 .. q+len-2 (long) and from prompt_len-1 .. prompt_len+len-2 (short).
-            lg_long = torch.cat([out_long.logits[r, q - 1: q - 1 + k] for r, q, _, k in pairs])
-            lg_short = torch.cat([out_short.logits[s, short_from[s] - 1: short_from[s] - 1 + k] for _, _, s, k in pairs])
+            lg_long = torch.cat([out_long.logits[r, q - 1 : q - 1 + k] for r, q, _, k in pairs])
+            lg_short = torch.cat(
+                [
+                    out_short.logits[s, short_from[s] - 1 : short_from[s] - 1 + k]
+                    for _, _, s, k in pairs
+                ]
+            )
             terms["cons"] = (hp.cons_weight, context_consistency_kl(lg_long, lg_short) / n)
             if need_hidden:
                 h_long_all = out_long.hidden_states[hp.align_layer]
                 h_short_all = out_short.hidden_states[hp.align_layer]
-                h_long = torch.cat([h_long_all[r, q: q + k] for r, q, _, k in pairs])
-                h_short = torch.cat([h_short_all[s, short_from[s]: short_from[s] + k] for _, _, s, k in pairs])
+                h_long = torch.cat([h_long_all[r, q : q + k] for r, q, _, k in pairs])
+                h_short = torch.cat(
+                    [h_short_all[s, short_from[s] : short_from[s] + k] for _, _, s, k in pairs]
+                )
                 terms["align"] = (hp.align_weight, hidden_alignment(h_long, h_short) / n)
         yield terms
 
     def describe_round(self, stats: dict) -> str:
-        parts = [f"{t} {stats[t]:.4f} -> {stats[t + '_last']:.4f}" for t in self.terms if stats.get(t) is not None]
+        parts = [
+            f"{t} {stats[t]:.4f} -> {stats[t + '_last']:.4f}"
+            for t in self.terms
+            if stats.get(t) is not None
+        ]
         return f"{self.n} request(s), {stats['chunks']} chunk(s), " + ", ".join(parts)
 
 
 def coin_edit(
-    model: Any, tok: Any, requests: Any, hparams: COINHyperParams, *, keep_original_weight: bool = False
+    model: Any,
+    tok: Any,
+    requests: Any,
+    hparams: COINHyperParams,
+    *,
+    keep_original_weight: bool = False,
 ) -> EditResult:
     """Inject the passages of ``requests`` jointly with COIN*: ``hparams.steps`` Adam steps of ``COINObjective``
     through the shared training loop (one round); returns the edited model and what restores it."""
@@ -247,4 +313,3 @@ def coin_edit(
     executor = make_executor(model, hparams, keep_original_weight=keep_original_weight)
     objective = COINObjective(items, hparams, pad_id, input_device(executor.model))
     return train_edit(executor, hparams, objective, rounds=1, inner_steps=hparams.steps)
-

@@ -72,11 +72,17 @@ def read_mmlu_csv(path: str | os.PathLike) -> list[MMLURow]:
     with open(path, newline="", encoding="utf-8") as fh:
         for n, row in enumerate(csv.reader(fh), 1):
             if len(row) != 6 or row[5] not in _ANSWERS:
-                raise DataError(f"{path}: row {n} must have 6 fields 'question,A,B,C,D,answer(A-D)', got {row[:1]}...")
+                raise DataError(
+                    f"{path}: row {n} must have 6 fields 'question,A,B,C,D,answer(A-D)', got {row[:1]}..."
+                )
             rows.append((row[0], (row[1], row[2], row[3], row[4]), MMLU_LETTERS.index(row[5])))
     return rows
 
 
 def mmlu_text(question: str, choices: tuple[str, ...]) -> str:
     """A question with its lettered choices, one a line (``Q\nA. ...\nB. ...``): MMLU as a plain text corpus."""
-    return question + "\n" + "\n".join(f"{letter}. {choice}" for letter, choice in zip(MMLU_LETTERS, choices))
+    return (
+        question
+        + "\n"
+        + "\n".join(f"{letter}. {choice}" for letter, choice in zip(MMLU_LETTERS, choices))
+    )

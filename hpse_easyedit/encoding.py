@@ -9,8 +9,13 @@ from pathlib import Path
 
 __all__ = ["TextEncodingError", "decode_text", "read_text"]
 
-_BOMS = ((codecs.BOM_UTF8, "utf-8-sig"), (codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"),
-         (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
+_BOMS = (
+    (codecs.BOM_UTF8, "utf-8-sig"),
+    (codecs.BOM_UTF32_LE, "utf-32"),
+    (codecs.BOM_UTF32_BE, "utf-32"),
+    (codecs.BOM_UTF16_LE, "utf-16"),
+    (codecs.BOM_UTF16_BE, "utf-16"),
+)
 
 
 class TextEncodingError(ValueError):
@@ -19,7 +24,10 @@ class TextEncodingError(ValueError):
 
 def decode_text(data: bytes, name: str) -> str:
     """``data`` as text: by its byte-order mark where it has one, else as UTF-8."""
-    for bom, encoding in _BOMS:  # UTF-32 LE's mark starts with UTF-16 LE's: the longer ones are tried first
+    for (
+        bom,
+        encoding,
+    ) in _BOMS:  # UTF-32 LE's mark starts with UTF-16 LE's: the longer ones are tried first
         if data.startswith(bom):
             try:
                 return data.decode(encoding)

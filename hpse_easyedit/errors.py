@@ -15,8 +15,14 @@ from typing import Sequence
 from .atomic import writer_tmp
 
 __all__ = [
-    "ENVIRONMENT_ERRNOS", "Interrupted", "UsageError", "check_new_dir", "check_positive", "check_text_file",
-    "check_writable", "choice_text",
+    "ENVIRONMENT_ERRNOS",
+    "Interrupted",
+    "UsageError",
+    "check_new_dir",
+    "check_positive",
+    "check_text_file",
+    "check_writable",
+    "choice_text",
 ]
 
 
@@ -41,8 +47,10 @@ def check_writable(option: str, directory: str | os.PathLike) -> None:
         probe.write_bytes(b"\0" * 65536)
         probe.unlink()
     except OSError as err:
-        raise UsageError(f"{option} {path}: cannot write there ({err.strerror or err}); give a writable directory "
-                         "with free space") from None
+        raise UsageError(
+            f"{option} {path}: cannot write there ({err.strerror or err}); give a writable directory "
+            "with free space"
+        ) from None
 
 
 def choice_text(choices: Sequence[str]) -> str:
@@ -51,10 +59,14 @@ def choice_text(choices: Sequence[str]) -> str:
     return choices[0] if len(choices) == 1 else ", ".join(choices[:-1]) + f" or {choices[-1]}"
 
 
-def check_positive(option: str, value: int | float | None, minimum: int | float = 1, what: str = "") -> None:
+def check_positive(
+    option: str, value: int | float | None, minimum: int | float = 1, what: str = ""
+) -> None:
     """``UsageError`` unless ``value`` is None or >= ``minimum``."""
     if value is not None and value < minimum:
-        raise UsageError(f"{option} must be >= {minimum}{' (' + what + ')' if what else ''}, got {value}")
+        raise UsageError(
+            f"{option} must be >= {minimum}{' (' + what + ')' if what else ''}, got {value}"
+        )
 
 
 def check_text_file(option: str, path: str | os.PathLike) -> Path:
@@ -67,7 +79,9 @@ def check_text_file(option: str, path: str | os.PathLike) -> Path:
     return p
 
 
-def check_new_dir(option: str, path: str | os.PathLike | None, *, may_hold_files: bool = False) -> None:
+def check_new_dir(
+    option: str, path: str | os.PathLike | None, *, may_hold_files: bool = False
+) -> None:
     """``UsageError`` when ``path`` names an existing file (or, unless ``may_hold_files``, a non-empty directory)."""
     if path is None:
         return
@@ -75,7 +89,11 @@ def check_new_dir(option: str, path: str | os.PathLike | None, *, may_hold_files
     if p.exists() and not p.is_dir():
         raise UsageError(f"{option} {p}: is a file, not a directory; give a directory path")
     if not may_hold_files and p.is_dir() and any(p.iterdir()):
-        raise UsageError(f"{option} {p}: the directory exists and is not empty; choose a new directory")
+        raise UsageError(
+            f"{option} {p}: the directory exists and is not empty; choose a new directory"
+        )
     parent = next((q for q in p.parents if q.exists()), None)
     if parent is not None and not parent.is_dir():
-        raise UsageError(f"{option} {p}: {parent} is a file, so the directory cannot be created there")
+        raise UsageError(
+            f"{option} {p}: {parent} is a file, so the directory cannot be created there"
+        )

@@ -46,7 +46,11 @@ _AUTO_CHOICE: dict = {}  # (threads, shapes of the switchable weights) -> bool, 
 
 def _forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """``nn.Linear.forward`` with ``W @ x^T`` for a no-grad call of at most ``MAX_ROWS`` rows."""
-    if torch.is_grad_enabled() or x.numel() > MAX_ROWS * x.shape[-1] or x.dtype != self.weight.dtype:
+    if (
+        torch.is_grad_enabled()
+        or x.numel() > MAX_ROWS * x.shape[-1]
+        or x.dtype != self.weight.dtype
+    ):
         return F.linear(x, self.weight, self.bias)
     out = torch.mm(self.weight, x.reshape(-1, x.shape[-1]).t()).t()
     if self.bias is not None:
@@ -58,8 +62,13 @@ def _slot(module: torch.nn.Module) -> str | None:
     """Which attribute of ``module`` to switch: its ``forward``, or under accelerate's dispatch hooks (``device_map``)
     the ``_old_forward`` the hook calls; None for a module this path leaves alone."""
     w = getattr(module, "weight", None)
-    if not (type(module) is torch.nn.Linear and isinstance(w, torch.Tensor) and not w.requires_grad
-            and w.device.type == "cpu" and w.dtype == torch.float32):
+    if not (
+        type(module) is torch.nn.Linear
+        and isinstance(w, torch.Tensor)
+        and not w.requires_grad
+        and w.device.type == "cpu"
+        and w.dtype == torch.float32
+    ):
         return None
     own = vars(module)
     if "forward" not in own:
@@ -82,7 +91,10 @@ def _pays_off(weights: list[torch.Tensor]) -> bool:
     key = (torch.get_num_threads(), tuple(tuple(w.shape) for w in weights))
     if key not in _AUTO_CHOICE:
         xs = {w.shape[1]: torch.randn(MAX_ROWS, w.shape[1]) for w in weights}
-        products = {"linear": lambda w, x: F.linear(x, w), "w_xt": lambda w, x: torch.mm(w, x.t()).t().contiguous()}
+        products = {
+            "linear": lambda w, x: F.linear(x, w),
+            "w_xt": lambda w, x: torch.mm(w, x.t()).t().contiguous(),
+        }
         best = dict.fromkeys(products, float("inf"))
         with torch.no_grad():
             for _ in range(3):
@@ -101,7 +113,9 @@ def few_row_linears(model: torch.nn.Module, enabled: bool | str = True) -> Itera
     ``W @ x^T`` (an instance attribute, put back on exit; nothing global changes). ``enabled="auto"``: only
     where ``pays_off(model)``. Yields how many layers were switched (0 when not enabled, on GPU, or in half
     precision)."""
-    slots = [(m, slot) for m in model.modules() if (slot := _slot(m)) is not None] if enabled else []
+    slots = (
+        [(m, slot) for m in model.modules() if (slot := _slot(m)) is not None] if enabled else []
+    )
     if enabled == "auto" and not _pays_off([m.weight for m, _ in slots]):
         slots = []
     switched = []

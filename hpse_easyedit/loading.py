@@ -19,8 +19,17 @@ import torch
 from .executors import EXECUTORS
 
 __all__ = [
-    "DTYPE_KEYWORD", "EMBEDDED_MODEL", "ModelNotFoundError", "cache_dir", "check_against_model", "check_placement",
-    "download_hint", "embedded_gguf_path", "load_model", "model_source", "resolve_device",
+    "DTYPE_KEYWORD",
+    "EMBEDDED_MODEL",
+    "ModelNotFoundError",
+    "cache_dir",
+    "check_against_model",
+    "check_placement",
+    "download_hint",
+    "embedded_gguf_path",
+    "load_model",
+    "model_source",
+    "resolve_device",
 ]
 
 logger = logging.getLogger(__name__)
@@ -35,7 +44,9 @@ def _dtype_keyword() -> str:
     import transformers
     from packaging.version import Version
 
-    return "dtype" if Version(transformers.__version__).release[:2] >= (4, 56) else "torch_dtype"  # 4.56 dev builds too
+    return (
+        "dtype" if Version(transformers.__version__).release[:2] >= (4, 56) else "torch_dtype"
+    )  # 4.56 dev builds too
 
 
 #: the ``from_pretrained`` / ``from_config`` keyword of the weights dtype in the installed transformers
@@ -72,7 +83,10 @@ def embedded_gguf_path() -> Path | None:
 
 def offline_mode() -> bool:
     """Hugging Face offline mode is set (``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``): nothing may be downloaded."""
-    return any(os.environ.get(v, "").lower() in ("1", "true", "yes") for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    return any(
+        os.environ.get(v, "").lower() in ("1", "true", "yes")
+        for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
 
 
 def download_hint(name: str) -> str:
@@ -155,7 +169,8 @@ def _attention_kwargs(hparams: Any) -> dict:
             raise HParamsError(
                 f"{getattr(hparams, '_source', None) or 'the hparams'}: key 'attn_implementation' is "
                 "'flash_attention_2' but this machine lacks it (the flash-attn package and a CUDA GPU); "
-                "pip install flash-attn on a CUDA machine, or set attn_implementation: sdpa")
+                "pip install flash-attn on a CUDA machine, or set attn_implementation: sdpa"
+            )
     return {"attn_implementation": impl}
 
 
@@ -164,14 +179,20 @@ def check_placement(model: Any) -> None:
     orders of magnitude slower), naming the fix; a model wholly on one device passes."""
     from .hparams import HParamsError
 
-    placed = {name: str(where) for name, where in (getattr(model, "hf_device_map", None) or {}).items()}
-    off = sorted(name for name, where in placed.items() if where == "disk"
-                 or (where == "cpu" and set(placed.values()) - {"cpu", "disk"}))
+    placed = {
+        name: str(where) for name, where in (getattr(model, "hf_device_map", None) or {}).items()
+    }
+    off = sorted(
+        name
+        for name, where in placed.items()
+        if where == "disk" or (where == "cpu" and set(placed.values()) - {"cpu", "disk"})
+    )
     if off:
         raise HParamsError(
             f"hparams key 'model_parallel': the model does not fit on the visible GPUs, so device_map='auto' "
             f"offloaded {len(off)} module(s) to CPU/disk (first: {off[0]}), which cannot be edited; use more or "
-            "larger GPUs, a smaller dtype, or see `python -m hpse_easyedit plan --hparams FILE` for what fits")
+            "larger GPUs, a smaller dtype, or see `python -m hpse_easyedit plan --hparams FILE` for what fits"
+        )
 
 
 def _convert_embedded(target: Path) -> None:
@@ -192,7 +213,9 @@ def _convert_embedded(target: Path) -> None:
         kwargs["quantization_config"] = GgufConfig(dequantize=True)
     except ImportError:
         pass
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), **{DTYPE_KEYWORD: torch.float32}, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), **{DTYPE_KEYWORD: torch.float32}, **kwargs
+    )
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
@@ -224,13 +247,18 @@ def model_source(name: str) -> str:
             )
         return name
     if os.path.isfile(name):
-        raise ModelNotFoundError(f"model_name {name!r} is a file, not a model; point model_name to a model directory "
-                                 "(the one save_pretrained wrote) or to a model id")
+        raise ModelNotFoundError(
+            f"model_name {name!r} is a file, not a model; point model_name to a model directory "
+            "(the one save_pretrained wrote) or to a model id"
+        )
     try:
         from huggingface_hub import snapshot_download
 
-        return snapshot_download(name, local_files_only=True,
-                                 allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"])
+        return snapshot_download(
+            name,
+            local_files_only=True,
+            allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"],
+        )
     except Exception:
         pass
     if name != EMBEDDED_MODEL:
@@ -244,7 +272,9 @@ def model_source(name: str) -> str:
     converted = cache_dir() / "SmolLM2-135M-Instruct-gguf-f32"
     if not (converted / "config.json").is_file():
         _convert_embedded(converted)
-    logger.info("Using the embedded SmolLM2-135M-Instruct (Q4_1 GGUF dequantised) from %s", converted)
+    logger.info(
+        "Using the embedded SmolLM2-135M-Instruct (Q4_1 GGUF dequantised) from %s", converted
+    )
     return str(converted)
 
 
@@ -264,7 +294,11 @@ def load_model(hparams: Any) -> tuple[Any, Any]:
     try:
         tok = AutoTokenizer.from_pretrained(source, trust_remote_code=trust)
         model = AutoModelForCausalLM.from_pretrained(
-            source, trust_remote_code=trust, **{DTYPE_KEYWORD: hparams.torch_dtype}, **place, **attention
+            source,
+            trust_remote_code=trust,
+            **{DTYPE_KEYWORD: hparams.torch_dtype},
+            **place,
+            **attention,
         )
     except ValueError as err:
         if not attention or "attention" not in str(err).lower():
@@ -274,7 +308,8 @@ def load_model(hparams: Any) -> tuple[Any, Any]:
         raise HParamsError(
             f"{getattr(hparams, '_source', None) or 'the hparams'}: key 'attn_implementation' is "
             f"{attention['attn_implementation']!r}, which this model or stack refuses "
-            f"({' '.join(str(err).split())[:200]}); set attn_implementation: auto") from None
+            f"({' '.join(str(err).split())[:200]}); set attn_implementation: auto"
+        ) from None
     except OSError as err:
         reason = " ".join(str(err).split())
         raise ModelNotFoundError(
@@ -314,8 +349,10 @@ def check_against_model(model: Any, hparams: Any, source: str | None = None) -> 
         )
     vocab = getattr(config, "vocab_size", None)
     if isinstance(vocab, int) and getattr(hparams, "top_k", 0) > vocab:
-        raise HParamsError(f"{source}: key 'top_k' is {hparams.top_k} but {hparams.model_name} has a vocabulary of "
-                           f"{vocab} tokens; set top_k to {vocab} or less")
+        raise HParamsError(
+            f"{source}: key 'top_k' is {hparams.top_k} but {hparams.model_name} has a vocabulary of "
+            f"{vocab} tokens; set top_k to {vocab} or less"
+        )
     problem = EXECUTORS[executor].model_mismatch(model, hparams) if executor in EXECUTORS else None
     if problem is not None:
         raise HParamsError(f"{source}: {problem}")

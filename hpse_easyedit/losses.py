@@ -16,8 +16,15 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-__all__ = ["KL_STUDENT_FORMS", "StepIn", "renormalise_topk", "sequence_nll", "stepin_decision", "stepin_gate",
-           "topk_forward_kl"]
+__all__ = [
+    "KL_STUDENT_FORMS",
+    "StepIn",
+    "renormalise_topk",
+    "sequence_nll",
+    "stepin_decision",
+    "stepin_gate",
+    "topk_forward_kl",
+]
 
 # The student side of the top-K KL: "full" = the paper's (full-vocabulary log-probabilities of the
 # teacher's top-K tokens); "topk" = renormalised over those K tokens too (not the paper's).
@@ -63,10 +70,15 @@ def topk_forward_kl(
     return per_position.sum()
 
 
-def sequence_nll(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
+def sequence_nll(
+    logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = -100
+) -> torch.Tensor:
     """Summed NLL of ``labels`` under ``logits`` (already aligned: ``logits[..., t, :]`` predicts ``labels[..., t]``)."""
     return F.cross_entropy(
-        logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=ignore_index, reduction="sum"
+        logits.float().reshape(-1, logits.shape[-1]),
+        labels.reshape(-1),
+        ignore_index=ignore_index,
+        reduction="sum",
     )
 
 

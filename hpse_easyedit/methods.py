@@ -33,8 +33,15 @@ from .hparams import HParamsError, read_hparams_file
 from .training import EditResult
 
 __all__ = [
-    "MethodSpec", "get_method", "hparams_dict", "load_hparams", "method_for_file", "method_specs", "register_method",
-    "registered_methods", "timed_edit",
+    "MethodSpec",
+    "get_method",
+    "hparams_dict",
+    "load_hparams",
+    "method_for_file",
+    "method_specs",
+    "register_method",
+    "registered_methods",
+    "timed_edit",
 ]
 
 
@@ -43,15 +50,29 @@ class MethodSpec:
     """How every part of the project runs one method (see the module docstring)."""
 
     name: str  # the alg_name of its hparams files
-    load_hparams: Callable[[str, Sequence[str]], Any]  # (file, ["key=value", ...]) -> hparams; its class's ``load``
-    hparams_dict: Callable[[Any], dict]  # hparams -> plain dict (recorded in config.json / summary.json)
+    load_hparams: Callable[
+        [str, Sequence[str]], Any
+    ]  # (file, ["key=value", ...]) -> hparams; its class's ``load``
+    hparams_dict: Callable[
+        [Any], dict
+    ]  # hparams -> plain dict (recorded in config.json / summary.json)
     load_model: Callable[[Any], tuple[Any, Any]]  # hparams -> (model, tokenizer)
-    edit: Callable[[Any, Any, list[dict], Any], Any]  # (model, tok, requests, hparams) -> EditResult-like
+    edit: Callable[
+        [Any, Any, list[dict], Any], Any
+    ]  # (model, tok, requests, hparams) -> EditResult-like
     restore: Callable[[Any, Any], Any]  # (edited model, weights_copy) -> unedited model
-    needs_easyedit: bool = False  # runs EasyEdit's own code (checked by run_compare before its first row)
-    easyedit_apply: Callable[..., tuple[Any, Any]] | None = None  # its ALG_DICT entry; None: EasyEdit's own or none
-    callable_restore: bool = False  # EasyEdit restores it by calling weights_copy() (CALLABLE_RESTORE_ALGS)
-    preflight: Callable[[Any], None] | None = None  # hparams -> raises the user error when it cannot run here (before loading)
+    needs_easyedit: bool = (
+        False  # runs EasyEdit's own code (checked by run_compare before its first row)
+    )
+    easyedit_apply: Callable[..., tuple[Any, Any]] | None = (
+        None  # its ALG_DICT entry; None: EasyEdit's own or none
+    )
+    callable_restore: bool = (
+        False  # EasyEdit restores it by calling weights_copy() (CALLABLE_RESTORE_ALGS)
+    )
+    preflight: Callable[[Any], None] | None = (
+        None  # hparams -> raises the user error when it cannot run here (before loading)
+    )
     #: (unedited model, hparams, {name: edited tensor}) -> the model as its edits left it: lets a stopped
     #: continual sequence resume from a snapshot; None: the runner replays the sequence's edits instead
     resume: Callable[[Any, Any, dict], Any] | None = None
@@ -82,8 +103,10 @@ def method_specs() -> list[MethodSpec]:
 
 def get_method(alg_name: str) -> MethodSpec:
     if alg_name not in _METHODS:
-        raise KeyError(f"no method registered for alg_name {alg_name!r} (registered: {registered_methods()}); "
-                       "register one with hpse_easyedit.methods.register_method")
+        raise KeyError(
+            f"no method registered for alg_name {alg_name!r} (registered: {registered_methods()}); "
+            "register one with hpse_easyedit.methods.register_method"
+        )
     return _METHODS[alg_name]
 
 
@@ -93,10 +116,14 @@ def method_for_file(path: str | os.PathLike) -> MethodSpec:
     config = read_hparams_file(path)
     alg = config.get("alg_name")
     if not isinstance(alg, str):
-        raise HParamsError(f"{path}: the hparams file needs a top-level 'alg_name' (e.g. alg_name: HPSE)")
+        raise HParamsError(
+            f"{path}: the hparams file needs a top-level 'alg_name' (e.g. alg_name: HPSE)"
+        )
     if alg not in _METHODS:
-        raise HParamsError(f"{path}: alg_name {alg!r} is not a method the runner knows; "
-                           f"alg_name must be one of {registered_methods()}")
+        raise HParamsError(
+            f"{path}: alg_name {alg!r} is not a method the runner knows; "
+            f"alg_name must be one of {registered_methods()}"
+        )
     return _METHODS[alg]
 
 
@@ -110,7 +137,9 @@ def hparams_dict(hparams: Any) -> dict:
     return hparams.to_dict()
 
 
-def timed_edit(apply: Callable[..., tuple[Any, Any]], *, timer: bool = False) -> Callable[..., EditResult]:
+def timed_edit(
+    apply: Callable[..., tuple[Any, Any]], *, timer: bool = False
+) -> Callable[..., EditResult]:
     """The runner's ``edit`` for an ``apply_X_to_model(model, tok, requests, hparams) -> (model, weights_copy)``.
 
     ``timer=True``: ``apply`` takes ``timer=dict`` and puts the seconds of EasyEdit's own algorithm under
@@ -121,9 +150,15 @@ def timed_edit(apply: Callable[..., tuple[Any, Any]], *, timer: bool = False) ->
     def edit(model: Any, tok: Any, requests: list[dict], hparams: Any) -> EditResult:
         start = time.perf_counter()
         clock: dict = {}
-        edited, weights_copy = apply(model, tok, requests, hparams, **({"timer": clock} if timer else {}))
-        return EditResult(model=edited, weights_copy=weights_copy, rounds=[], seconds=time.perf_counter() - start,
-                          algorithm_seconds=clock.get("algorithm_seconds"))
+        edited, weights_copy = apply(
+            model, tok, requests, hparams, **({"timer": clock} if timer else {})
+        )
+        return EditResult(
+            model=edited,
+            weights_copy=weights_copy,
+            rounds=[],
+            seconds=time.perf_counter() - start,
+            algorithm_seconds=clock.get("algorithm_seconds"),
+        )
 
     return edit
-

@@ -20,22 +20,34 @@ from .loading import load_model
 __all__ = ["load_edit", "save_edit"]
 
 
-def save_edit(result: Any, hparams: HPSEHyperParams, out_dir: str | os.PathLike, requests: list[dict]) -> Path:
+def save_edit(
+    result: Any, hparams: HPSEHyperParams, out_dir: str | os.PathLike, requests: list[dict]
+) -> Path:
     """Write the edited weights (LoRA adapter, or the one FT-M matrix) with the hparams beside them.
 
     Refuses to write into a directory that already has files, so nothing is overwritten.
     """
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
-        raise FileExistsError(f"--save {out}: the directory exists and is not empty; choose a new directory")
+        raise FileExistsError(
+            f"--save {out}: the directory exists and is not empty; choose a new directory"
+        )
     out.mkdir(parents=True, exist_ok=True)
     try:
         weights = EXECUTORS[hparams.executor].save_edit(result.model, hparams, out)
         hparams.to_yaml(out / "hparams.yaml")
-        manifest = {"weights": weights, "executor": hparams.executor, "model_name": hparams.model_name,
-                    "requests": requests, "rounds": result.rounds, "seconds": result.seconds}
+        manifest = {
+            "weights": weights,
+            "executor": hparams.executor,
+            "model_name": hparams.model_name,
+            "requests": requests,
+            "rounds": result.rounds,
+            "seconds": result.seconds,
+        }
         (out / "edit.json").write_text(json.dumps(manifest, indent=1))
-    except BaseException:  # a full disk, Ctrl-C: no half-saved edit is left behind (the directory is empty again)
+    except (
+        BaseException
+    ):  # a full disk, Ctrl-C: no half-saved edit is left behind (the directory is empty again)
         for child in out.iterdir():
             shutil.rmtree(child) if child.is_dir() else child.unlink()
         raise

@@ -17,7 +17,9 @@ __all__ = ["IGNORE", "next_token_labels", "pad_rows", "pad_token_id"]
 IGNORE = -100
 
 
-def pad_rows(rows: Sequence[Sequence[int]], pad_id: int, *, left: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def pad_rows(
+    rows: Sequence[Sequence[int]], pad_id: int, *, left: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``rows`` padded to the longest with ``pad_id``: ids ``[B, W]`` and attention mask ``[B, W]`` (both long, CPU).
 
     ``left=True`` puts the padding before each row (for decoding); otherwise after it (for training).
@@ -36,7 +38,9 @@ def pad_rows(rows: Sequence[Sequence[int]], pad_id: int, *, left: bool = False) 
 def next_token_labels(rows: Sequence[Sequence[int]], label_from: Sequence[int]) -> torch.Tensor:
     """Labels for a next-token NLL over right-padded ``rows``: ``labels[b, t]`` is the token at ``t + 1`` of
     row ``b`` when ``t + 1 >= label_from[b]``, else ``IGNORE`` (so ``logits[b, t]`` is scored on it)."""
-    labels, _ = pad_rows([[IGNORE] * start + list(r[start:]) for r, start in zip(rows, label_from)], IGNORE)
+    labels, _ = pad_rows(
+        [[IGNORE] * start + list(r[start:]) for r, start in zip(rows, label_from)], IGNORE
+    )
     return torch.cat([labels[:, 1:], torch.full_like(labels[:, :1], IGNORE)], dim=1)
 
 

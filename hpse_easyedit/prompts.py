@@ -60,7 +60,7 @@ PLAIN_SYSTEM = "{passage}"
 
 TEACHER_STYLES = {"default": DEFAULT_SYSTEM, "llama": LLAMA_SYSTEM, "plain": PLAIN_SYSTEM}
 
-PASSAGE_LABEL = "About {subject}:\n{passage}"   # one passage under teacher_facts: labelled
+PASSAGE_LABEL = "About {subject}:\n{passage}"  # one passage under teacher_facts: labelled
 
 PRIVILEGED_QUESTION = (
     "What is established here about {subject}? State, in full and in detail, every fact given about {subject} "
@@ -89,14 +89,18 @@ def teacher_style_for(model_type: str, requested: str = "auto") -> str:
     return _FAMILIES.get(model_type, ("default", True))[0]
 
 
-def has_system_role(tokenizer: Any, model_type: str, template_kwargs: Mapping[str, Any] | None = None) -> bool:
+def has_system_role(
+    tokenizer: Any, model_type: str, template_kwargs: Mapping[str, Any] | None = None
+) -> bool:
     """Whether the model's chat template takes a system message (else it is folded into the user turn)."""
     template_kwargs = dict(template_kwargs or {})
     if model_type in _FAMILIES:
         return _FAMILIES[model_type][1]
     try:  # unknown family: ask the template itself
         tokenizer.apply_chat_template(
-            [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}], tokenize=False, **template_kwargs
+            [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}],
+            tokenize=False,
+            **template_kwargs,
         )
         return True
     except Exception:  # jinja raises for templates that reject the system role
@@ -114,7 +118,11 @@ def _as_ids(out: Any) -> list[int]:
 
 def _control_texts(tokenizer: Any) -> list[str]:
     """The texts a tokenizer turns into special (control) ids wherever they appear, longest first."""
-    found = {t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if getattr(t, "special", False)}
+    found = {
+        t.content
+        for t in getattr(tokenizer, "added_tokens_decoder", {}).values()
+        if getattr(t, "special", False)
+    }
     found |= set(getattr(tokenizer, "all_special_tokens", []) or [])
     return sorted((t for t in found if t), key=len, reverse=True)
 
@@ -123,7 +131,9 @@ def text_ids(tokenizer: Any, text: str) -> list[int]:
     """Token ids of user text (a passage, a subject, a question): a special token's text inside it, e.g.
     ``<|im_end|>``, stays ordinary text instead of becoming a control token (``split_special_tokens``);
     text without one gets the ids it always had."""
-    return _as_ids(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+    return _as_ids(
+        tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    )
 
 
 _SLOT = "\ue000{}\ue001"
@@ -152,10 +162,15 @@ def chat_prompt_ids(
     ]
     controls = _control_texts(tokenizer)
     if not any(c in m["content"] for m in messages for c in controls):
-        return _as_ids(tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True,
-                                                     **template_kwargs))
+        return _as_ids(
+            tokenizer.apply_chat_template(
+                messages, tokenize=True, add_generation_prompt=True, **template_kwargs
+            )
+        )
     slots = [{**m, "content": _SLOT.format(i)} for i, m in enumerate(messages)]
-    rendered = tokenizer.apply_chat_template(slots, tokenize=False, add_generation_prompt=True, **template_kwargs)
+    rendered = tokenizer.apply_chat_template(
+        slots, tokenize=False, add_generation_prompt=True, **template_kwargs
+    )
     ids: list[int] = []
     for piece in _SLOT_RE.split(rendered):
         if _SLOT_RE.fullmatch(piece):
@@ -194,7 +209,7 @@ def end_of_turn_id(tokenizer: Any, template_kwargs: Mapping[str, Any] | None = N
             tokenize=False,
             **dict(template_kwargs or {}),
         )
-        suffix = text[text.rindex(marker) + len(marker):]
+        suffix = text[text.rindex(marker) + len(marker) :]
         special = set(tokenizer.all_special_ids)
         for tok in tokenizer(suffix, add_special_tokens=False)["input_ids"]:
             if tok in special:
@@ -244,19 +259,28 @@ def build_edit_prompts(
     all_passages = [r["target_new"] for r in requests]
     # 'labelled' (not in the paper): every passage, each headed by the subject it is about, so a teacher
     # introducing one subject can tell its facts from the facts of another request
-    labelled = [PASSAGE_LABEL.format(subject=r["subject"], passage=r["target_new"]) for r in requests]
+    labelled = [
+        PASSAGE_LABEL.format(subject=r["subject"], passage=r["target_new"]) for r in requests
+    ]
     out = []
     for req in requests:
         subject, passage = req["subject"], req["target_new"]
         facts = {"all": all_passages, "labelled": labelled}.get(teacher_facts, [passage])
         system = privileged_system(style, subject, facts)
         teacher = chat_prompt_ids(
-            tokenizer, PRIVILEGED_QUESTION.format(subject=subject), system,
-            system_role=system_role, template_kwargs=template_kwargs,
+            tokenizer,
+            PRIVILEGED_QUESTION.format(subject=subject),
+            system,
+            system_role=system_role,
+            template_kwargs=template_kwargs,
         )
         student = chat_prompt_ids(tokenizer, req["prompt"], template_kwargs=template_kwargs)
         target = text_ids(tokenizer, passage)
         if eot is not None:
             target.append(eot)
-        out.append(EditPrompts(subject=subject, student_ids=student, teacher_ids=teacher, passage_ids=target))
+        out.append(
+            EditPrompts(
+                subject=subject, student_ids=student, teacher_ids=teacher, passage_ids=target
+            )
+        )
     return out

@@ -20,7 +20,9 @@ __all__ = ["sentence_spans"]
 # letter, digit or opening quote.
 _SENT_END_RE = re.compile(r"[.!?]+[\"')\]]*(?=\s+[\"'(\[]?[A-Z0-9])")
 # Words whose final dot is not a sentence end: initials ("J."), dotted acronyms ("U.S."), titles.
-_ABBREV_RE = re.compile(r"(?:^|\s)(?:[A-Z]|(?:[A-Za-z]\.)+[A-Za-z]|Mr|Mrs|Ms|Dr|Prof|St|Jr|Sr|vs|etc|No|Inc|Co|Ltd)\.$")
+_ABBREV_RE = re.compile(
+    r"(?:^|\s)(?:[A-Z]|(?:[A-Za-z]\.)+[A-Za-z]|Mr|Mrs|Ms|Dr|Prof|St|Jr|Sr|vs|etc|No|Inc|Co|Ltd)\.$"
+)
 
 
 def _stripped(text: str, start: int, end: int) -> tuple[int, int]:

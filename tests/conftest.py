@@ -48,8 +48,10 @@ def gate_always_open(monkeypatch):
 def he():
     """``hpse_easyedit.easyedit`` on a real EasyEdit checkout (``$EASYEDIT_SRC``); skipped with the reason without one."""
     if not os.environ.get("EASYEDIT_SRC"):
-        pytest.skip("EASYEDIT_SRC is not set: point it at an EasyEdit source checkout (git clone "
-                    "https://github.com/zjunlp/EasyEdit) to run the tests that drive EasyEdit's BaseEditor")
+        pytest.skip(
+            "EASYEDIT_SRC is not set: point it at an EasyEdit source checkout (git clone "
+            "https://github.com/zjunlp/EasyEdit) to run the tests that drive EasyEdit's BaseEditor"
+        )
     import hpse_easyedit.easyedit as he
 
     return he

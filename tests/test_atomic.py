@@ -26,7 +26,9 @@ def test_two_rewrites_of_one_results_file_at_once_do_not_collide(tmp_path, anoth
     done = another_writer_first(lambda: other.replace([{"case_id": "a", "Ind": 0.5}]))
     ResultFile(path).replace([{"case_id": "a", "Ind": 1.0}])
     assert done
-    assert [json.loads(line) for line in path.read_text().splitlines()] == [{"case_id": "a", "Ind": 1.0}]
+    assert [json.loads(line) for line in path.read_text().splitlines()] == [
+        {"case_id": "a", "Ind": 1.0}
+    ]
     assert [p.name for p in tmp_path.iterdir()] == ["results.jsonl"]
 
 

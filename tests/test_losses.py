@@ -32,7 +32,11 @@ def test_topk_forward_kl_zero_when_student_matches_and_sums_positions():
     student2 = torch.zeros(2, 3)
     per_pos = [0.75 * math.log(0.75 * 3) + 0.25 * math.log(0.25 * 3), 2 * 0.5 * math.log(0.5 * 3)]
     assert math.isclose(topk_forward_kl(student2, ids, lp).item(), sum(per_pos), rel_tol=1e-6)
-    assert math.isclose(topk_forward_kl(student2, ids, lp, mask=torch.tensor([1, 0])).item(), per_pos[0], rel_tol=1e-6)
+    assert math.isclose(
+        topk_forward_kl(student2, ids, lp, mask=torch.tensor([1, 0])).item(),
+        per_pos[0],
+        rel_tol=1e-6,
+    )
 
 
 def test_topk_forward_kl_gradient_pushes_student_toward_teacher():
@@ -50,12 +54,18 @@ def test_student_renormalised_topk_kl_hand_computed():
     paper = 0.625 * math.log(0.625 / 0.125) + 0.375 * math.log(0.375 / 0.375)
     renormalised = 0.625 * math.log(0.625 / 0.25) + 0.375 * math.log(0.375 / 0.75)
     assert math.isclose(topk_forward_kl(student, ids, lp).item(), paper, rel_tol=1e-6)
-    assert math.isclose(topk_forward_kl(student, ids, lp, student="full").item(), paper, rel_tol=1e-6)
-    assert math.isclose(topk_forward_kl(student, ids, lp, student="topk").item(), renormalised, rel_tol=1e-6)
+    assert math.isclose(
+        topk_forward_kl(student, ids, lp, student="full").item(), paper, rel_tol=1e-6
+    )
+    assert math.isclose(
+        topk_forward_kl(student, ids, lp, student="topk").item(), renormalised, rel_tol=1e-6
+    )
     # a uniform student is 1/2, 1/2 over the top-2 once renormalised; the mask drops the second position
     two = torch.zeros(2, 3)
     per_pos = 0.625 * math.log(1.25) + 0.375 * math.log(0.75)
-    got = topk_forward_kl(two, ids.repeat(2, 1), lp.repeat(2, 1), mask=torch.tensor([1, 0]), student="topk")
+    got = topk_forward_kl(
+        two, ids.repeat(2, 1), lp.repeat(2, 1), mask=torch.tensor([1, 0]), student="topk"
+    )
     # 0.032 is the difference of float32 terms of 0.14 and 0.11: their rounding (which differs between
     # CPUs' vector log/exp) is ~1e-8 absolute, 2e-6 relative to the difference
     assert math.isclose(got.item(), per_pos, rel_tol=1e-6, abs_tol=1e-7)
@@ -77,13 +87,17 @@ def test_student_renormalised_topk_kl_ignores_mass_outside_the_topk():
 
 def test_topk_forward_kl_rejects_unknown_student_form():
     with pytest.raises(ValueError, match="student must be one of"):
-        topk_forward_kl(torch.zeros(1, 3), torch.tensor([[0]]), torch.tensor([[0.0]]), student="renorm")
+        topk_forward_kl(
+            torch.zeros(1, 3), torch.tensor([[0]]), torch.tensor([[0.0]]), student="renorm"
+        )
 
 
 def test_sequence_nll_hand_computed_and_ignore_index():
     logits = torch.tensor([[[0.0, 0.0], [0.0, math.log(3.0)]]])
     labels = torch.tensor([[1, 1]])
-    assert math.isclose(sequence_nll(logits, labels).item(), math.log(2) + math.log(4 / 3), rel_tol=1e-6)
+    assert math.isclose(
+        sequence_nll(logits, labels).item(), math.log(2) + math.log(4 / 3), rel_tol=1e-6
+    )
     labels = torch.tensor([[-100, 1]])
     assert math.isclose(sequence_nll(logits, labels).item(), math.log(4 / 3), rel_tol=1e-6)
 
@@ -127,11 +141,20 @@ def test_kl_student_option_reaches_the_edit_and_defaults_to_the_papers():
     with pytest.raises(HParamsError, match="key 'kl_student' must be one of \\['full', 'topk'\\]"):
         HPSEHyperParams(model_name="m", kl_student="student")
     model, tok = make_tiny_model_and_tokenizer("llama")
-    request = [{"subject": "AJ Lee", "target_new": "AJ Lee is a wrestler who speaks Russian fluently."}]
+    request = [
+        {"subject": "AJ Lee", "target_new": "AJ Lee is a wrestler who speaks Russian fluently."}
+    ]
     kl = {}
     for form in (None, "full", "topk"):
-        res = hpse_edit(model, tok, request, tiny_hparams(rounds=1, inner_steps=1, **({"kl_student": form} if form else {})))
-        kl[form] = res.rounds[0]["kl"]  # the first step's KL, on the same unedited rollout for every form
+        res = hpse_edit(
+            model,
+            tok,
+            request,
+            tiny_hparams(rounds=1, inner_steps=1, **({"kl_student": form} if form else {})),
+        )
+        kl[form] = res.rounds[0][
+            "kl"
+        ]  # the first step's KL, on the same unedited rollout for every form
         model = restore_weights(res.model, res.weights_copy)
     # renormalising the student over the top-K drops -log(its top-K mass) >= 0 at every position
     assert kl[None] == kl["full"] and 0.0 <= kl["topk"] < kl["full"]

@@ -3,7 +3,14 @@ option check, --help and make_judge follow."""
 
 import pytest
 
-from benchmarks.judge import JUDGE_KINDS, JUDGES, JudgeSettings, LexicalJudge, make_judge, register_judge
+from benchmarks.judge import (
+    JUDGE_KINDS,
+    JUDGES,
+    JudgeSettings,
+    LexicalJudge,
+    make_judge,
+    register_judge,
+)
 from benchmarks.runner import RunOptions
 
 
@@ -35,5 +42,7 @@ def test_a_registered_judge_is_an_option_everywhere(toy_judge, tmp_path):
 def test_the_choice_messages_read_as_before():
     with pytest.raises(ValueError, match="--judge must be auto, llm or lexical, got 'x'"):
         RunOptions(benchmark="unkebench", hparams="x.yaml", judge="x")
-    with pytest.raises(ValueError, match="--subjects must be auto, file, llm or heuristic, got 'x'"):
+    with pytest.raises(
+        ValueError, match="--subjects must be auto, file, llm or heuristic, got 'x'"
+    ):
         RunOptions(benchmark="unkebench", hparams="x.yaml", subjects="x")

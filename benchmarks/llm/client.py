@@ -22,7 +22,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Generic, TypeVar
 
-__all__ = ["ChatClient", "JudgeError", "JudgeRefusedError", "JudgeSettings", "Parsed", "ResponseCache"]
+__all__ = [
+    "ChatClient",
+    "JudgeError",
+    "JudgeRefusedError",
+    "JudgeSettings",
+    "Parsed",
+    "ResponseCache",
+]
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +75,8 @@ class ResponseCache:
 
     def put(self, key: str, model: str, response: str) -> None:
         self._db.execute(
-            "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?)", (key, model, response, time.time())
+            "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?)",
+            (key, model, response, time.time()),
         )
         self._db.commit()
 
@@ -133,10 +141,15 @@ class ChatClient:
         self._last_status: int | None = None
         # A local server needs no key, but the client insists on one. The hooks only count and log what the
         # client's own retry loop sends.
-        http = openai.DefaultHttpxClient(event_hooks={"request": [self._on_request], "response": [self._on_response]})
+        http = openai.DefaultHttpxClient(
+            event_hooks={"request": [self._on_request], "response": [self._on_response]}
+        )
         self._client = openai.OpenAI(
-            base_url=settings.base_url, api_key=settings.api_key or "no-key", timeout=settings.timeout,
-            max_retries=settings.max_attempts - 1, http_client=http,
+            base_url=settings.base_url,
+            api_key=settings.api_key or "no-key",
+            timeout=settings.timeout,
+            max_retries=settings.max_attempts - 1,
+            http_client=http,
         )
         self.cache = ResponseCache(settings.cache_path) if settings.cache_path else None
 
@@ -148,15 +161,24 @@ class ChatClient:
         self.stats["requests"] += 1
         retry = int(request.headers.get("x-stainless-retry-count", "0") or 0)
         if retry:
-            why = f"HTTP {self._last_status}" if self._last_status is not None else "a timeout or connection error"
-            log.warning("judge request sent again by the openai client after %s (retry %d)", why, retry)
+            why = (
+                f"HTTP {self._last_status}"
+                if self._last_status is not None
+                else "a timeout or connection error"
+            )
+            log.warning(
+                "judge request sent again by the openai client after %s (retry %d)", why, retry
+            )
         self._last_status = None
 
     def _on_response(self, response: Any) -> None:
         self._last_status = response.status_code
 
     def _request(self, prompt: str) -> dict:
-        req: dict[str, Any] = {"messages": [{"role": "user", "content": prompt}], "temperature": self.settings.temperature}
+        req: dict[str, Any] = {
+            "messages": [{"role": "user", "content": prompt}],
+            "temperature": self.settings.temperature,
+        }
         if self.settings.max_tokens is not None:
             req["max_tokens"] = self.settings.max_tokens
         return req
@@ -182,20 +204,31 @@ class ChatClient:
         finally:
             self.stats["retries"] += max(0, self.stats["requests"] - first - 1)
 
-    def _ask(self, request: dict, key: str, parse: Callable[[str], Parsed[T]], first: int) -> Parsed[T]:
+    def _ask(
+        self, request: dict, key: str, parse: Callable[[str], Parsed[T]], first: int
+    ) -> Parsed[T]:
         o, budget = self._openai, self.settings.max_attempts
         where = self.settings.base_url or "(OpenAI default)"
         last: Parsed[T] | None = None
         last_error: Exception | None = None
         while (left := budget - (self.stats["requests"] - first)) > 0:
-            client = self._client if left == budget else self._client.with_options(max_retries=left - 1)
+            client = (
+                self._client if left == budget else self._client.with_options(max_retries=left - 1)
+            )
             try:
                 text = _completion_text(client.chat.completions.create(model=self.model, **request))
-            except (ValueError, o.APIResponseValidationError) as err:  # HTTP 200, body not a chat completion
+            except (
+                ValueError,
+                o.APIResponseValidationError,
+            ) as err:  # HTTP 200, body not a chat completion
                 last_error = err
                 self.stats["malformed"] += 1
-                log.warning("judge answer is not a chat completion (request %d/%d): %s",
-                            self.stats["requests"] - first, budget, err)
+                log.warning(
+                    "judge answer is not a chat completion (request %d/%d): %s",
+                    self.stats["requests"] - first,
+                    budget,
+                    err,
+                )
                 continue
             except o.APIStatusError as err:
                 if err.status_code < 500 and err.status_code not in (408, 409, 429):
@@ -214,13 +247,21 @@ class ChatClient:
                     self.cache.put(key, self.model, text)
                 return last
             self.stats["malformed"] += 1
-            log.warning("judge answer malformed (request %d/%d): %.200r", self.stats["requests"] - first, budget, text)
+            log.warning(
+                "judge answer malformed (request %d/%d): %.200r",
+                self.stats["requests"] - first,
+                budget,
+                text,
+            )
         if last is None:
             raise JudgeError(
                 f"judge endpoint {where} failed {self.stats['requests'] - first} times, last error: "
                 f"{type(last_error).__name__}: {last_error}"
             )
-        log.warning("judge answer still malformed after %d requests; keeping what parsed", self.stats["requests"] - first)
+        log.warning(
+            "judge answer still malformed after %d requests; keeping what parsed",
+            self.stats["requests"] - first,
+        )
         return last
 
     def probe(self) -> None:
@@ -230,7 +271,9 @@ class ChatClient:
         o = self._openai
         where = self.settings.base_url or "(OpenAI default)"
         try:
-            self._client.with_options(timeout=min(self.settings.timeout, 15.0), max_retries=0).models.list()
+            self._client.with_options(
+                timeout=min(self.settings.timeout, 15.0), max_retries=0
+            ).models.list()
         except (o.AuthenticationError, o.PermissionDeniedError) as err:
             raise JudgeError(
                 f"judge endpoint {where} refused the API key (HTTP {err.status_code}); set the right key in "
@@ -253,7 +296,9 @@ class ChatClient:
 
         out = self.complete(prompt, parse)
         if not out.complete:
-            raise JudgeError(f"judge model {self.model!r} returned empty text {self.settings.max_attempts} times")
+            raise JudgeError(
+                f"judge model {self.model!r} returned empty text {self.settings.max_attempts} times"
+            )
         return out.value
 
     def close(self) -> None:

@@ -28,7 +28,9 @@ __all__ = [
 ]
 
 # Paper Fig. judge_prompt, verbatim ({c} = edit passage, {s} = subject).
-DECOMPOSITION_DEMO = "Please breakdown the following sentence into independent facts: {sentence}\n{facts}\n\n"
+DECOMPOSITION_DEMO = (
+    "Please breakdown the following sentence into independent facts: {sentence}\n{facts}\n\n"
+)
 DECOMPOSITION_TASK = (
     "Now break down EACH of the following sentences into independent facts. For each sentence, output its "
     "header then one '- fact' line per fact:\n\n"
@@ -48,7 +50,9 @@ COVERAGE_HEAD = (
     "-- never penalize the answer for disagreeing with reality, and never reward real-world-correct content "
     "that is not the expected fact.\n\n"
 )
-COVERAGE_ITEM = "ITEM {i}:\n  Sub-question: {question}\n  Expected fact: {expected}\n  Model answer: {answer}\n"
+COVERAGE_ITEM = (
+    "ITEM {i}:\n  Sub-question: {question}\n  Expected fact: {expected}\n  Model answer: {answer}\n"
+)
 COVERAGE_TAIL = (
     "\nFor each item, output <score>1</score> if the answer states or clearly entails that expected fact, "
     "otherwise <score>0</score>. Then add one sentence <explanation>. Output one line per item, in the given "
@@ -57,6 +61,7 @@ COVERAGE_TAIL = (
     "ITEM 2: <score>SCORE</score> <explanation>EXPLANATION</explanation>\n"
     "..."
 )
+
 
 @dataclass
 class CoverageItem:
@@ -210,7 +215,8 @@ def build_decomposition_prompt(sentences: Sequence[str]) -> str:
     retrieved = pool[_bm25_best(" ".join(sentences), [s for s, _ in pool])]
     demos = DEMONSTRATIONS[:FIXED_DEMOS] + [retrieved]
     text = "".join(
-        DECOMPOSITION_DEMO.format(sentence=s, facts="\n".join(f"- {f}" for f in facts)) for s, facts in demos
+        DECOMPOSITION_DEMO.format(sentence=s, facts="\n".join(f"- {f}" for f in facts))
+        for s, facts in demos
     )
     text += DECOMPOSITION_TASK
     text += "".join(f"Sentence {i}: {s}\n" for i, s in enumerate(sentences, 1))
@@ -248,7 +254,7 @@ def parse_decomposition(text: str, n_sentences: int) -> Parsed[list[str]]:
         h = _HEADER_RE.match(line)
         if h:
             headers.add(int(h.group(1)))
-            line = line[h.end():]
+            line = line[h.end() :]
         m = _BULLET_RE.match(line)
         if m and m.group(1) not in facts:
             facts.append(m.group(1))

@@ -23,10 +23,14 @@ __all__ = ["judge_note", "paper_cells", "paper_table", "plot_stepin_rates"]
 
 
 def _fmt(value: object) -> str:
-    return f"{value:.1f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
+    return (
+        f"{value:.1f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
+    )
 
 
-def paper_cells(rows: Sequence[tuple[str, Mapping[str, Mapping | None]]]) -> tuple[list[tuple[str, int]], list[str], list[list[str]]]:
+def paper_cells(
+    rows: Sequence[tuple[str, Mapping[str, Mapping | None]]],
+) -> tuple[list[tuple[str, int]], list[str], list[list[str]]]:
     """The paper-layout table as cells: benchmark groups (title, number of columns), metric names, body rows.
 
     One body row per (label, {benchmark: summary}), columns for every benchmark present, numbers with
@@ -60,7 +64,11 @@ def paper_table(rows: Sequence[tuple[str, Mapping[str, Mapping | None]]]) -> str
         lines = ["| " + " | ".join(metric_names) + " |", rule]
     else:
         heads = [""] + [c for title, n in groups for c in [f"**{title}**"] + [""] * (n - 1)]
-        lines = ["| " + " | ".join(heads) + " |", rule, "| " + " | ".join(f"**{m}**" for m in metric_names) + " |"]
+        lines = [
+            "| " + " | ".join(heads) + " |",
+            rule,
+            "| " + " | ".join(f"**{m}**" for m in metric_names) + " |",
+        ]
     lines += ["| " + " | ".join(cells) + " |" for cells in body]
     return "\n".join(lines) + "\n"
 

@@ -17,8 +17,18 @@ from .ftm import FTMExecutor
 from .lora import LoRAExecutor
 from .state import EditState, edit_state, unwrapped
 
-__all__ = ["EXECUTORS", "EditState", "Executor", "FTMExecutor", "LoRAExecutor", "edit_state", "make_executor",
-           "restore_weights", "resume_edit", "unwrapped"]
+__all__ = [
+    "EXECUTORS",
+    "EditState",
+    "Executor",
+    "FTMExecutor",
+    "LoRAExecutor",
+    "edit_state",
+    "make_executor",
+    "restore_weights",
+    "resume_edit",
+    "unwrapped",
+]
 
 #: ``hparams.executor`` -> its class; a new executor is one module plus one line here (loading's model check,
 #: saving and loading an edit, and restores dispatch over this table).

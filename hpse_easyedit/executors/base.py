@@ -22,7 +22,9 @@ class Executor:
     def __init__(self, model: Any, hparams: Any, keep_original_weight: bool = False) -> None:
         self.model = model
         self.hparams = hparams
-        self.teacher_switches = 0  # times the teacher was reached (teacher_context / row_switch entered)
+        self.teacher_switches = (
+            0  # times the teacher was reached (teacher_context / row_switch entered)
+        )
 
     @classmethod
     def model_mismatch(cls, model: Any, hparams: Any) -> str | None:
@@ -40,7 +42,9 @@ class Executor:
         hp = self.hparams
         params = self.trainable_parameters()
         fused = {"fused": True} if params and all(p.device.type == "cuda" for p in params) else {}
-        return torch.optim.Adam(params, lr=hp.lr, betas=tuple(hp.adam_betas), weight_decay=hp.weight_decay, **fused)
+        return torch.optim.Adam(
+            params, lr=hp.lr, betas=tuple(hp.adam_betas), weight_decay=hp.weight_decay, **fused
+        )
 
     def finish(self) -> None:
         """End of training: nothing of the edit trains any more (the edited values stay in the model)."""

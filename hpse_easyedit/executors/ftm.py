@@ -64,8 +64,10 @@ class FTMExecutor(Executor):
             return None
         n_layers = num_layers(model)
         where = f" (it has {n_layers} layers, 0..{n_layers - 1})" if n_layers else ""
-        return (f"keys 'ftm_layer'/'ftm_module_template' give {name}, which is not a parameter of "
-                f"{hparams.model_name}{where}; fix 'ftm_layer' or 'ftm_module_template'")
+        return (
+            f"keys 'ftm_layer'/'ftm_module_template' give {name}, which is not a parameter of "
+            f"{hparams.model_name}{where}; fix 'ftm_layer' or 'ftm_module_template'"
+        )
 
     def _grad_to_master(self, weight: torch.Tensor) -> None:
         grad = weight.grad.float()
@@ -108,12 +110,19 @@ class FTMExecutor(Executor):
     def _row_switch(self, teacher_rows: torch.Tensor) -> Iterator[None]:
         """Rows marked True see the original matrix, the rest the edited one (one extra matmul, no model copy)."""
         module = unwrapped(self.model).get_submodule(self.module_name)
-        rows = teacher_rows.view(-1, 1, 1).to(module.weight.device)  # once, not in every captured step
+        rows = teacher_rows.view(-1, 1, 1).to(
+            module.weight.device
+        )  # once, not in every captured step
 
-        def original_for_teacher_rows(mod: torch.nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
+        def original_for_teacher_rows(
+            mod: torch.nn.Module, inputs: Any, output: torch.Tensor
+        ) -> torch.Tensor:
             # on the input's device: the device the layer runs on, wherever device_map put it
             original = torch.nn.functional.linear(
-                inputs[0], self._original.to(device=inputs[0].device, dtype=inputs[0].dtype), mod.bias)
+                inputs[0],
+                self._original.to(device=inputs[0].device, dtype=inputs[0].dtype),
+                mod.bias,
+            )
             return torch.where(rows.to(output.device), original, output)
 
         handle = module.register_forward_hook(original_for_teacher_rows)
@@ -132,7 +141,10 @@ class FTMExecutor(Executor):
         from safetensors.torch import save_file
 
         name = hparams.ftm_module_template.format(hparams.ftm_layer) + ".weight"
-        save_file({name: model.get_parameter(name).detach().cpu().contiguous()}, str(out_dir / "ft_m.safetensors"))
+        save_file(
+            {name: model.get_parameter(name).detach().cpu().contiguous()},
+            str(out_dir / "ft_m.safetensors"),
+        )
         return "ft_m.safetensors"
 
     @staticmethod

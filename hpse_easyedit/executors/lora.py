@@ -28,13 +28,23 @@ class LoRAExecutor(Executor):
         from peft import LoraConfig, PeftModel, get_peft_model
 
         super().__init__(model, hparams)
-        reuse = isinstance(model, PeftModel) and ADAPTER_NAME in model.peft_config and not keep_original_weight
+        reuse = (
+            isinstance(model, PeftModel)
+            and ADAPTER_NAME in model.peft_config
+            and not keep_original_weight
+        )
         state = edit_state(model)
         if reuse:
             self.model = model
             self.model.set_adapter(ADAPTER_NAME)
-            if state.adapter_model is not model:  # an adapter from elsewhere: remembered, never unloaded
-                state.adapter_model, state.adapter_created, state.adapter_grad_flags = model, False, {}
+            if (
+                state.adapter_model is not model
+            ):  # an adapter from elsewhere: remembered, never unloaded
+                state.adapter_model, state.adapter_created, state.adapter_grad_flags = (
+                    model,
+                    False,
+                    {},
+                )
         else:
             if isinstance(model, PeftModel):
                 raise ValueError(
@@ -54,7 +64,11 @@ class LoRAExecutor(Executor):
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(hparams.seed)
                 self.model = get_peft_model(model, config, adapter_name=ADAPTER_NAME)
-            state.adapter_model, state.adapter_created, state.adapter_grad_flags = self.model, True, grad_flags
+            state.adapter_model, state.adapter_created, state.adapter_grad_flags = (
+                self.model,
+                True,
+                grad_flags,
+            )
         self._params = [
             p for n, p in self.model.named_parameters() if "lora_" in n and f".{ADAPTER_NAME}." in n
         ]
@@ -68,7 +82,9 @@ class LoRAExecutor(Executor):
         from peft.tuners.lora import LoraLayer
 
         self._lora_layers = [m for m in self.model.modules() if isinstance(m, LoraLayer)]
-        self._half: list[torch.Tensor] | None = None  # the adapters in a half-precision model's dtype (decode)
+        self._half: list[torch.Tensor] | None = (
+            None  # the adapters in a half-precision model's dtype (decode)
+        )
 
     @classmethod
     def model_mismatch(cls, model: Any, hparams: Any) -> str | None:
@@ -77,12 +93,16 @@ class LoRAExecutor(Executor):
         missing = [m for m in hparams.target_modules if m not in leaves]
         if missing:
             known = sorted(n for n in leaves if n.endswith("proj")) or sorted(leaves)[:12]
-            return (f"key 'target_modules' names {missing}, which {type(model).__name__} does not have; "
-                    f"use module names of this model, e.g. {known}")
+            return (
+                f"key 'target_modules' names {missing}, which {type(model).__name__} does not have; "
+                f"use module names of this model, e.g. {known}"
+            )
         n_layers = num_layers(model)
         if hparams.layers is not None and n_layers is not None and max(hparams.layers) >= n_layers:
-            return (f"key 'layers' is {list(hparams.layers)} but {hparams.model_name} has {n_layers} layers "
-                    f"(0..{n_layers - 1}); use indices below {n_layers}, or null for all layers")
+            return (
+                f"key 'layers' is {list(hparams.layers)} but {hparams.model_name} has {n_layers} layers "
+                f"(0..{n_layers - 1}); use indices below {n_layers}, or null for all layers"
+            )
         return None
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
@@ -117,7 +137,9 @@ class LoRAExecutor(Executor):
                 yield
             return
 
-        def zero_teacher_rows(module: torch.nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
+        def zero_teacher_rows(
+            module: torch.nn.Module, inputs: Any, output: torch.Tensor
+        ) -> torch.Tensor:
             return output * keep.to(device=output.device, dtype=output.dtype)
 
         handles = [
@@ -136,8 +158,11 @@ class LoRAExecutor(Executor):
         the float32 adapters per decode (a rollout is no-grad, so they cannot change inside it) instead of a cast
         of each projection's input on every call. The copies are kept (one rank-r pair per projection) and
         refreshed in place, so a captured decode step reads the same tensors in every round."""
-        masters = [w for layer in self._lora_layers
-                   for w in (layer.lora_A[ADAPTER_NAME].weight, layer.lora_B[ADAPTER_NAME].weight)]
+        masters = [
+            w
+            for layer in self._lora_layers
+            for w in (layer.lora_A[ADAPTER_NAME].weight, layer.lora_B[ADAPTER_NAME].weight)
+        ]
         dtype = self._lora_layers[0].base_layer.weight.dtype
         if self._half is None:
             self._half = [torch.empty_like(w, dtype=dtype) for w in masters]
@@ -148,7 +173,9 @@ class LoRAExecutor(Executor):
         return self._half
 
     def _teacher_context(self) -> ContextManager:
-        if self._lora_layers and all(hasattr(layer, "_disable_adapters") for layer in self._lora_layers):
+        if self._lora_layers and all(
+            hasattr(layer, "_disable_adapters") for layer in self._lora_layers
+        ):
             return self._adapters_off()
         return self.model.disable_adapter()
 
@@ -175,7 +202,9 @@ class LoRAExecutor(Executor):
         state = edit_state(model)
         if state.adapter_model is not model or not state.adapter_created:
             return model
-        lora_b = [p for n, p in model.named_parameters() if "lora_B" in n and f".{ADAPTER_NAME}." in n]
+        lora_b = [
+            p for n, p in model.named_parameters() if "lora_B" in n and f".{ADAPTER_NAME}." in n
+        ]
         if any(bool(p.detach().ne(0).any()) for p in lora_b):
             return model
         flags = state.adapter_grad_flags
@@ -193,9 +222,14 @@ def _plain_lora_linear(layer: Any) -> bool:
     ``_lean_forwards`` can compute it without peft's per-call dispatch."""
     from peft.tuners.lora.layer import Linear
 
-    if (type(layer) is not Linear or ADAPTER_NAME not in layer.lora_A or "forward" in vars(layer)
-            or list(layer.active_adapters) != [ADAPTER_NAME]
-            or not hasattr(layer, "lora_variant") or not hasattr(layer, "_cast_input_dtype")):  # peft < 0.15: hooks
+    if (
+        type(layer) is not Linear
+        or ADAPTER_NAME not in layer.lora_A
+        or "forward" in vars(layer)
+        or list(layer.active_adapters) != [ADAPTER_NAME]
+        or not hasattr(layer, "lora_variant")
+        or not hasattr(layer, "_cast_input_dtype")
+    ):  # peft < 0.15: hooks
         return False
     lora_a, lora_b = layer.lora_A[ADAPTER_NAME], layer.lora_B[ADAPTER_NAME]
     modules = (layer, lora_a, lora_b)
@@ -203,9 +237,13 @@ def _plain_lora_linear(layer: Any) -> bool:
         ADAPTER_NAME not in layer.lora_variant
         and isinstance(layer.lora_dropout[ADAPTER_NAME], torch.nn.Identity)
         and not layer.merged
-        and type(lora_a) is torch.nn.Linear and type(lora_b) is torch.nn.Linear
-        and lora_a.bias is None and lora_b.bias is None
-        and not any(m._forward_hooks or m._forward_pre_hooks or hasattr(m, "_hf_hook") for m in modules)
+        and type(lora_a) is torch.nn.Linear
+        and type(lora_b) is torch.nn.Linear
+        and lora_a.bias is None
+        and lora_b.bias is None
+        and not any(
+            m._forward_hooks or m._forward_pre_hooks or hasattr(m, "_hf_hook") for m in modules
+        )
     )
 
 
@@ -226,10 +264,14 @@ def _lean_forwards(layers: list, keep: torch.Tensor) -> Iterator[None]:
             if layer.disable_adapters:
                 return result
             dtype = result.dtype
-            delta = F.linear(F.linear(layer._cast_input_dtype(x, weight_a.dtype), weight_a), weight_b)
+            delta = F.linear(
+                F.linear(layer._cast_input_dtype(x, weight_a.dtype), weight_a), weight_b
+            )
             mask = keep_as.get((delta.device, delta.dtype))
             if mask is None:
-                mask = keep_as[delta.device, delta.dtype] = keep.to(device=delta.device, dtype=delta.dtype)
+                mask = keep_as[delta.device, delta.dtype] = keep.to(
+                    device=delta.device, dtype=delta.dtype
+                )
             return (result + (delta * mask) * scaling).to(dtype)
 
         return forward
@@ -268,7 +310,9 @@ def _half_forwards(layers: list, students: int, half: list[torch.Tensor]) -> Ite
                 return result
             low = F.linear(x[:students], weight_a)
             out = result[:students]
-            out.view(-1, out.shape[-1]).addmm_(low.view(-1, low.shape[-1]), weight_b.t(), alpha=scaling)
+            out.view(-1, out.shape[-1]).addmm_(
+                low.view(-1, low.shape[-1]), weight_b.t(), alpha=scaling
+            )
             return result
 
         return forward

@@ -41,8 +41,16 @@ import torch
 from ..atomic import replacing
 from ..padding import pad_rows, pad_token_id
 from ..rollout import input_device
-from ..data_files import (EDITEVERY_FILE, MMLU_DIR, MQUAKE_FILE, UNKE_FILE, data_dir, mmlu_test_files, mmlu_text,
-                         read_mmlu_csv)
+from ..data_files import (
+    EDITEVERY_FILE,
+    MMLU_DIR,
+    MQUAKE_FILE,
+    UNKE_FILE,
+    data_dir,
+    mmlu_test_files,
+    mmlu_text,
+    read_mmlu_csv,
+)
 
 __all__ = [
     "BUILTIN_CORPORA",
@@ -77,7 +85,11 @@ def _editevery(root: Path) -> list[str]:
 
 
 def _mmlu(root: Path) -> list[str]:
-    return [mmlu_text(question, choices) for path in mmlu_test_files(root) for question, choices, _ in read_mmlu_csv(path)]
+    return [
+        mmlu_text(question, choices)
+        for path in mmlu_test_files(root)
+        for question, choices, _ in read_mmlu_csv(path)
+    ]
 
 
 def _unkebench(root: Path) -> list[str]:
@@ -92,9 +104,15 @@ def _mquake_uns(root: Path) -> list[str]:
 #: Built-in corpora: name -> (reader, what it is). The benchmark passages are offered for completeness;
 #: statistics meant to PRESERVE knowledge should not be taken over the passages being edited.
 BUILTIN_CORPORA: dict[str, tuple[Callable[[Path], list[str]], str]] = {
-    "editevery": (_editevery, f"AnyEdit's EditEverything set ({EDITEVERY_FILE}): 552 long-form question+answer "
-                              "texts on physics, biology, math, chemistry, code, poetry and news"),
-    "mmlu": (_mmlu, f"MMLU test questions with their four choices ({MMLU_DIR}/test/*_test.csv, 14,042 texts)"),
+    "editevery": (
+        _editevery,
+        f"AnyEdit's EditEverything set ({EDITEVERY_FILE}): 552 long-form question+answer "
+        "texts on physics, biology, math, chemistry, code, poetry and news",
+    ),
+    "mmlu": (
+        _mmlu,
+        f"MMLU test questions with their four choices ({MMLU_DIR}/test/*_test.csv, 14,042 texts)",
+    ),
     "unkebench": (_unkebench, f"UnKEBench edit passages ({UNKE_FILE})"),
     "mquake-uns": (_mquake_uns, f"MQuAKE-uns edit passages ({MQUAKE_FILE}, fact_new_uns)"),
 }
@@ -104,33 +122,49 @@ def _read_file(path: Path) -> list[str]:
     suffix = path.suffix.lower()
     if suffix == ".txt":
         text = path.read_text(encoding="utf-8")
-        return [block.strip() for block in text.replace("\r\n", "\n").split("\n\n") if block.strip()]
+        return [
+            block.strip() for block in text.replace("\r\n", "\n").split("\n\n") if block.strip()
+        ]
     if suffix == ".jsonl":
-        items = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        items = [
+            json.loads(line)
+            for line in path.read_text(encoding="utf-8").splitlines()
+            if line.strip()
+        ]
     elif suffix == ".json":
         items = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(items, list):
-            raise CorpusError(f"{path}: expected a JSON list of strings or of objects with a 'text' field")
+            raise CorpusError(
+                f"{path}: expected a JSON list of strings or of objects with a 'text' field"
+            )
     else:
-        raise CorpusError(f"{path}: unsupported corpus file type {suffix!r}; use .txt, .json or .jsonl")
+        raise CorpusError(
+            f"{path}: unsupported corpus file type {suffix!r}; use .txt, .json or .jsonl"
+        )
     texts = []
     for i, item in enumerate(items):
         if isinstance(item, Mapping):
             item = item.get("text")
         if not isinstance(item, str):
-            raise CorpusError(f"{path}: item {i} is neither a string nor an object with a string 'text' field")
+            raise CorpusError(
+                f"{path}: item {i} is neither a string nor an object with a string 'text' field"
+            )
         if item.strip():
             texts.append(item)
     return texts
 
 
-def load_corpus(sources: str | os.PathLike | Sequence[str | os.PathLike], root: str | os.PathLike | None = None) -> list[str]:
+def load_corpus(
+    sources: str | os.PathLike | Sequence[str | os.PathLike], root: str | os.PathLike | None = None
+) -> list[str]:
     """Texts of every source, in order: built-in names (see ``BUILTIN_CORPORA``), files or directories."""
     if isinstance(sources, (str, os.PathLike)):
         sources = [sources]
     if not sources:
-        raise CorpusError("no corpus sources given; name a built-in corpus "
-                          f"({sorted(BUILTIN_CORPORA)}) or a .txt/.json/.jsonl file or directory")
+        raise CorpusError(
+            "no corpus sources given; name a built-in corpus "
+            f"({sorted(BUILTIN_CORPORA)}) or a .txt/.json/.jsonl file or directory"
+        )
     base = Path(root) if root is not None else data_dir()
     texts: list[str] = []
     for source in sources:
@@ -147,7 +181,9 @@ def load_corpus(sources: str | os.PathLike | Sequence[str | os.PathLike], root: 
             continue
         path = Path(os.path.expandvars(os.path.expanduser(name)))
         if path.is_dir():
-            files = sorted(p for p in path.rglob("*") if p.suffix.lower() in (".txt", ".json", ".jsonl"))
+            files = sorted(
+                p for p in path.rglob("*") if p.suffix.lower() in (".txt", ".json", ".jsonl")
+            )
             if not files:
                 raise CorpusError(f"corpus directory {path} holds no .txt, .json or .jsonl file")
             for f in files:
@@ -190,7 +226,9 @@ def context_length(model: Any) -> int:
             npos = int(value)
             break
     else:
-        raise ValueError(f"{type(model).__name__}'s config has no context length (n_positions, max_position_embeddings)")
+        raise ValueError(
+            f"{type(model).__name__}'s config has no context length (n_positions, max_position_embeddings)"
+        )
     model_type = getattr(config, "model_type", "") or ""
     if "mistral" in model_type:
         npos = getattr(config, "sliding_window", None) or 4096
@@ -204,10 +242,20 @@ def easyedit_model_name(model: Any) -> str:
     return str(getattr(model.config, "_name_or_path", "") or "").rsplit("/")[-1]
 
 
-def stats_file(stats_dir: str | os.PathLike, model: Any, layer_name: str, ds_name: str, precision: str,
-               sample_size: int | None) -> Path:
+def stats_file(
+    stats_dir: str | os.PathLike,
+    model: Any,
+    layer_name: str,
+    ds_name: str,
+    precision: str,
+    sample_size: int | None,
+) -> Path:
     """Where ``layer_stats`` caches ``mom2`` of ``layer_name`` (it re-reads the file when it exists)."""
-    return Path(stats_dir) / easyedit_model_name(model) / stats_relpath(layer_name, ds_name, precision, sample_size)
+    return (
+        Path(stats_dir)
+        / easyedit_model_name(model)
+        / stats_relpath(layer_name, ds_name, precision, sample_size)
+    )
 
 
 def stats_relpath(layer_name: str, ds_name: str, precision: str, sample_size: int | None) -> str:
@@ -216,11 +264,18 @@ def stats_relpath(layer_name: str, ds_name: str, precision: str, sample_size: in
     return f"{ds_name}_stats/{layer_name}_{precision}_mom2{suffix}.npz"
 
 
-def write_stats_file(path: str | os.PathLike, mom2: torch.Tensor, count: int, sample_size: int | None,
-                     provenance: Mapping[str, Any] | None = None) -> None:
+def write_stats_file(
+    path: str | os.PathLike,
+    mom2: torch.Tensor,
+    count: int,
+    sample_size: int | None,
+    provenance: Mapping[str, Any] | None = None,
+) -> None:
     """Write ``mom2``/``count`` as ``runningstats.tally`` saves a ``CombinedStat(mom2=SecondMoment())``."""
     if sample_size is None:
-        raise ValueError("sample_size must be an int (mom2_n_samples); EasyEdit names and checks its cache by it")
+        raise ValueError(
+            "sample_size must be an int (mom2_n_samples); EasyEdit names and checks its cache by it"
+        )
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     # Runs that compute the same statistics at once (one per core, sharing a cache) each write their own
@@ -268,10 +323,14 @@ def second_moments(
     result does not depend on the batching (up to float summation order).
     """
     if not module_names:
-        raise ValueError("module_names is empty: name the modules whose inputs to collect, e.g. model.layers.4.mlp.down_proj")
+        raise ValueError(
+            "module_names is empty: name the modules whose inputs to collect, e.g. model.layers.4.mlp.down_proj"
+        )
     dtype = getattr(torch, precision, None)
     if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"precision {precision!r} is not a torch dtype name such as float32 or float64")
+        raise ValueError(
+            f"precision {precision!r} is not a torch dtype name such as float32 or float64"
+        )
     maxlen = max_length or context_length(model)
     encoded = [tok.encode(t, truncation=True, max_length=maxlen) for t in texts]
     encoded = sorted((e for e in encoded if e), key=len, reverse=True)
@@ -290,6 +349,7 @@ def second_moments(
             state["fired"].add(name)
             if len(state["fired"]) == len(modules):
                 raise _Stop
+
         return hook
 
     handles = [m.register_forward_pre_hook(hook_for(n)) for n, m in modules.items()]
@@ -302,18 +362,24 @@ def second_moments(
         while start < len(encoded):
             width = len(encoded[start])
             rows = max(1, batch_tokens // width)
-            batch = encoded[start: start + rows]
+            batch = encoded[start : start + rows]
             start += len(batch)
             ids, mask = pad_rows(batch, pad_id)
             positions = torch.arange(width).expand(len(batch), width)
             state["mask"], state["fired"] = mask, set()
             try:
-                model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device))
+                model(
+                    input_ids=ids.to(device),
+                    attention_mask=mask.to(device),
+                    position_ids=positions.to(device),
+                )
             except _Stop:
                 pass
             if len(state["fired"]) != len(modules):
                 missing = sorted(set(modules) - state["fired"])
-                raise RuntimeError(f"the forward pass never reached {missing}; check the module names")
+                raise RuntimeError(
+                    f"the forward pass never reached {missing}; check the module names"
+                )
     finally:
         for h in handles:
             h.remove()
@@ -349,7 +415,9 @@ def ensure_layer_stats(
     chosen = [texts[i] for i in select_documents(len(texts), sample_size)]
     digest = corpus_sha256(chosen)
     names = [rewrite_module_tmp.format(layer) for layer in layers]
-    files = {name: stats_file(stats_dir, model, name, ds_name, precision, sample_size) for name in names}
+    files = {
+        name: stats_file(stats_dir, model, name, ds_name, precision, sample_size) for name in names
+    }
     todo = []
     for name, path in files.items():
         meta_path = path.with_suffix(".json")
@@ -357,24 +425,40 @@ def ensure_layer_stats(
             meta = json.loads(meta_path.read_text(encoding="utf-8"))
             if meta.get("corpus_sha256") == digest:
                 continue
-            logger.warning("%s was computed from another corpus than %s; recomputing it", path, list(sources))
+            logger.warning(
+                "%s was computed from another corpus than %s; recomputing it", path, list(sources)
+            )
         elif path.is_file():
-            logger.warning("%s exists without a provenance file; recomputing it from %s", path, list(sources))
+            logger.warning(
+                "%s exists without a provenance file; recomputing it from %s", path, list(sources)
+            )
         todo.append(name)
     if todo:
-        logger.info("Computing mom2 of %s over %d local documents (%s) for EasyEdit's cache", todo, len(chosen),
-                    ", ".join(map(str, sources)))
-        moments = second_moments(model, tok, todo, chosen, precision=precision, batch_tokens=batch_tokens)
+        logger.info(
+            "Computing mom2 of %s over %d local documents (%s) for EasyEdit's cache",
+            todo,
+            len(chosen),
+            ", ".join(map(str, sources)),
+        )
+        moments = second_moments(
+            model, tok, todo, chosen, precision=precision, batch_tokens=batch_tokens
+        )
         for name in todo:
             mom2, count = moments[name]
-            write_stats_file(files[name], mom2, count, sample_size, provenance={
-                "written_by": "hpse_easyedit.integrations.covariance",
-                "corpus_sources": [os.fspath(s) for s in sources],
-                "corpus_sha256": digest,
-                "documents": len(chosen),
-                "rows": count,
-                "module": name,
-                "precision": precision,
-                "mom2_n_samples": sample_size,
-            })
+            write_stats_file(
+                files[name],
+                mom2,
+                count,
+                sample_size,
+                provenance={
+                    "written_by": "hpse_easyedit.integrations.covariance",
+                    "corpus_sources": [os.fspath(s) for s in sources],
+                    "corpus_sha256": digest,
+                    "documents": len(chosen),
+                    "rows": count,
+                    "module": name,
+                    "precision": precision,
+                    "mom2_n_samples": sample_size,
+                },
+            )
     return [files[name] for name in names]

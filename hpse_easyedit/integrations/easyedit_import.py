@@ -59,13 +59,20 @@ OPTIONAL_MODULES: dict[str, str] = {
     "scipy": "geometric-mean fluency metric and TF-IDF statistics (native)",
     "sklearn": "F1 metric of some evaluators and EAMET key statistics (native)",
     "sentence_transformers": "IKE demonstrations and embedding-based evaluators (the MiniLM score of "
-                             "eval_akew_unstructured: the easyedit extra installs it); needs scipy and scikit-learn",
+    "eval_akew_unstructured: the easyedit extra installs it); needs scipy and scikit-learn",
     "zhipuai": "the DeepEdit API editor; needs the native cryptography package",
 }
 
 # Pip names of the packages EasyEdit's text-editing import chain needs, for error messages.
-_PIP_NAMES = {"higher": "higher", "einops": "einops", "omegaconf": "omegaconf", "hydra": "hydra-core",
-              "nltk": "nltk", "rouge": "rouge", "antlr4": "antlr4-python3-runtime"}
+_PIP_NAMES = {
+    "higher": "higher",
+    "einops": "einops",
+    "omegaconf": "omegaconf",
+    "hydra": "hydra-core",
+    "nltk": "nltk",
+    "rouge": "rouge",
+    "antlr4": "antlr4-python3-runtime",
+}
 
 #: Upper bounds on packages whose newer releases dropped a module EasyEdit imports (setup.py's ``easyedit`` extra
 #: carries the same pins): transformers 5.24 removed ``transformers.modeling_attn_mask_utils`` (EasyEdit's UnKE).
@@ -112,8 +119,11 @@ def _importer_is_easyedit() -> bool:
     frame = sys._getframe(2)
     while frame is not None:
         filename = frame.f_code.co_filename
-        if filename.startswith("<frozen importlib") or filename == __file__ or filename.endswith(
-                os.path.join("importlib", "__init__.py")):
+        if (
+            filename.startswith("<frozen importlib")
+            or filename == __file__
+            or filename.endswith(os.path.join("importlib", "__init__.py"))
+        ):
             frame = frame.f_back
             continue
         return str(frame.f_globals.get("__name__", "")).startswith("easyeditor")
@@ -226,15 +236,30 @@ def check_easyedit(module: types.ModuleType | None = None) -> None:
             if name not in alg.ALG_DICT:
                 missing.append(f"ALG_DICT[{name!r}]")
         if editor is not None and getattr(editor, "ALG_DICT", None) is not alg.ALG_DICT:
-            missing.append("easyeditor.editors.editor.ALG_DICT bound to easyeditor.util.alg_dict.ALG_DICT")
-    if batch is not None and hasattr(batch, "BatchEditor") and not hasattr(batch.BatchEditor, "is_batchable_method"):
+            missing.append(
+                "easyeditor.editors.editor.ALG_DICT bound to easyeditor.util.alg_dict.ALG_DICT"
+            )
+    if (
+        batch is not None
+        and hasattr(batch, "BatchEditor")
+        and not hasattr(batch.BatchEditor, "is_batchable_method")
+    ):
         missing.append("BatchEditor.is_batchable_method")
-    if utils is not None and hasattr(utils, "CALLABLE_RESTORE_ALGS") and not isinstance(utils.CALLABLE_RESTORE_ALGS, set):
+    if (
+        utils is not None
+        and hasattr(utils, "CALLABLE_RESTORE_ALGS")
+        and not isinstance(utils.CALLABLE_RESTORE_ALGS, set)
+    ):
         missing.append("CALLABLE_RESTORE_ALGS as a set")
     if missing:
-        stale = _installed_distribution_version() == STALE_PYPI_VERSION and ENV_VAR not in os.environ
-        what = (f"the PyPI snapshot easyeditor=={STALE_PYPI_VERSION} (2023); `pip uninstall easyeditor`, then "
-                if stale else "an EasyEdit too old for this integration; ")
+        stale = (
+            _installed_distribution_version() == STALE_PYPI_VERSION and ENV_VAR not in os.environ
+        )
+        what = (
+            f"the PyPI snapshot easyeditor=={STALE_PYPI_VERSION} (2023); `pip uninstall easyeditor`, then "
+            if stale
+            else "an EasyEdit too old for this integration; "
+        )
         raise EasyEditVersionError(
             f"EasyEdit at {where} is {what}{INSTALL_HINT}. Missing: {', '.join(missing)}"
         )
@@ -253,7 +278,11 @@ def import_easyedit() -> types.ModuleType:
     if spec is None:
         raise EasyEditNotFoundError(f"EasyEdit is not importable; {INSTALL_HINT}")
     version = _installed_distribution_version()
-    from_src = src is not None and spec.origin is not None and Path(spec.origin).resolve().is_relative_to(src)
+    from_src = (
+        src is not None
+        and spec.origin is not None
+        and Path(spec.origin).resolve().is_relative_to(src)
+    )
     if version == STALE_PYPI_VERSION and not from_src:
         raise EasyEditVersionError(
             f"the importable EasyEdit ({spec.origin}) is the PyPI snapshot easyeditor=={version} from 2023 (torch 2.0, "
@@ -278,8 +307,11 @@ def import_easyedit() -> types.ModuleType:
             # (transformers 5.24 dropped transformers.modeling_attn_mask_utils, which EasyEdit's UnKE imports).
             installed = _distribution_version(pip_name)
             pinned = EASYEDIT_PINS.get(pip_name)
-            fix = (f"`pip install '{pip_name}{pinned}'` (or `pip install -e \".[easyedit]\"`, which pins it)"
-                   if pinned else f"install the {pip_name} release that EasyEdit's requirements.txt names")
+            fix = (
+                f"`pip install '{pip_name}{pinned}'` (or `pip install -e \".[easyedit]\"`, which pins it)"
+                if pinned
+                else f"install the {pip_name} release that EasyEdit's requirements.txt names"
+            )
             raise EasyEditNotFoundError(
                 f"EasyEdit at {spec.origin} imports {err.name}, which the installed {pip_name} "
                 f"{installed or '(version unknown)'} does not have: {fix}"

@@ -25,8 +25,14 @@ from ..executors import edit_state, restore_weights, unwrapped
 from ..executors.lora import ADAPTER_NAME
 from ..training import EditResult
 
-__all__ = ["EditHandle", "UndoOrderError", "apply_coin_to_model", "apply_hpse_to_model", "apply_unke_family_to_model",
-           "easyedit_entry"]
+__all__ = [
+    "EditHandle",
+    "UndoOrderError",
+    "apply_coin_to_model",
+    "apply_hpse_to_model",
+    "apply_unke_family_to_model",
+    "easyedit_entry",
+]
 
 
 class UndoOrderError(RuntimeError):
@@ -51,7 +57,9 @@ class EditHandle(dict):
     def __call__(self) -> Any:
         if self._pending and self._pending[-1] is not self:
             if self not in self._pending:
-                raise UndoOrderError("this edit was already undone; each weights_copy restores once")
+                raise UndoOrderError(
+                    "this edit was already undone; each weights_copy restores once"
+                )
             position, n = self._pending.index(self) + 1, len(self._pending)
             raise UndoOrderError(
                 f"undo sequential edits last first: this weights_copy undoes edit {position} of the {n} still on the "
@@ -64,8 +72,10 @@ class EditHandle(dict):
 
     def __repr__(self) -> str:
         values = sum(t.numel() for t in self.values())
-        return (f"<EditHandle: {len(self)} tensors ({values:,} values) from before the edit; call it to restore the "
-                "edited model>")
+        return (
+            f"<EditHandle: {len(self)} tensors ({values:,} values) from before the edit; call it to restore the "
+            "edited model>"
+        )
 
     __str__ = __repr__
 
@@ -73,7 +83,10 @@ class EditHandle(dict):
 def _has_injected_adapter(model: Any) -> bool:
     from peft.tuners.lora import LoraLayer
 
-    return any(isinstance(m, LoraLayer) and ADAPTER_NAME in getattr(m, "lora_A", {}) for m in model.modules())
+    return any(
+        isinstance(m, LoraLayer) and ADAPTER_NAME in getattr(m, "lora_A", {})
+        for m in model.modules()
+    )
 
 
 def _live_model(model: Any) -> Any:
@@ -96,7 +109,9 @@ def _live_model(model: Any) -> Any:
     return model
 
 
-def easyedit_entry(edit: Callable[..., EditResult], name: str) -> Callable[..., tuple[Any, EditHandle]]:
+def easyedit_entry(
+    edit: Callable[..., EditResult], name: str
+) -> Callable[..., tuple[Any, EditHandle]]:
     """EasyEdit's editor contract around an engine edit ``edit(model, tok, requests, hparams,
     keep_original_weight=...) -> EditResult``: ``apply(model, tok, requests, hparams, copy=False,
     return_orig_weights=False, keep_original_weight=False, **kwargs)`` returns ``(edited_model, EditHandle)``.
@@ -108,8 +123,16 @@ def easyedit_entry(edit: Callable[..., EditResult], name: str) -> Callable[..., 
     ``EditResult`` (per-round statistics in ``.rounds``). Other keywords EasyEdit passes are not used.
     """
 
-    def apply(model: Any, tok: Any, requests: Any, hparams: Any, copy: bool = False, return_orig_weights: bool = False,
-              keep_original_weight: bool = False, **kwargs: Any) -> tuple[Any, EditHandle]:
+    def apply(
+        model: Any,
+        tok: Any,
+        requests: Any,
+        hparams: Any,
+        copy: bool = False,
+        return_orig_weights: bool = False,
+        keep_original_weight: bool = False,
+        **kwargs: Any,
+    ) -> tuple[Any, EditHandle]:
         if copy:
             model = copy_module.deepcopy(model)
         model = _live_model(model) if not keep_original_weight else model
@@ -117,7 +140,9 @@ def easyedit_entry(edit: Callable[..., EditResult], name: str) -> Callable[..., 
         return result.model, EditHandle(result)
 
     apply.__name__ = apply.__qualname__ = name
-    apply.__doc__ = f"``{edit.__name__}`` under EasyEdit's editor contract.\n\n" + (easyedit_entry.__doc__ or "")
+    apply.__doc__ = f"``{edit.__name__}`` under EasyEdit's editor contract.\n\n" + (
+        easyedit_entry.__doc__ or ""
+    )
     return apply
 
 
@@ -127,9 +152,17 @@ apply_hpse_to_model = easyedit_entry(hpse_edit, "apply_hpse_to_model")
 apply_coin_to_model = easyedit_entry(coin_edit, "apply_coin_to_model")
 
 
-def apply_unke_family_to_model(model: Any, tok: Any, requests: Any, hparams: Any, copy: bool = False,
-                               return_orig_weights: bool = False, keep_original_weight: bool = False,
-                               timer: dict | None = None, **kwargs: Any) -> tuple[Any, dict]:
+def apply_unke_family_to_model(
+    model: Any,
+    tok: Any,
+    requests: Any,
+    hparams: Any,
+    copy: bool = False,
+    return_orig_weights: bool = False,
+    keep_original_weight: bool = False,
+    timer: dict | None = None,
+    **kwargs: Any,
+) -> tuple[Any, dict]:
     """UnKE and AnyEdit (EasyEdit's own code, through the adapter) under EasyEdit's editor contract:
     ``(model, weights_copy)``. ``timer``: a dict that receives ``"algorithm_seconds"``, the time inside
     EasyEdit's function (the benchmark runner's ``timed_edit``)."""

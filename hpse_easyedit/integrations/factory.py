@@ -24,8 +24,11 @@ def _model_spec(hp: Any) -> Any:
 
         ee = hp.easyedit
         return SimpleNamespace(
-            model_name=ee.model_name, device=ee.device, model_parallel=bool(getattr(ee, "model_parallel", False)),
-            trust_remote_code=False, torch_dtype=getattr(torch, hp.options.dtype),
+            model_name=ee.model_name,
+            device=ee.device,
+            model_parallel=bool(getattr(ee, "model_parallel", False)),
+            trust_remote_code=False,
+            torch_dtype=getattr(torch, hp.options.dtype),
         )
     return hp
 
@@ -59,4 +62,6 @@ def is_project_hparams(hparams: Any) -> bool:
 
     if isinstance(getattr(hparams, "model_name", None), tuple):  # already a (model, tokenizer) pair
         return False
-    return isinstance(hparams, (YamlHParams, LocateThenEditHParams, easyedit_locate_then_edit_classes()))
+    return isinstance(
+        hparams, (YamlHParams, LocateThenEditHParams, easyedit_locate_then_edit_classes())
+    )

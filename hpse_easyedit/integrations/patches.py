@@ -35,7 +35,9 @@ def patch_batchable(batch_editor: Any, is_ours: Callable[[str], bool]) -> None:
     batch_editor.is_batchable_method = staticmethod(is_batchable_method)
 
 
-def patch_from_hparams(base_editor: Any, is_ours: Callable[[Any], bool], build: Callable[[Any, Any], Any]) -> None:
+def patch_from_hparams(
+    base_editor: Any, is_ours: Callable[[Any], bool], build: Callable[[Any, Any], Any]
+) -> None:
     """``base_editor.from_hparams(hparams)`` of our hparams builds the editor with ``build(cls, hparams)`` (the
     model loaded the project's way); any other hparams go to EasyEdit's own loader. EasyEdit's ``from_hparams``
     is ``cls(hparams)``, and the constructor loads the model by name (no SmolLM2, no Gemma-2, remote code for Qwen,
@@ -73,17 +75,32 @@ def _checked(method: Callable[..., Any], hparams: Any) -> Callable[..., Any]:
 
     def call(prompts: Any, target_new: Any, *args: Any, **kwargs: Any) -> Any:
         if "requests" not in kwargs:
-            listed = {"prompts": as_list(prompts), "target_new": as_list(target_new),
-                      "subject": as_list(kwargs.get("subject"))}
+            listed = {
+                "prompts": as_list(prompts),
+                "target_new": as_list(target_new),
+                "subject": as_list(kwargs.get("subject")),
+            }
             n = len(listed["prompts"] or [])
             for key, values in listed.items():
                 if values is not None and len(values) != n:
-                    raise RequestError(f"{key} has {len(values)} entries but prompts has {n}; give one {key} per "
-                                       "prompt, in the same order")
-            normalize_requests([
-                {"prompt": p, "target_new": t, **({"subject": listed["subject"][i]} if listed["subject"] else {})}
-                for i, (p, t) in enumerate(zip(listed["prompts"] or [], listed["target_new"] or []))
-            ] or None, hparams)
+                    raise RequestError(
+                        f"{key} has {len(values)} entries but prompts has {n}; give one {key} per "
+                        "prompt, in the same order"
+                    )
+            normalize_requests(
+                [
+                    {
+                        "prompt": p,
+                        "target_new": t,
+                        **({"subject": listed["subject"][i]} if listed["subject"] else {}),
+                    }
+                    for i, (p, t) in enumerate(
+                        zip(listed["prompts"] or [], listed["target_new"] or [])
+                    )
+                ]
+                or None,
+                hparams,
+            )
         return method(prompts, target_new, *args, **kwargs)
 
     call.__doc__ = method.__doc__

@@ -38,7 +38,9 @@ _RIGHT_PADDED = ("ROME", "MEMIT", "EMMET", "EAMET", "R-ROME", "AlphaEdit", "CORE
 
 def plugin_methods() -> dict[str, Callable[..., tuple[Any, Any]]]:
     """alg_name -> the ``apply_X_to_model`` EasyEdit calls, for every registered method that has one."""
-    return {spec.name: spec.easyedit_apply for spec in method_specs() if spec.easyedit_apply is not None}
+    return {
+        spec.name: spec.easyedit_apply for spec in method_specs() if spec.easyedit_apply is not None
+    }
 
 
 def register() -> None:
@@ -57,13 +59,18 @@ def register() -> None:
     for name, fn in plugin_methods().items():
         current = alg_dict.get(name)
         if current is not None and current is not fn:
-            logger.warning("EasyEdit's ALG_DICT already has %r (%r); hpse_easyedit replaces it", name, current)
+            logger.warning(
+                "EasyEdit's ALG_DICT already has %r (%r); hpse_easyedit replaces it", name, current
+            )
         alg_dict[name] = fn
-    utils.CALLABLE_RESTORE_ALGS.update(spec.name for spec in method_specs() if spec.callable_restore)
+    utils.CALLABLE_RESTORE_ALGS.update(
+        spec.name for spec in method_specs() if spec.callable_restore
+    )
     patch_batchable(batch_editor, lambda alg_name: alg_name in plugin_methods())
     base_editor = importlib.import_module("easyeditor.editors.editor").BaseEditor
-    patch_from_hparams(base_editor, is_project_hparams,
-                       lambda cls, hparams: make_editor(hparams, editor_cls=cls))
+    patch_from_hparams(
+        base_editor, is_project_hparams, lambda cls, hparams: make_editor(hparams, editor_cls=cls)
+    )
 
 
 def make_editor(hparams: Any, model: Any = None, tok: Any = None, editor_cls: Any = None) -> Any:
@@ -87,7 +94,11 @@ def make_editor(hparams: Any, model: Any = None, tok: Any = None, editor_cls: An
         raise ValueError("pass the tokenizer with the model: make_editor(hparams, model, tok)")
     else:
         check_model(model, hparams)
-    call = prepare_locate_then_edit(model, tok, hparams) if isinstance(hparams, LocateThenEditHParams) else hparams
+    call = (
+        prepare_locate_then_edit(model, tok, hparams)
+        if isinstance(hparams, LocateThenEditHParams)
+        else hparams
+    )
     proxy = copy_module.copy(call)
     proxy.model_name = (model, tok)  # BaseEditor takes a (model, tokenizer) pair instead of a name
     editor = (editor_cls or BaseEditor)(proxy)

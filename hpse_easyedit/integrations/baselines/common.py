@@ -9,14 +9,30 @@ from typing import Any, Iterator, Sequence
 
 from ...hparams import HParamsError
 
-__all__ = ["algorithm_timer", "check_depth", "easyedit_model_name", "grad_flags_kept", "padding_side"]
+__all__ = [
+    "algorithm_timer",
+    "check_depth",
+    "easyedit_model_name",
+    "grad_flags_kept",
+    "padding_side",
+]
 
 # Substrings EasyEdit's code tests model names for (see the module docstring).
 _ALPHAEDIT_NAMES = ("llama", "qwen", "gpt-j-6b", "gpt2-xl")
 _ALPHAEDIT_TAG = "llama"
 _UNKE_CALL_TAG = "Qwen2.5-7B-Instruct"
 # model_type values whose down_proj weight is (hidden, intermediate), like Llama's.
-_LLAMA_LAYOUT = ("llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mistral", "gemma", "gemma2", "gemma3_text")
+_LLAMA_LAYOUT = (
+    "llama",
+    "qwen2",
+    "qwen3",
+    "qwen2_moe",
+    "qwen3_moe",
+    "mistral",
+    "gemma",
+    "gemma2",
+    "gemma3_text",
+)
 
 
 def easyedit_model_name(model_name: str, model: Any, method: str) -> str:
@@ -38,7 +54,6 @@ def easyedit_model_name(model_name: str, model: Any, method: str) -> str:
             )
         return f"{model_name} ({_UNKE_CALL_TAG} call path)"
     return model_name
-
 
 
 @contextlib.contextmanager
@@ -71,7 +86,6 @@ def check_depth(model: Any, layers: Sequence[int], extra: Sequence[int], source:
             f"{source}: layers {list(layers)} / loss layer {list(extra)} exceed the model's {n} layers (0..{n - 1}); "
             "fix the hparams for this model"
         )
-
 
 
 @contextlib.contextmanager

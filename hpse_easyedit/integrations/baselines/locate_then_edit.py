@@ -27,16 +27,32 @@ from ..covariance import (
 )
 from ...edit_requests import RequestError, normalize_requests
 from ...executors import restore_weights
-from ...hparams import HParamsError, YamlHParams, hp_field, parse_overrides, read_hparams_file, read_hparams_json
+from ...hparams import (
+    HParamsError,
+    YamlHParams,
+    hp_field,
+    parse_overrides,
+    read_hparams_file,
+    read_hparams_json,
+)
 from ...loading import offline_mode
 from ..easyedit_import import import_easyedit
 from .common import algorithm_timer, check_depth, easyedit_model_name, grad_flags_kept, padding_side
 from .prompts import chat_text, end_of_turn_text
 
 __all__ = [
-    "LOCATE_THEN_EDIT", "AdapterOptions", "EasyEditCaches", "LocateThenEditHParams", "apply_locate_then_edit",
-    "as_locate_then_edit", "check_statistics_obtainable", "easyedit_locate_then_edit_classes", "easyedit_requests",
-    "load_locate_then_edit_hparams", "prepare_locate_then_edit", "restore_copied_weights",
+    "LOCATE_THEN_EDIT",
+    "AdapterOptions",
+    "EasyEditCaches",
+    "LocateThenEditHParams",
+    "apply_locate_then_edit",
+    "as_locate_then_edit",
+    "check_statistics_obtainable",
+    "easyedit_locate_then_edit_classes",
+    "easyedit_requests",
+    "load_locate_then_edit_hparams",
+    "prepare_locate_then_edit",
+    "restore_copied_weights",
 ]
 
 logger = logging.getLogger(__name__)
@@ -51,19 +67,33 @@ class AdapterOptions(YamlHParams):
     """Options of the MEMIT/AlphaEdit adapters that are not EasyEdit fields (optional top-level YAML keys)."""
 
     stats_corpus: Any = hp_field(
-        None, "Local corpus of the covariance statistics: built-in names or .txt/.json/.jsonl files or dirs; "
-              "null = from mom2_dataset.", types=(list, type(None)))
-    editing_prompt: str = hp_field("Introduce {subject}.", "Untargeted editing prompt; '{subject}' is filled in.",
-                                   contains="{subject}")
+        None,
+        "Local corpus of the covariance statistics: built-in names or .txt/.json/.jsonl files or dirs; "
+        "null = from mom2_dataset.",
+        types=(list, type(None)),
+    )
+    editing_prompt: str = hp_field(
+        "Introduce {subject}.",
+        "Untargeted editing prompt; '{subject}' is filled in.",
+        contains="{subject}",
+    )
     chat_template_kwargs: dict = hp_field({}, "Extra keyword arguments for apply_chat_template.")
-    dtype: str = hp_field("float32", "Weights dtype when hpse_easyedit loads the model.",
-                          choices=("float32", "bfloat16", "float16"))
-    use_chat_template: bool = hp_field(True, "EasyEdit evaluation: score prompts through the chat template.")
+    dtype: str = hp_field(
+        "float32",
+        "Weights dtype when hpse_easyedit loads the model.",
+        choices=("float32", "bfloat16", "float16"),
+    )
+    use_chat_template: bool = hp_field(
+        True, "EasyEdit evaluation: score prompts through the chat template."
+    )
 
     def check(self, source: str) -> None:
-        if self.stats_corpus is not None and not all(isinstance(s, str) and s for s in self.stats_corpus):
+        if self.stats_corpus is not None and not all(
+            isinstance(s, str) and s for s in self.stats_corpus
+        ):
             raise HParamsError(
-                f"{source}: key 'stats_corpus' must be a list of corpus names or paths, got {self.stats_corpus!r}")
+                f"{source}: key 'stats_corpus' must be a list of corpus names or paths, got {self.stats_corpus!r}"
+            )
 
 
 @dataclass
@@ -99,7 +129,9 @@ class LocateThenEditHParams:
         return load_locate_then_edit_hparams(path, read=read_hparams_json)
 
     @classmethod
-    def load(cls, path: str | os.PathLike, overrides: Sequence[str] | Mapping[str, Any] = ()) -> "LocateThenEditHParams":
+    def load(
+        cls, path: str | os.PathLike, overrides: Sequence[str] | Mapping[str, Any] = ()
+    ) -> "LocateThenEditHParams":
         """A MEMIT/AlphaEdit file with ``key=value`` overrides (applied before EasyEdit's class reads the keys)."""
         return load_locate_then_edit_hparams(path, overrides)
 
@@ -122,8 +154,10 @@ class LocateThenEditHParams:
 def easyedit_locate_then_edit_classes() -> tuple[type, ...]:
     """EasyEdit's own ``MEMITHyperParams`` and ``AlphaEditHyperParams`` when EasyEdit is imported (else ``()``)."""
     out = []
-    for modname, cls in (("easyeditor.models.memit.memit_hparams", "MEMITHyperParams"),
-                         ("easyeditor.models.alphaedit.AlphaEdit_hparams", "AlphaEditHyperParams")):
+    for modname, cls in (
+        ("easyeditor.models.memit.memit_hparams", "MEMITHyperParams"),
+        ("easyeditor.models.alphaedit.AlphaEdit_hparams", "AlphaEditHyperParams"),
+    ):
         mod = sys.modules.get(modname)
         if mod is not None and hasattr(mod, cls):
             out.append(getattr(mod, cls))
@@ -134,8 +168,12 @@ def as_locate_then_edit(hparams: Any) -> Any:
     """EasyEdit's own MEMIT/AlphaEdit hparams object wrapped with the adapter's default options; anything else as is."""
     classes = easyedit_locate_then_edit_classes()
     if classes and isinstance(hparams, classes):
-        return LocateThenEditHParams(alg_name=hparams.alg_name, easyedit=hparams, options=AdapterOptions(),
-                                     source=f"<{type(hparams).__name__}>")
+        return LocateThenEditHParams(
+            alg_name=hparams.alg_name,
+            easyedit=hparams,
+            options=AdapterOptions(),
+            source=f"<{type(hparams).__name__}>",
+        )
     return hparams
 
 
@@ -153,10 +191,14 @@ def load_locate_then_edit_hparams(
         raise HParamsError(f"{path}: alg_name must be one of {list(LOCATE_THEN_EDIT)}, got {alg!r}")
     config.update(dict(overrides) if isinstance(overrides, Mapping) else parse_overrides(overrides))
     if config.get("alg_name") != alg:
-        raise HParamsError(f"{path}: alg_name is {alg!r} in the file; an override cannot change the method, "
-                           "pass the other method's hparams file")
+        raise HParamsError(
+            f"{path}: alg_name is {alg!r} in the file; an override cannot change the method, "
+            "pass the other method's hparams file"
+        )
     adapter_keys = {f.name for f in dataclasses.fields(AdapterOptions)}
-    opts = AdapterOptions.from_dict({k: config.pop(k) for k in list(config) if k in adapter_keys}, source=path)
+    opts = AdapterOptions.from_dict(
+        {k: config.pop(k) for k in list(config) if k in adapter_keys}, source=path
+    )
     import_easyedit()
     if alg == "MEMIT":
         from easyeditor.models.memit.memit_hparams import MEMITHyperParams as cls
@@ -166,8 +208,13 @@ def load_locate_then_edit_hparams(
 
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(config) - known)
-    missing = sorted(f.name for f in dataclasses.fields(cls)
-                     if f.name not in config and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+    missing = sorted(
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.name not in config
+        and f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+    )
     if unknown or missing:
         raise HParamsError(
             f"{path}: {'unknown key(s) ' + str(unknown) if unknown else ''}{'; ' if unknown and missing else ''}"
@@ -176,7 +223,6 @@ def load_locate_then_edit_hparams(
         )
     config = HyperParams.construct_float_from_scientific_notation(config)
     return LocateThenEditHParams(alg_name=alg, easyedit=cls(**config), options=opts, source=path)
-
 
 
 class EasyEditCaches:
@@ -193,7 +239,9 @@ class EasyEditCaches:
 
     def __init__(self, memit: Any, alpha: Any) -> None:
         self.memit, self.alpha = memit, alpha
-        self.model: "weakref.ReferenceType[Any] | None" = None  # the model the caches were filled for
+        self.model: "weakref.ReferenceType[Any] | None" = (
+            None  # the model the caches were filled for
+        )
         self.prepared: set = set()  # (method, hparams, corpus) keys prepared for that model
         self.p_loc: str | None = None  # where AlphaEdit's module-global P was loaded from
         self.alphaedit_fresh = True  # the next AlphaEdit edit starts from a fresh cache_c
@@ -242,24 +290,41 @@ class EasyEditCaches:
         return fresh
 
 
-def _projection(model: Any, tok: Any, hp: LocateThenEditHParams, call_hparams: Any, alpha: Any) -> None:
+def _projection(
+    model: Any, tok: Any, hp: LocateThenEditHParams, call_hparams: Any, alpha: Any
+) -> None:
     """AlphaEdit's ``P`` at ``P_loc``, computed once with EasyEdit's ``get_project`` (it would save it to the cwd)."""
     ee = hp.easyedit
     p_loc = Path(ee.P_loc)
-    meta = {"model": getattr(model.config, "_name_or_path", ""), "layers": list(ee.layers),
-            "rewrite_module_tmp": ee.rewrite_module_tmp, "mom2_dataset": ee.mom2_dataset,
-            "mom2_n_samples": ee.mom2_n_samples, "nullspace_threshold": ee.nullspace_threshold, "corpus": hp.corpus}
+    meta = {
+        "model": getattr(model.config, "_name_or_path", ""),
+        "layers": list(ee.layers),
+        "rewrite_module_tmp": ee.rewrite_module_tmp,
+        "mom2_dataset": ee.mom2_dataset,
+        "mom2_n_samples": ee.mom2_n_samples,
+        "nullspace_threshold": ee.nullspace_threshold,
+        "corpus": hp.corpus,
+    }
     meta_path = p_loc.with_suffix(".json")
-    if p_loc.is_file() and (not meta_path.is_file() or json.loads(meta_path.read_text(encoding="utf-8")) == meta):
+    if p_loc.is_file() and (
+        not meta_path.is_file() or json.loads(meta_path.read_text(encoding="utf-8")) == meta
+    ):
         return
     w = model.get_parameter(f"{ee.rewrite_module_tmp.format(ee.layers[-1])}.weight")
     dim = w.shape[1]
     P = torch.zeros((len(ee.layers), dim, dim), device="cpu")
     for i, layer in enumerate(ee.layers):
         P[i] = alpha.get_project(model, tok, layer, call_hparams)
-    kept = [round(float(P[i].trace())) for i in range(len(ee.layers))]  # P = U U^T: its trace is the null space's dimension
-    logger.info("AlphaEdit null space of %s: %s of %d dimensions per layer (threshold %g)", ee.layers, kept, dim,
-                ee.nullspace_threshold)
+    kept = [
+        round(float(P[i].trace())) for i in range(len(ee.layers))
+    ]  # P = U U^T: its trace is the null space's dimension
+    logger.info(
+        "AlphaEdit null space of %s: %s of %d dimensions per layer (threshold %g)",
+        ee.layers,
+        kept,
+        dim,
+        ee.nullspace_threshold,
+    )
     p_loc.parent.mkdir(parents=True, exist_ok=True)
     torch.save(P, p_loc)
     meta_path.write_text(json.dumps({**meta, "null_space_dims": kept}, indent=1), encoding="utf-8")
@@ -305,10 +370,25 @@ def check_statistics_obtainable(hp: LocateThenEditHParams) -> None:
         try:
             load_corpus(corpus)
         except CorpusError as err:
-            raise HParamsError(f"{hp.source}: the covariance statistics cannot be computed offline: {err}") from None
+            raise HParamsError(
+                f"{hp.source}: the covariance statistics cannot be computed offline: {err}"
+            ) from None
         return
-    missing = [layer for layer in ee.layers if not any(Path(ee.stats_dir).glob("*/" + stats_relpath(
-        ee.rewrite_module_tmp.format(layer), ee.mom2_dataset, ee.mom2_dtype, ee.mom2_n_samples)))]
+    missing = [
+        layer
+        for layer in ee.layers
+        if not any(
+            Path(ee.stats_dir).glob(
+                "*/"
+                + stats_relpath(
+                    ee.rewrite_module_tmp.format(layer),
+                    ee.mom2_dataset,
+                    ee.mom2_dtype,
+                    ee.mom2_n_samples,
+                )
+            )
+        )
+    ]
     if missing and not _hub_reachable():
         raise HParamsError(
             f"{hp.source}: no covariance statistics for layers {missing} in stats_dir {ee.stats_dir!r}, and "
@@ -317,8 +397,9 @@ def check_statistics_obtainable(hp: LocateThenEditHParams) -> None:
         )
 
 
-def prepare_locate_then_edit(model: Any, tok: Any, hp: LocateThenEditHParams,
-                             caches: EasyEditCaches | None = None) -> Any:
+def prepare_locate_then_edit(
+    model: Any, tok: Any, hp: LocateThenEditHParams, caches: EasyEditCaches | None = None
+) -> Any:
     """Offline statistics, AlphaEdit's projection and fresh caches for ``model``; returns the hparams EasyEdit gets.
 
     ``caches``: EasyEdit's caches to keep right (default: those of the imported EasyEdit).
@@ -326,7 +407,9 @@ def prepare_locate_then_edit(model: Any, tok: Any, hp: LocateThenEditHParams,
     import_easyedit()
     ee = hp.easyedit
     check_depth(model, ee.layers, [ee.v_loss_layer], hp.source)
-    call = dataclasses.replace(ee, model_name=easyedit_model_name(ee.model_name, model, hp.alg_name))
+    call = dataclasses.replace(
+        ee, model_name=easyedit_model_name(ee.model_name, model, hp.alg_name)
+    )
     corpus = _statistics_corpus(hp)
     caches = caches or EasyEditCaches.for_easyedit()
     caches.reset_for(model)
@@ -337,9 +420,17 @@ def prepare_locate_then_edit(model: Any, tok: Any, hp: LocateThenEditHParams,
         return call
     caches.clear_covariances()  # keyed by model and layer only, not by dataset
     if corpus is not None:
-        ensure_layer_stats(model, tok, layers=ee.layers, rewrite_module_tmp=ee.rewrite_module_tmp,
-                           stats_dir=ee.stats_dir, ds_name=ee.mom2_dataset, sample_size=ee.mom2_n_samples,
-                           precision=ee.mom2_dtype, sources=corpus)
+        ensure_layer_stats(
+            model,
+            tok,
+            layers=ee.layers,
+            rewrite_module_tmp=ee.rewrite_module_tmp,
+            stats_dir=ee.stats_dir,
+            ds_name=ee.mom2_dataset,
+            sample_size=ee.mom2_n_samples,
+            precision=ee.mom2_dtype,
+            sources=corpus,
+        )
     if hp.alg_name == "AlphaEdit":
         _projection(model, tok, hp, call, caches.alpha)
     caches.prepared.add(key)
@@ -354,19 +445,34 @@ def easyedit_requests(tok: Any, requests: Any, hp: LocateThenEditHParams) -> lis
     for i, r in enumerate(reqs):
         prompt = chat_text(tok, r["prompt"], hp.options.chat_template_kwargs)
         if "{" in prompt or "}" in prompt:
-            raise RequestError(f"request {i}: the chat-templated prompt contains '{{' or '}}', which EasyEdit's "
-                               f"{hp.alg_name} formats with str.format; remove them from the prompt")
+            raise RequestError(
+                f"request {i}: the chat-templated prompt contains '{{' or '}}', which EasyEdit's "
+                f"{hp.alg_name} formats with str.format; remove them from the prompt"
+            )
         if prompt.count(r["subject"]) != 1:
             raise RequestError(
                 f"request {i}: subject {r['subject']!r} occurs {prompt.count(r['subject'])} times in the chat-templated "
                 f"prompt; EasyEdit's {hp.alg_name} needs it exactly once"
             )
-        out.append({"prompt": prompt, "subject": r["subject"], "target_new": r["target_new"] + eot_text, "case_id": i})
+        out.append(
+            {
+                "prompt": prompt,
+                "subject": r["subject"],
+                "target_new": r["target_new"] + eot_text,
+                "case_id": i,
+            }
+        )
     return out
 
 
-def apply_locate_then_edit(model: Any, tok: Any, requests: Any, hp: LocateThenEditHParams,
-                           timer: dict | None = None, caches: EasyEditCaches | None = None) -> tuple[Any, dict]:
+def apply_locate_then_edit(
+    model: Any,
+    tok: Any,
+    requests: Any,
+    hp: LocateThenEditHParams,
+    timer: dict | None = None,
+    caches: EasyEditCaches | None = None,
+) -> tuple[Any, dict]:
     """One MEMIT/AlphaEdit edit through EasyEdit's own ``ALG_DICT`` entry; returns ``(model, weights_copy)``.
 
     ``timer``: a dict that receives ``"algorithm_seconds"``, the time spent inside EasyEdit's function (the
@@ -381,13 +487,22 @@ def apply_locate_then_edit(model: Any, tok: Any, requests: Any, hp: LocateThenEd
     if hp.alg_name == "AlphaEdit":
         kwargs["reset_cache"] = caches.take_fresh()
     with grad_flags_kept(model), padding_side(tok, "right"), algorithm_timer(timer):
-        edited, weights_copy = apply(model, tok, ee_requests, call, copy=False, return_orig_weights=True,
-                                     keep_original_weight=False, **kwargs)
+        edited, weights_copy = apply(
+            model,
+            tok,
+            ee_requests,
+            call,
+            copy=False,
+            return_orig_weights=True,
+            keep_original_weight=False,
+            **kwargs,
+        )
     return edited, weights_copy
 
 
-def restore_copied_weights(model: Any, weights_copy: Mapping[str, torch.Tensor],
-                           caches: EasyEditCaches | None = None) -> Any:
+def restore_copied_weights(
+    model: Any, weights_copy: Mapping[str, torch.Tensor], caches: EasyEditCaches | None = None
+) -> Any:
     """Copy ``weights_copy`` back by parameter name (``restore_weights``), and let AlphaEdit start its next edit fresh.
 
     ``caches``: EasyEdit's caches (default: those of the imported EasyEdit, if it is imported).
