@@ -20,8 +20,6 @@ from typing import Sequence
 
 from hpse_easyedit.cli import OneLineParser, run_cli
 
-from .paired import multi_report, multi_table
-from .report import judge_note, paper_table, plot_stepin_rates
 from .cli import (
     add_run_arguments,
     benchmark_errors,
@@ -29,6 +27,8 @@ from .cli import (
     is_main_process,
     options_from_args,
 )
+from .paired import multi_report, multi_table
+from .report import judge_note, paper_table, plot_stepin_rates
 from .runner import RunOptions, failed_note, run_benchmark, unjudged_note
 from .store import write_json_atomic
 from .tasks import TASKS

@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from hpse_easyedit.cli import OneLineParser, run_cli

@@ -25,7 +25,6 @@ from typing import Any, Callable
 
 from datasets import Dataset
 
-from hpse_easyedit.errors import choice_text
 from hpse_easyedit.data_files import (
     MMLU_DIR,
     MQUAKE_FILE,
@@ -36,6 +35,7 @@ from hpse_easyedit.data_files import (
     mmlu_test_files,
     read_mmlu_csv,
 )
+from hpse_easyedit.errors import choice_text
 
 from .paths import default_cache_dir, default_data_dir
 

@@ -18,7 +18,6 @@ one request's rollout reads every passage and may pull the student toward anothe
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 from pathlib import Path

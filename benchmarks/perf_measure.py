@@ -301,9 +301,13 @@ def _easyedit_lora(model: Any, tok: Any, hp: Any, passage: str, steps: int | Non
     try:
         import yaml
 
+        # EasyEdit is importable only once hpse_easyedit.easyedit has put it on the path
+        # isort: off
         import hpse_easyedit.easyedit  # noqa: F401  (imports EasyEdit from $EASYEDIT_SRC)
         from easyeditor.models.lora.lora_hparams import LoRAHyperParams
         from easyeditor.models.lora.lora_main import apply_lora_to_model
+
+        # isort: on
     except Exception as exc:  # EasyEdit absent or broken: the key stays null
         return {
             "skipped": f"EasyEdit not importable ({type(exc).__name__}); set EASYEDIT_SRC to its source"

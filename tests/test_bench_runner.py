@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from bench_helpers import DATA_DIR, ChatServer, isolate_judge_env, judge_like_responder
-from benchmarks.compare import compare_main
-from benchmarks.methods import MethodSpec, get_method, register_method
-from benchmarks.judge import JudgeSettings
 from benchmarks.cli import cli_main
+from benchmarks.compare import compare_main
+from benchmarks.judge import JudgeSettings
+from benchmarks.methods import MethodSpec, get_method, register_method
 from benchmarks.runner import RunOptions, run_benchmark
 from benchmarks.store import ConfigMismatchError
 from tiny_models import make_tiny_model_and_tokenizer
@@ -503,7 +503,7 @@ def test_run_compare_pairs_every_row_with_the_reference_and_times_each_edit(tiny
         / 2
     )
     assert avg["diff"] == pytest.approx(expected)  # LoRA - reference, per case, averaged
-    assert "Paired with LoRA + HPSE" in table and f"Avg - LoRA + HPSE (95% CI)" in table
+    assert "Paired with LoRA + HPSE" in table and "Avg - LoRA + HPSE (95% CI)" in table
     row = next(line for line in table.splitlines() if line.startswith("| LoRA |") and "/" in line)
     assert (
         f"{avg['diff']:+.1f} [" in row

@@ -16,8 +16,8 @@ from hpse_easyedit import HParamsError, HPSEHyperParams, restore_weights
 from hpse_easyedit.editor import RequestError
 from hpse_easyedit.integrations import baselines as B
 from hpse_easyedit.integrations.baselines import locality, unke
-from hpse_easyedit.methods import load_hparams
 from hpse_easyedit.integrations.entries import EditHandle, apply_hpse_to_model
+from hpse_easyedit.methods import load_hparams
 from tiny_models import make_tiny_model_and_tokenizer, same_weights, tiny_hparams, weights_snapshot
 
 REPO = Path(__file__).resolve().parents[1]

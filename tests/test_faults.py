@@ -17,13 +17,13 @@ import pytest
 from bench_helpers import DATA_DIR, isolate_judge_env
 from benchmarks import mmlu as mmlu_module
 from benchmarks import run_dir as run_dir_module
+from benchmarks import store as store_module
 from benchmarks import summary as summary_module
 from benchmarks.case_loop import Editing, SequentialLoop
-from benchmarks.scorer import Scorer
-from benchmarks.summary import RunSummary
-from benchmarks import store as store_module
 from benchmarks.cli import cli_main
 from benchmarks.runner import RunOptions, run_benchmark
+from benchmarks.scorer import Scorer
+from benchmarks.summary import RunSummary
 from hpse_easyedit import HPSEHyperParams
 from hpse_easyedit import cli as edit_cli
 from hpse_easyedit.errors import UsageError

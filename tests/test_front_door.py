@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from bench_helpers import DATA_DIR, isolate_judge_env
-from benchmarks.compare import compare_main
 from benchmarks.cli import cli_main
+from benchmarks.compare import compare_main
 from hpse_easyedit.cli import main as edit_main
 from tiny_models import make_tiny_model_and_tokenizer
 

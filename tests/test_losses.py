@@ -134,7 +134,7 @@ def test_gate_batched():
 
 
 def test_kl_student_option_reaches_the_edit_and_defaults_to_the_papers():
-    from hpse_easyedit import HPSEHyperParams, HParamsError, hpse_edit, restore_weights
+    from hpse_easyedit import HParamsError, HPSEHyperParams, hpse_edit, restore_weights
     from tiny_models import make_tiny_model_and_tokenizer, tiny_hparams
 
     assert HPSEHyperParams(model_name="m").kl_student == "full"

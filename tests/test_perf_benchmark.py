@@ -7,7 +7,6 @@ import pytest
 from benchmarks.perf import main as perf_main
 from tiny_models import make_tiny_model_and_tokenizer, tiny_hparams
 
-
 KEYS = {
     "rollout_tok_s",
     "generate_tok_s",

@@ -27,8 +27,9 @@ def toy_judge():
 
 
 def test_a_registered_judge_is_an_option_everywhere(toy_judge, tmp_path):
-    from benchmarks.cli import add_run_arguments
     import argparse
+
+    from benchmarks.cli import add_run_arguments
 
     assert isinstance(make_judge("toy", JudgeSettings(), warn=False), ToyJudge)
     RunOptions(benchmark="unkebench", hparams="x.yaml", judge="toy", out_dir=str(tmp_path / "o"))

@@ -561,8 +561,8 @@ def test_edit_through_accelerate_dispatch_hooks_matches_plain_model(
     from accelerate import dispatch_model
     from transformers import AutoModelForCausalLM
 
-    from benchmarks.mmlu import letter_scores
     from benchmarks.datasets import MMLUItem
+    from benchmarks.mmlu import letter_scores
 
     make_tiny_model_and_tokenizer("llama", tmp_path / "m", init_std=0.2)
     hp = tiny_hparams(

@@ -45,9 +45,9 @@ from hpse_easyedit.atomic import replacing
 
 from ..metrics import answer_matches
 from ..paired import ANSWER_DIVERSITY, METRICS, load_run, multi_report, paired_report
-from . import judge_note, paper_cells, plot_stepin_rates
 from ..rollouts import unpack_gaps, unpack_rollout
 from ..tasks import TASKS, Question
+from . import judge_note, paper_cells, plot_stepin_rates
 
 __all__ = ["RunData", "load_tokenizer", "read_run", "write_html_report"]
 

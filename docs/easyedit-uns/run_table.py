@@ -75,8 +75,8 @@ def with_subjects(dataset_class: type, subjects: dict) -> type:
 
 
 def minilm_or_nan() -> str:
-    from huggingface_hub import snapshot_download
     from easyeditor.evaluate import evaluate_uns
+    from huggingface_hub import snapshot_download
 
     try:
         return snapshot_download(MINILM, local_files_only=True)

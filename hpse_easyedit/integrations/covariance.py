@@ -39,8 +39,6 @@ import numpy as np
 import torch
 
 from ..atomic import replacing
-from ..padding import pad_rows, pad_token_id
-from ..rollout import input_device
 from ..data_files import (
     EDITEVERY_FILE,
     MMLU_DIR,
@@ -51,6 +49,8 @@ from ..data_files import (
     mmlu_text,
     read_mmlu_csv,
 )
+from ..padding import pad_rows, pad_token_id
+from ..rollout import input_device
 
 __all__ = [
     "BUILTIN_CORPORA",

@@ -18,7 +18,6 @@ from __future__ import annotations
 import copy as copy_module
 from typing import Any, Callable
 
-
 from ..coin import coin_edit
 from ..editor import hpse_edit
 from ..executors import edit_state, restore_weights, unwrapped

@@ -10,7 +10,6 @@ import random
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ..covariance import CorpusError, load_corpus
 from ...data_files import (
     EDITEVERY_FILE,
     MMLU_LETTERS,
@@ -20,6 +19,7 @@ from ...data_files import (
     read_mmlu_csv,
 )
 from ...hparams import HParamsError
+from ..covariance import CorpusError, load_corpus
 
 __all__ = ["LocalityTexts", "check_locality_data", "draw_locality_texts", "load_instruction_texts"]
 

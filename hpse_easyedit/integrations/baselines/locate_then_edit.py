@@ -17,14 +17,6 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from ..covariance import (
-    BUILTIN_CORPORA,
-    DOWNLOADED_DATASETS,
-    CorpusError,
-    ensure_layer_stats,
-    load_corpus,
-    stats_relpath,
-)
 from ...edit_requests import RequestError, normalize_requests
 from ...executors import restore_weights
 from ...hparams import (
@@ -36,6 +28,14 @@ from ...hparams import (
     read_hparams_json,
 )
 from ...loading import offline_mode
+from ..covariance import (
+    BUILTIN_CORPORA,
+    DOWNLOADED_DATASETS,
+    CorpusError,
+    ensure_layer_stats,
+    load_corpus,
+    stats_relpath,
+)
 from ..easyedit_import import import_easyedit
 from .common import algorithm_timer, check_depth, easyedit_model_name, grad_flags_kept, padding_side
 from .prompts import chat_text, end_of_turn_text
