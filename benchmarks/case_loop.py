@@ -1,10 +1,11 @@
 """The case loop of a benchmark run: edit, answer, restore, and the record of each case.
 
-Single editing: every case is edited into the unedited model, evaluated, and the edit is undone. Continual
-editing (``sequential=T``): T consecutive cases are edited one after another into the same model, then all T
-are evaluated, then the model is restored; the next T start from the unedited model. With ``checkpoints`` the
-cases edited so far are also evaluated after those edit counts of each block (``checkpoints.jsonl``), and a
-block stopped part-way resumes after its last edit (``benchmarks.sequence``).
+Single editing: every case is edited into the unedited model, evaluated, and the edit is undone.
+Continual editing (``sequential=T``): T consecutive cases are edited one after another into the same
+model, then all T are evaluated, then the model is restored; the next T start from the unedited
+model. With ``checkpoints`` the cases edited so far are also evaluated after those edit counts of
+each block (``checkpoints.jsonl``), and a block stopped part-way resumes after its last edit
+(``benchmarks.sequence``).
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ Progress = Callable[[int, "Mapping[str, str] | None"], None]
 
 @dataclass
 class Editing:
-    """One method on one model: the model loaded on first need, one case's edit, the answers to cases'
-    questions, the undo, and what a case's record says about its edit."""
+    """One method on one model: the model loaded on first need, one case's edit, the answers to
+    cases' questions, the undo, and what a case's record says about its edit."""
 
     method: MethodSpec
     hp: Any
@@ -46,7 +47,8 @@ class Editing:
     max_new_tokens: int
     batch_size: int
     store_rollouts: bool
-    #: draw a progress bar over the answers of an evaluation longer than one batch (the main process's)
+    #: draw a progress bar over the answers of an evaluation longer than one batch (the main
+    #: process's)
     show_progress: bool = True
     model: Any = field(default=None, init=False)
     tok: Any = field(default=None, init=False)
@@ -73,7 +75,8 @@ class Editing:
         return res, time.time() - t0
 
     def restore(self, model: Any, weights_copy: Any) -> None:
-        """Undo the edits whose values before are ``weights_copy``; the unedited model is this one's again."""
+        """Undo the edits whose values before are ``weights_copy``; the unedited model is this one's
+        again."""
         self.model = self.method.restore(model, weights_copy)
 
     def answers(
@@ -83,9 +86,9 @@ class Editing:
         results: Sequence[Any] = (),
         desc: str = "answers",
     ) -> list[list[str]]:
-        """Greedy chat-template answers to every case's questions, batched across the cases (under the
-        passages' system prompt when the edit results carry a context: the IN_CONTEXT reference); more than
-        one batch of them under a progress bar named ``desc``."""
+        """Greedy chat-template answers to every case's questions, batched across the cases (under
+        the passages' system prompt when the edit results carry a context: the IN_CONTEXT
+        reference); more than one batch of them under a progress bar named ``desc``."""
         from tqdm.auto import tqdm
 
         from hpse_easyedit import generate_answers
@@ -143,7 +146,8 @@ class Editing:
     def failed_record(
         index: int, case: Mapping[str, Any], err: EditDivergedError, block: int | None
     ) -> dict:
-        """A case whose edit diverged: why, and no scores (left out of every mean, counted as failed)."""
+        """A case whose edit diverged: why, and no scores (left out of every mean, counted as
+        failed)."""
         log.warning("case %s: %s", case["case_id"], err)
         return {
             "case_id": case["case_id"],
@@ -158,8 +162,8 @@ class Editing:
 
 @dataclass
 class CaseLoop:
-    """What a loop over a process's cases works with: the editing, the cases, the scorer, the MMLU probe and
-    this process's results file."""
+    """What a loop over a process's cases works with: the editing, the cases, the scorer, the MMLU
+    probe and this process's results file."""
 
     editing: Editing
     cases: Any
@@ -169,7 +173,8 @@ class CaseLoop:
 
 
 class SingleLoop(CaseLoop):
-    """Single editing: each case edited into the unedited model, answered, scored, undone, recorded."""
+    """Single editing: each case edited into the unedited model, answered, scored, undone,
+    recorded."""
 
     def run(self, todo: list[int], progress: Progress) -> None:
         e = self.editing
@@ -199,7 +204,8 @@ class SingleLoop(CaseLoop):
 @dataclass
 class SequentialLoop(CaseLoop):
     """Continual editing: blocks of T cases edited one after another, evaluated together (and at the
-    checkpoints part-way), then undone; a block in progress resumes from its snapshot or by replaying."""
+    checkpoints part-way), then undone; a block in progress resumes from its snapshot or by
+    replaying."""
 
     sequence: SequenceLog
     checkpoints: Sequence[int]
@@ -241,9 +247,9 @@ class SequentialLoop(CaseLoop):
             progress(len(block), None)
 
     def _resume_block(self, b: int, block: list[int]) -> tuple[Any, Any, list[dict], list[Any]]:
-        """The model as the recorded edits of block ``b`` left it, the values before its first edit, and
-        those edits' records: loaded from the snapshot, or the edits replayed (each checked against its
-        record; from the first that differs on, the block is redone)."""
+        """The model as the recorded edits of block ``b`` left it, the values before its first edit,
+        and those edits' records: loaded from the snapshot, or the edits replayed (each checked
+        against its record; from the first that differs on, the block is redone)."""
         e, edits, results = self.editing, self.sequence.recorded(b), []
         if not edits:
             return e.model, None, [], []
@@ -288,8 +294,9 @@ class SequentialLoop(CaseLoop):
     def _sequence_edit(
         self, model: Any, weights0: Any, b: int, j: int, i: int
     ) -> tuple[Any, Any, dict, Any]:
-        """Edit ``j`` of block ``b`` (case ``i``): the model after it, the values before the block's first edit,
-        the edit's record and its result (None when it diverged: the model is then as before this edit)."""
+        """Edit ``j`` of block ``b`` (case ``i``): the model after it, the values before the block's
+        first edit, the edit's record and its result (None when it diverged: the model is then as
+        before this edit)."""
         e = self.editing
         try:
             res, seconds = e.edit(model, self.cases[i])
@@ -311,7 +318,8 @@ class SequentialLoop(CaseLoop):
     def checkpoint(
         self, b: int, block: list[int], edits: int, model: Any, results: Sequence[Any]
     ) -> None:
-        """At a checkpoint, the scores of the block's first ``edits`` cases on the model as edited so far."""
+        """At a checkpoint, the scores of the block's first ``edits`` cases on the model as edited
+        so far."""
         if edits not in self.checkpoints or edits >= len(block):
             return
         done = block[:edits]

@@ -1,8 +1,9 @@
-"""The command line of run_hpse_mquake.py, run_hpse_unkebench.py and run_compare.py: options, logging, errors.
+"""The command line of run_hpse_mquake.py, run_hpse_unkebench.py and run_compare.py: options,
+logging, errors.
 
 ``add_run_arguments`` declares the options a run shares, ``options_from_args`` turns them into
-``RunOptions``, ``cli_main`` runs one benchmark and prints its paper-layout table. A bad input is one
-line on stderr and exit code 2 before any edit (``hpse_easyedit.cli.run_cli``).
+``RunOptions``, ``cli_main`` runs one benchmark and prints its paper-layout table. A bad input is
+one line on stderr and exit code 2 before any edit (``hpse_easyedit.cli.run_cli``).
 """
 
 from __future__ import annotations
@@ -156,7 +157,8 @@ def add_run_arguments(parser: argparse.ArgumentParser, benchmark: str | None) ->
 
 
 def add_task_arguments(parser: argparse.ArgumentParser, task: Task) -> None:
-    """One argument group of the task's data file option and the options it declares (``Task.options``)."""
+    """One argument group of the task's data file option and the options it declares
+    (``Task.options``)."""
     group = parser.add_argument_group(task.title)
     for o in (task.data_option, *task.options):
         if o.cli:
@@ -172,8 +174,9 @@ def add_task_arguments(parser: argparse.ArgumentParser, task: Task) -> None:
 
 
 def _dest(task: Task, option: Option) -> str:
-    """Where argparse keeps an option's value: its name, but each task's data file under its own flag's name
-    (``mquake_file``, ``unke_file``), since run_compare.py offers every task's at once."""
+    """Where argparse keeps an option's value: its name, but each task's data file under its own
+    flag's name (``mquake_file``, ``unke_file``), since run_compare.py offers every task's at
+    once."""
     return option.flag.lstrip("-").replace("-", "_") if option is task.data_option else option.name
 
 
@@ -185,7 +188,8 @@ def options_from_args(
     out_dir: str | None,
     label: str | None = None,
 ) -> RunOptions:
-    """RunOptions for one benchmark from parsed command-line arguments (its task's own options among them)."""
+    """RunOptions for one benchmark from parsed command-line arguments (its task's own options among
+    them)."""
     task = TASKS[benchmark]
     answer_tokens = args.max_answer_tokens
     if args.max_new_tokens_deprecated is not None:  # the old name of --max-answer-tokens
@@ -250,7 +254,8 @@ def benchmark_errors() -> tuple[type[BaseException], ...]:
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
-    """Exceptions that mean bad input (shown as one line by the scripts), not a bug (shown with a traceback)."""
+    """Exceptions that mean bad input (shown as one line by the scripts), not a bug (shown with a
+    traceback)."""
     return user_error_types(benchmark_errors())
 
 
@@ -304,14 +309,17 @@ def _cli(benchmark: str, argv: Sequence[str]) -> int:
 
 
 def cli_main(benchmark: str, argv: Sequence[str] | None = None) -> int:
-    """Command line of run_hpse_mquake.py / run_hpse_unkebench.py: run, then print the paper-layout table.
+    """Command line of run_hpse_mquake.py / run_hpse_unkebench.py: run, then print the paper-layout
+    table.
 
-    A bad input is one logged line and exit code 2 (``--debug``: the traceback); see ``hpse_easyedit.cli.run_cli``.
+    A bad input is one logged line and exit code 2 (``--debug``: the traceback); see
+    ``hpse_easyedit.cli.run_cli``.
     """
     return run_cli(lambda args: _cli(benchmark, args), argv, extra=benchmark_errors(), logger=log)
 
 
 def is_main_process() -> bool:
-    """True unless this is a non-main process of a multi-process launch (which must not print or write shared files)."""
+    """True unless this is a non-main process of a multi-process launch (which must not print or
+    write shared files)."""
     ctx = current_context()
     return ctx is None or ctx.is_main

@@ -1,13 +1,14 @@
-"""Several methods (hparams files plus overrides) over the same cases: one side-by-side table and a plot.
+"""Several methods (hparams files plus overrides) over the same cases: one side-by-side table and a
+plot.
 
 Each (method, benchmark) pair is an ordinary resumable run in ``OUT/<benchmark>/<label>/``, so an
 interrupted comparison resumes, and adding a method later reruns nothing that is done. Beside the
-paper-layout table (``compare.md``), ``paired.md`` holds, per benchmark, every row's means with 95% bootstrap
-intervals and its paired Avg difference from the reference row (``--reference``, default the first
-``--method``) on the cases all rows finished (``benchmarks.paired.multi_report``), and the mean wall
-time of an edit per row. Under
-``accelerate launch --num_processes N`` every process walks the same (method, benchmark) list and runs
-its share of each; the main process writes the table, the JSON and the plot.
+paper-layout table (``compare.md``), ``paired.md`` holds, per benchmark, every row's means with 95%
+bootstrap intervals and its paired Avg difference from the reference row (``--reference``, default
+the first ``--method``) on the cases all rows finished (``benchmarks.paired.multi_report``), and the
+mean wall time of an edit per row. Under
+``accelerate launch --num_processes N`` every process walks the same (method, benchmark) list and
+runs its share of each; the main process writes the table, the JSON and the plot.
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ BENCHMARKS = tuple(TASKS)
 def parse_method(spec: Sequence[str]) -> tuple[str, str, list[str]]:
     """``LABEL FILE [KEY=VALUE | BENCHMARK:KEY=VALUE ...]`` -> (label, hparams file, overrides).
 
-    An override prefixed with a benchmark name applies to that benchmark's run only, e.g. the paper's
-    rollout length ``unkebench:max_new_tokens=128`` next to 96 for MQuAKE-uns.
+    An override prefixed with a benchmark name applies to that benchmark's run only, e.g. the
+    paper's rollout length ``unkebench:max_new_tokens=128`` next to 96 for MQuAKE-uns.
     """
     if len(spec) < 2:
         raise argparse.ArgumentTypeError(
@@ -75,7 +76,8 @@ def parse_method(spec: Sequence[str]) -> tuple[str, str, list[str]]:
 
 
 def overrides_for(overrides: Sequence[str], benchmark: str) -> list[str]:
-    """The overrides of one benchmark's run: the plain ones and those scoped to ``benchmark`` (prefix removed)."""
+    """The overrides of one benchmark's run: the plain ones and those scoped to ``benchmark``
+    (prefix removed)."""
     out = []
     for o in overrides:
         key = o.split("=", 1)[0]
@@ -91,10 +93,11 @@ def _slug(label: str) -> str:
 
 
 def preflight(runs: Sequence[RunOptions]) -> None:
-    """Check every method of a comparison before its first row runs: each hparams file (with its overrides) is
-    valid, EasyEdit is importable for the methods that run EasyEdit's code, and what a method needs on this
-    machine is there (its registry ``preflight``: MEMIT's and AlphaEdit's covariance statistics present or
-    computable offline). Raises the user error of the first that is not."""
+    """Check every method of a comparison before its first row runs: each hparams file (with its
+    overrides) is valid, EasyEdit is importable for the methods that run EasyEdit's code, and what a
+    method needs on this machine is there (its registry ``preflight``: MEMIT's and AlphaEdit's
+    covariance statistics present or computable offline). Raises the user error of the first that is
+    not."""
     from .methods import method_for_file
 
     checked: set[tuple[str, tuple[str, ...]]] = set()
@@ -114,12 +117,13 @@ def preflight(runs: Sequence[RunOptions]) -> None:
 
 
 def seconds_table(rows: Sequence[tuple[str, dict]], benchmarks: Sequence[str]) -> str:
-    """Markdown: the mean wall time of one edit per row and benchmark (``edit_seconds_mean`` of its summary).
+    """Markdown: the mean wall time of one edit per row and benchmark (``edit_seconds_mean`` of its
+    summary).
 
     Under ``--sequential T`` an 'edit' is one case's edit inside its sequence; the reference rows
-    (unedited, in-context) edit nothing and show 0. For methods that run EasyEdit's own algorithm the
-    cell adds the share of that time spent inside EasyEdit's function (``algorithm_seconds_mean``); the
-    rest is what this project's integration adds.
+    (unedited, in-context) edit nothing and show 0. For methods that run EasyEdit's own algorithm
+    the cell adds the share of that time spent inside EasyEdit's function
+    (``algorithm_seconds_mean``); the rest is what this project's integration adds.
     """
     lines = [
         "| method | " + " | ".join(f"s/edit ({b})" for b in benchmarks) + " |",
@@ -146,9 +150,11 @@ def paired_tables(
     *,
     resamples: int = 10000,
 ) -> tuple[str, dict]:
-    """Per benchmark, every row against ``reference`` on the cases all rows finished: markdown and the reports.
+    """Per benchmark, every row against ``reference`` on the cases all rows finished: markdown and
+    the reports.
 
-    A benchmark where some row has no finished case (or only one row ran) gets a line saying so instead.
+    A benchmark where some row has no finished case (or only one row ran) gets a line saying so
+    instead.
     """
     order = [reference] + [label for label in labels if label != reference]
     parts, reports = [], {}
@@ -289,6 +295,7 @@ def _compare(argv: Sequence[str]) -> int:
 
 
 def compare_main(argv: Sequence[str] | None = None) -> int:
-    """``run_compare.py``: every method is checked first (``preflight``), then each row runs; a bad input is one
-    logged line and exit code 2 before any edit; exit code 1 when some UnKEBench cases are still unjudged."""
+    """``run_compare.py``: every method is checked first (``preflight``), then each row runs; a bad
+    input is one logged line and exit code 2 before any edit; exit code 1 when some UnKEBench cases
+    are still unjudged."""
     return run_cli(_compare, argv, extra=benchmark_errors(), logger=log)

@@ -1,19 +1,20 @@
-"""Continual editing, as the paper reports it: each executor without and with HPSE at each sequence length T.
+"""Continual editing, as the paper reports it: each executor without and with HPSE at each sequence
+length T.
 
-Reads finished run directories of ``--sequential T`` runs (no model time) given as pairs, the executor
-alone then the same executor with HPSE, at the same T on the same cases (a single-editing run is T = 1,
-the reference the paper's figure starts from; ``DIR@N`` is a ``--checkpoints`` run after N edits of each
-sequence, so one T = 100 pair with checkpoints 10,20,50 gives four T):
+Reads finished run directories of ``--sequential T`` runs (no model time) given as pairs, the
+executor alone then the same executor with HPSE, at the same T on the same cases (a single-editing
+run is T = 1, the reference the paper's figure starts from; ``DIR@N`` is a ``--checkpoints`` run
+after N edits of each sequence, so one T = 100 pair with checkpoints 10,20,50 gives four T):
 
     python -m benchmarks.continual runs/mq-seq10-lora runs/mq-seq10-hpse runs/mq-seq20-lora runs/mq-seq20-hpse \\
         --name LoRA --png docs/img/continual.png
 
-Prints one markdown table: per run its T, sequences, cases, the task's metrics and Avg over all cases,
-Avg of each sequence (the spread between sequences), and for a +HPSE row its paired difference in Avg
-from the executor alone (per case, 95% bootstrap interval of the mean). ``--png`` draws the paper's
-layout: per metric and T, the executor's bar filled and the +HPSE bar outlined over it. ``--first N``
-(one per pair, or ``all``) reports a pair on its runs' first N cases only, e.g. the single-editing runs on
-the cases of the sequences after they have gone on to more cases.
+Prints one markdown table: per run its T, sequences, cases, the task's metrics and Avg over all
+cases, Avg of each sequence (the spread between sequences), and for a +HPSE row its paired
+difference in Avg from the executor alone (per case, 95% bootstrap interval of the mean). ``--png``
+draws the paper's layout: per metric and T, the executor's bar filled and the +HPSE bar outlined
+over it. ``--first N`` (one per pair, or ``all``) reports a pair on its runs' first N cases only,
+e.g. the single-editing runs on the cases of the sequences after they have gone on to more cases.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ __all__ = ["continual_rows", "continual_table", "main", "plot_continual"]
 
 
 def _run(path: str) -> tuple[str, int, dict[str, dict]]:
-    """(benchmark, T, {case_id: record}) of a run directory, or of ``DIR@N``: the run's checkpoint after N edits
-    of each sequence (``--checkpoints``), which is T = N."""
+    """(benchmark, T, {case_id: record}) of a run directory, or of ``DIR@N``: the run's checkpoint
+    after N edits of each sequence (``--checkpoints``), which is T = N."""
     from .paired import load_run
     from .sequence import split_checkpoint
 
@@ -66,13 +67,15 @@ def continual_rows(
     first: Sequence[int | None] | None = None,
     recitation: Callable[[Sequence[str], list[tuple[str, dict]]], dict] | None = None,
 ) -> list[dict]:
-    """One dict per run of each (executor alone, executor + HPSE) pair: its label, T, sequences, cases,
-    metrics, Avg per sequence and, for the +HPSE run, the paired Avg difference with its interval.
+    """One dict per run of each (executor alone, executor + HPSE) pair: its label, T, sequences,
+    cases, metrics, Avg per sequence and, for the +HPSE run, the paired Avg difference with its
+    interval.
 
-    ``first``: per pair, report only its runs' first N cases in data order (None: all of them), e.g. the
-    single-editing runs on the cases of the sequences when they have gone on to more cases.
-    ``recitation``: ``(run dirs, [(benchmark, records), ...]) -> benchmarks.paired.recitation_report``; with it
-    the +HPSE row also holds its paired difference with every answer cut (``cut_diffs``: cut -> Avg_diff)."""
+    ``first``: per pair, report only its runs' first N cases in data order (None: all of them), e.g.
+    the single-editing runs on the cases of the sequences when they have gone on to more cases.
+    ``recitation``: ``(run dirs, [(benchmark, records), ...]) ->
+    benchmarks.paired.recitation_report``; with it the +HPSE row also holds its paired difference
+    with every answer cut (``cut_diffs``: cut -> Avg_diff)."""
     from .paired import bootstrap_ci
 
     rows = []
@@ -179,7 +182,8 @@ def continual_table(rows: Sequence[Mapping]) -> str:
 
 
 def plot_continual(rows: Sequence[Mapping], path: str | os.PathLike) -> None:
-    """The paper's bar chart: per metric (one panel each) and T, the executor's bar filled, +HPSE outlined."""
+    """The paper's bar chart: per metric (one panel each) and T, the executor's bar filled, +HPSE
+    outlined."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -234,7 +238,8 @@ def plot_continual(rows: Sequence[Mapping], path: str | os.PathLike) -> None:
 
 
 def _recitation(args) -> Callable[[Sequence[str], list[tuple[str, dict]]], dict]:
-    """The recitation report of ``benchmarks.paired`` for one pair, the data and tokenizer loaded once."""
+    """The recitation report of ``benchmarks.paired`` for one pair, the data and tokenizer loaded
+    once."""
     from .paired import load_cases, model_token_spans, recitation_report, run_model_name
 
     loaded: dict[str, dict] = {}
@@ -338,7 +343,8 @@ def _main(argv: Sequence[str]) -> int:
         )
     first = [_parse_first(v) for v in args.first] if args.first else None
     check_positive("--recitation-tokens", args.recitation_tokens)
-    try:  # a run directory or the data that is not what the tool reads: one line, like benchmarks.paired
+    # a run directory or the data that is not what the tool reads: one line, like benchmarks.paired
+    try:
         recitation = _recitation(args) if args.recitation else None
         rows = continual_rows(
             pairs, names, resamples=args.resamples, first=first, recitation=recitation

@@ -1,4 +1,5 @@
-"""Benchmark loaders: UnKEBench and MQuAKE-uns edit cases as ``datasets.Dataset``, plus the MMLU subset.
+"""Benchmark loaders: UnKEBench and MQuAKE-uns edit cases as ``datasets.Dataset``, plus the MMLU
+subset.
 
 Every case carries ``requests``: the edit as the engine takes it, a list of
 ``{"prompt": "Introduce {s}.", "subject": s, "target_new": passage}`` (one per passage; MQuAKE-uns
@@ -6,9 +7,9 @@ cases edit all their rewrites at once), and the evaluation questions with their 
 
 The data directory is read-only input: ``--data``, else ``$HPSE_DATA_DIR``, else ``../shared/data``
 relative to the repository root. Anything generated (LLM subjects, MQuAKE passages) goes to a cache
-directory, never into the data directory (both defined in ``benchmarks.paths``). The data files' names
-(``UNKE_FILE``, ``MQUAKE_FILE``, ...), the MMLU CSV reader and ``DataError`` come from the core package's
-``hpse_easyedit.data_files``.
+directory, never into the data directory (both defined in ``benchmarks.paths``). The data files'
+names (``UNKE_FILE``, ``MQUAKE_FILE``, ...), the MMLU CSV reader and ``DataError`` come from the
+core package's ``hpse_easyedit.data_files``.
 """
 
 from __future__ import annotations
@@ -73,8 +74,9 @@ PASSAGE_PROMPT = (
     "FACT: {fact}\n\nAnswer with the paragraph only."
 )
 
-#: where ``s`` of ``Introduce {s}.`` comes from for records without a subject (``--subjects``): the subjects
-#: file, the judge model, a heuristic, or ``auto`` (file, then the judge model if configured, then the heuristic)
+#: where ``s`` of ``Introduce {s}.`` comes from for records without a subject (``--subjects``): the
+#: subjects file, the judge model, a heuristic, or ``auto`` (file, then the judge model if
+#: configured, then the heuristic)
 SUBJECT_MODES = ("auto", "file", "llm", "heuristic")
 
 
@@ -109,7 +111,8 @@ def _read_json(path: Path) -> Any:
 
 
 def _read_list(path: Path, what: str, limit: int | None) -> list:
-    """The JSON list of ``path`` (its first ``limit`` entries when given); DataError naming ``what`` otherwise."""
+    """The JSON list of ``path`` (its first ``limit`` entries when given); DataError naming ``what``
+    otherwise."""
     items = _read_json(path)
     if not isinstance(items, list):
         raise DataError(f"{path}: expected a JSON list of {what}, got {type(items).__name__}")
@@ -137,7 +140,7 @@ def _str_list(record: dict, key: str, path: Path, where: str) -> list[str]:
     return value
 
 
-# ---------------------------------------------------------------------------------------------- subjects
+# ----------------------------------------------------------------------------------------- subjects
 _CONNECTORS = {"of", "the", "de", "van", "von", "da", "del", "and", "&"}
 _SKIP_WORDS = {
     "What",
@@ -197,7 +200,8 @@ def _name_spans(question: str) -> list[str]:
 def heuristic_subject(question: str, passage: str) -> str:
     """A topic phrase without an LLM: the first capitalised span of the question with two or more
     words (possessive dropped), else its first span, else the passage's first five words. Questions
-    name their subject early ("What is George Rankin's occupation?"). Only a logged offline fallback."""
+    name their subject early ("What is George Rankin's occupation?"). Only a logged offline
+    fallback."""
     spans = _name_spans(question)
     if spans:
         return next((s for s in spans if len(s.split()) > 1), spans[0])
@@ -212,10 +216,10 @@ def _generated(
     client: Any,
     cache_dir: Path,
 ) -> dict[str, str]:
-    """The judge model's answer for every key (a record id, a fact), asked through the client's one response
-    cache, so a rerun asks nothing again. ``<cache_dir>/<kind>.<model>.json`` (key -> answer), the cache that
-    earlier versions kept beside it, is read when present and its answers used as they are; it is never
-    written or deleted."""
+    """The judge model's answer for every key (a record id, a fact), asked through the client's one
+    response cache, so a rerun asks nothing again. ``<cache_dir>/<kind>.<model>.json`` (key ->
+    answer), the cache that earlier versions kept beside it, is read when present and its answers
+    used as they are; it is never written or deleted."""
     slug = re.sub(r"[^\w.-]+", "_", client.model)
     legacy_path = cache_dir / f"{kind}.{slug}.json"
     legacy: dict[str, str] = _read_json(legacy_path) if legacy_path.is_file() else {}
@@ -304,7 +308,7 @@ def _subjects_for(
     return subjects, source
 
 
-# ---------------------------------------------------------------------------------------------- UnKEBench
+# ---------------------------------------------------------------------------------------- UnKEBench
 def load_unkebench(
     data_dir: str | os.PathLike | None = None,
     *,
@@ -320,11 +324,12 @@ def load_unkebench(
 
     Columns: ``case_id``, ``subject``, ``subject_source``, ``requests`` (one request: the passage
     ``answer`` from ``Introduce {s}.``), ``passage``, ``question``, ``para_question``,
-    ``sub_questions``, ``sub_answers``; v3 files add ``mmlu_questions``, ``mmlu_choices``, ``mmlu_answer``.
+    ``sub_questions``, ``sub_answers``; v3 files add ``mmlu_questions``, ``mmlu_choices``,
+    ``mmlu_answer``.
 
-    ``subjects``: 'file' (``subjects_file``, default ``unkebench/subjects.json``), 'llm' (generated by
-    ``client``, kept in its response cache), 'heuristic', or 'auto' = file, then llm if a client is given, then a
-    logged heuristic fallback.
+    ``subjects``: 'file' (``subjects_file``, default ``unkebench/subjects.json``), 'llm' (generated
+    by ``client``, kept in its response cache), 'heuristic', or 'auto' = file, then llm if a client
+    is given, then a logged heuristic fallback.
     """
     path = _resolve(data_dir, file)
     records = _read_list(path, "records", limit)
@@ -400,9 +405,10 @@ def load_unkebench(
     return Dataset.from_dict(rows)
 
 
-# ---------------------------------------------------------------------------------------------- MQuAKE-uns
+# --------------------------------------------------------------------------------------- MQuAKE-uns
 def _fact_new(rw: dict) -> str:
-    """The rewrite as one sentence: AKEW's ``fact_new``, else MQuAKE's ``prompt`` filled + ``target_new``."""
+    """The rewrite as one sentence: AKEW's ``fact_new``, else MQuAKE's ``prompt`` filled +
+    ``target_new``."""
     if isinstance(rw.get("fact_new"), str) and rw["fact_new"].strip():
         return rw["fact_new"].strip()
     return f"{rw['prompt'].format(rw['subject'])} {rw['target_new']['str']}."
@@ -432,8 +438,8 @@ def load_mquake_uns(
     """MQuAKE-uns edit cases from AKEW's ``MQuAKE-CF.json`` or a MQuAKE-CF-3k / Remastered file.
 
     Each rewrite becomes one request ``Introduce {subject}.`` -> passage, where the passage is the
-    rewrite's ``fact_new_uns`` (AKEW) or, for files without it, a passage generated by ``client`` from
-    the rewrite's ``fact_new`` (cached). All rewrites of a case form one edit.
+    rewrite's ``fact_new_uns`` (AKEW) or, for files without it, a passage generated by ``client``
+    from the rewrite's ``fact_new`` (cached). All rewrites of a case form one edit.
 
     Columns: ``case_id``, ``requests``, ``passage_source``, ``single_hop_questions``,
     ``single_hop_answers`` (answer + aliases per ``new_single_hops`` entry), ``multi_hop_questions``
@@ -516,7 +522,7 @@ def load_mquake_uns(
     return Dataset.from_dict(rows)
 
 
-# ---------------------------------------------------------------------------------------------- MMLU
+# --------------------------------------------------------------------------------------------- MMLU
 @dataclass(frozen=True)
 class MMLUItem:
     """One MMLU test question with its subject's dev-split few-shot examples."""
@@ -536,7 +542,8 @@ def load_mmlu_subset(
     seed: int = 0,
     subdir: str = MMLU_DIR,
 ) -> list[MMLUItem]:
-    """A fixed, subject-stratified subset of ``n`` MMLU test questions with ``shots`` dev examples each.
+    """A fixed, subject-stratified subset of ``n`` MMLU test questions with ``shots`` dev examples
+    each.
 
     Subjects are visited in sorted order, round-robin, each through a seeded permutation of its test
     rows, so the subset depends only on ``n`` and ``seed`` and spreads over all 57 subjects.

@@ -1,4 +1,5 @@
-"""Which share of a benchmark run this process does, and where its model goes, from accelerate's process state.
+"""Which share of a benchmark run this process does, and where its model goes, from accelerate's
+process state.
 
 Under ``accelerate launch --num_processes N`` (or ``torchrun``) every process runs the same script.
 ``process_context`` asks accelerate's ``PartialState`` which process this is and gives back a
@@ -8,9 +9,9 @@ single process of today's runs, and nothing changes.
 
 Devices. Without ``model_parallel`` process R uses accelerate's device for it (``cuda:LOCAL_RANK``,
 or the CPU under ``--cpu`` / on a machine without GPUs), which overrides the hparams' ``device``.
-With ``model_parallel: true`` and several processes, each process owns a group of k GPUs of its host:
-the host's visible GPUs are split into equal contiguous groups, one per local process (8 GPUs and 4
-processes per host: process 0 gets GPUs 0,1, process 1 gets 2,3, ...), set as
+With ``model_parallel: true`` and several processes, each process owns a group of k GPUs of its
+host: the host's visible GPUs are split into equal contiguous groups, one per local process (8 GPUs
+and 4 processes per host: process 0 gets GPUs 0,1, process 1 gets 2,3, ...), set as
 ``CUDA_VISIBLE_DEVICES`` of that process before CUDA starts, and ``device_map="auto"`` spreads the
 model over that group. The processes then synchronise over gloo (CPU), since no process owns a
 single GPU for NCCL. With one process, ``model_parallel`` uses every visible GPU, as before.
@@ -39,8 +40,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 #: How long a process waits at a barrier for the others. Shards are uneven (a continual-editing run
-#: of 4 blocks on 8 processes leaves 4 idle from the start), so this must outlast the longest shard; a
-#: process that crashes is torn down by the launcher together with the others, so only a hung
+#: of 4 blocks on 8 processes leaves 4 idle from the start), so this must outlast the longest shard;
+#: a process that crashes is torn down by the launcher together with the others, so only a hung
 #: process is ever waited for this long.
 DEFAULT_TIMEOUT = timedelta(days=7)
 
@@ -48,7 +49,8 @@ _CONTEXT: "ProcessContext | None" = None
 
 
 class LaunchError(RuntimeError):
-    """The processes of a launch cannot be set up as asked (GPU groups, model_parallel, process group)."""
+    """The processes of a launch cannot be set up as asked (GPU groups, model_parallel, process
+    group)."""
 
 
 @dataclass(frozen=True)
@@ -57,12 +59,13 @@ class ProcessContext:
 
     Attributes:
         rank, world: this process is ``rank`` of ``world`` processes (0 of 1 without a launcher).
-        device: the hparams ``device`` this process must use (a CUDA index, or ``"cpu"``), or None to
-            keep the hparams file's (single process, or ``model_parallel``).
+        device: the hparams ``device`` this process must use (a CUDA index, or ``"cpu"``), or None
+            to keep the hparams file's (single process, or ``model_parallel``).
         gpus: under ``model_parallel`` with several processes, the GPU ids this process owns.
         model_parallel: whether the context was made for ``model_parallel`` models.
-        state: accelerate's ``PartialState``; None means no process group, and the barriers do nothing
-            (one process, or the shards of an N-process layout run one after another by hand).
+        state: accelerate's ``PartialState``; None means no process group, and the barriers do
+            nothing (one process, or the shards of an N-process layout run one after another by
+            hand).
     """
 
     rank: int = 0
@@ -124,7 +127,8 @@ def _env_int(name: str, default: int) -> int:
 
 
 def gpu_group(visible: Sequence[str], local_rank: int, local_world: int) -> list[str]:
-    """The contiguous share of a host's ``visible`` GPU ids that local process ``local_rank`` of ``local_world`` owns."""
+    """The contiguous share of a host's ``visible`` GPU ids that local process ``local_rank`` of
+    ``local_world`` owns."""
     if not visible:
         raise LaunchError(
             "model_parallel with several processes needs GPUs, but none is visible on this host"
@@ -177,8 +181,8 @@ def process_context(
 ) -> ProcessContext:
     """This process's ``ProcessContext``, made once per process from accelerate's ``PartialState``.
 
-    ``model_parallel`` decides how GPUs are shared out, which can only happen before CUDA starts: all
-    runs of one multi-process launch (all methods of ``run_compare.py``) must agree on it.
+    ``model_parallel`` decides how GPUs are shared out, which can only happen before CUDA starts:
+    all runs of one multi-process launch (all methods of ``run_compare.py``) must agree on it.
     """
     global _CONTEXT
     if _CONTEXT is not None:

@@ -1,25 +1,27 @@
-"""The GPU path measured without a GPU (``benchmarks.perf``, ``python -m benchmarks.gpu_path``): kernels
-and host syncs per decoded token, graph breaks of the static decode step, the H100 roofline of a decode
-step, and the memory planner against a measured CPU edit; with ``--device cuda``, the figures only a GPU
-measures.
+"""The GPU path measured without a GPU (``benchmarks.perf``, ``python -m benchmarks.gpu_path``):
+kernels and host syncs per decoded token, graph breaks of the static decode step, the H100 roofline
+of a decode step, and the memory planner against a measured CPU edit; with ``--device cuda``, the
+figures only a GPU measures.
 
-On a GPU each aten op of a decode step that runs a kernel is about one kernel launch, and each read of a
-device value on the host (``.item()``, ``bool()``, ``nonzero``) stalls the launch queue; at 7B widths a
-launch-bound decode pays for both, not for bandwidth. The counts run the project's own rollout
-(``rollout.batched_hybrid_rollout``, dynamic or ``static_decode``; ``batched_hybrid_rollouts`` for the
-requests of an edit decoded as one batch) on the ``meta`` device (shapes without data; a value read on
-the host is counted and answered with 0, which keeps the loop going) for two rollout lengths and two
-depths, and scale to the model's depth: ``per_step = (ops(2k) - ops(k)) / k`` (k: the stop test's period,
-1 on the dynamic path), ``per_layer = per_step(3 layers) - per_step(2 layers)``, the rest is outside the
-layers; a decoded token's share is ``per_step / requests``. Counted as kernels: every aten op but views
-and ``_unsafe_view`` (a reshape's result, no kernel), with scaled dot-product attention as the one fused
-kernel a GPU runs (``planner.fused_attention_on_meta``) where the meta device would decompose it. Graph
-breaks: ``torch._dynamo.explain`` of the static decode step.
+On a GPU each aten op of a decode step that runs a kernel is about one kernel launch, and each read
+of a device value on the host (``.item()``, ``bool()``, ``nonzero``) stalls the launch queue; at 7B
+widths a launch-bound decode pays for both, not for bandwidth. The counts run the project's own
+rollout (``rollout.batched_hybrid_rollout``, dynamic or ``static_decode``;
+``batched_hybrid_rollouts`` for the requests of an edit decoded as one batch) on the ``meta`` device
+(shapes without data; a value read on the host is counted and answered with 0, which keeps the loop
+going) for two rollout lengths and two depths, and scale to the model's depth: ``per_step =
+(ops(2k) - ops(k)) / k`` (k: the stop test's period, 1 on the dynamic path), ``per_layer =
+per_step(3 layers) - per_step(2 layers)``, the rest is outside the layers; a decoded token's share
+is ``per_step / requests``. Counted as kernels: every aten op but views and ``_unsafe_view`` (a
+reshape's result, no kernel), with scaled dot-product attention as the one fused kernel a GPU runs
+(``planner.fused_attention_on_meta``) where the meta device would decompose it. Graph breaks:
+``torch._dynamo.explain`` of the static decode step.
 
 The roofline of a decode step on an H100 (``H100``): the bytes it must read (every weight the step
-multiplies by, the adapters in the model's dtype, and the KV cache at the rollout's mean context) over
-the memory bandwidth, against its FLOPs (``torch.utils.flop_counter.FlopCounterMode`` over one step at
-the backbone's full depth on the meta device) over the bf16 dense peak; the larger is the floor."""
+multiplies by, the adapters in the model's dtype, and the KV cache at the rollout's mean context)
+over the memory bandwidth, against its FLOPs (``torch.utils.flop_counter.FlopCounterMode`` over one
+step at the backbone's full depth on the meta device) over the bf16 dense peak; the larger is the
+floor."""
 
 from __future__ import annotations
 
@@ -50,7 +52,8 @@ __all__ = [
 HOST_READS = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default)
 #: ops that only re-describe a storage although their schema does not say so (no kernel runs)
 KERNEL_FREE = (torch.ops.aten._unsafe_view.default,)
-#: the card of the roofline: H100 SXM, HBM3 bandwidth and dense bf16 tensor-core peak (NVIDIA's data sheet)
+#: the card of the roofline: H100 SXM, HBM3 bandwidth and dense bf16 tensor-core peak (NVIDIA's data
+#: sheet)
 H100 = {"card": "H100 SXM", "bandwidth_gb_s": 3350.0, "bf16_tflops": 989.0}
 #: the rollout lengths of the roofline and the GPU run: UnKEBench's (planner.WORKLOADS)
 STUDENT_PROMPT, TEACHER_PROMPT, ROLLOUT = 37, 171 + 157, 128
@@ -63,8 +66,8 @@ def _is_view(func: Any) -> bool:
 
 
 class OpCounter(TorchDispatchMode):
-    """Counts aten ops that run a kernel (views and ``KERNEL_FREE`` excluded), by op, and host reads; on
-    the meta device a host read returns 0 (``nonzero``: nothing found)."""
+    """Counts aten ops that run a kernel (views and ``KERNEL_FREE`` excluded), by op, and host
+    reads; on the meta device a host read returns 0 (``nonzero``: nothing found)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -103,7 +106,8 @@ def _at_depth(hparams: Any, layers: int) -> Any:
 
 
 def _meta_executor(hparams: Any, layers: int | None) -> Any:
-    """The executor of ``hparams`` around its backbone (cut to ``layers`` layers) on the meta device."""
+    """The executor of ``hparams`` around its backbone (cut to ``layers`` layers) on the meta
+    device."""
     from transformers import AutoModelForCausalLM
 
     from hpse_easyedit.executors import make_executor
@@ -150,10 +154,10 @@ def _rollout_counts(
 
 
 def decode_counts(hparams: Any, static: bool, requests: int = 1) -> dict:
-    """Kernels and host reads per decoded rollout token (a step's student and teacher rows of every request
-    in one forward, divided by ``requests``) at the depth of ``hparams``' backbone, from 2- and 3-layer
-    counts, and the ops that make them up; see the module docstring. ``requests`` > 1 decodes that many
-    requests as one batch on the static path."""
+    """Kernels and host reads per decoded rollout token (a step's student and teacher rows of every
+    request in one forward, divided by ``requests``) at the depth of ``hparams``' backbone, from 2-
+    and 3-layer counts, and the ops that make them up; see the module docstring. ``requests`` > 1
+    decodes that many requests as one batch on the static path."""
     from hpse_easyedit.planner import backbone_config
 
     if requests > 1 and not static:
@@ -190,8 +194,8 @@ def decode_counts(hparams: Any, static: bool, requests: int = 1) -> dict:
     }
 
 
-#: a kernel launch in the ``call`` function of inductor's generated code: a fused kernel, an extern kernel
-#: (matmuls) or an aten fallback
+#: a kernel launch in the ``call`` function of inductor's generated code: a fused kernel, an extern
+#: kernel (matmuls) or an aten fallback
 _LAUNCH = re.compile(
     r"^\s+(?:\w+ = )?(cpp_fused_\w+|triton_\w+\.run|extern_kernels\.\w+|torch\.ops\.aten\.\w+)\(",
     re.MULTILINE,
@@ -199,10 +203,10 @@ _LAUNCH = re.compile(
 
 
 def _compiled_step_kernels(hparams: Any, layers: int, vocab: int) -> int:
-    """Kernels one compiled static decode step launches: the step of the backbone cut to ``layers`` layers
-    (random weights in the file's dtype, the vocabulary shrunk to ``vocab`` ids: the head is one matmul at any
-    size) under ``torch.compile(fullgraph=True)`` with inductor on the CPU, counted in the code inductor
-    generates."""
+    """Kernels one compiled static decode step launches: the step of the backbone cut to ``layers``
+    layers (random weights in the file's dtype, the vocabulary shrunk to ``vocab`` ids: the head is
+    one matmul at any size) under ``torch.compile(fullgraph=True)`` with inductor on the CPU,
+    counted in the code inductor generates."""
     from torch._inductor.utils import run_and_get_code
     from transformers import AutoModelForCausalLM
 
@@ -228,11 +232,11 @@ def _compiled_step_kernels(hparams: Any, layers: int, vocab: int) -> int:
 
 
 def compiled_decode_kernels(hparams: Any, vocab: int = 512) -> dict:
-    """Kernels per decoded token of the compiled static decode step (``static_decode: compile``: on a GPU CUDA
-    graphs replay it as one launch, and its kernels are inductor's fusions) at the depth of ``hparams``'
-    backbone, from 2- and 3-layer compilations scaled as ``decode_counts`` scales. Inductor's CPU code stands in
-    for its CUDA code here: the same graph and fusion rules, another code generator (an estimate of the CUDA
-    count, not a count of it)."""
+    """Kernels per decoded token of the compiled static decode step (``static_decode: compile``: on
+    a GPU CUDA graphs replay it as one launch, and its kernels are inductor's fusions) at the depth
+    of ``hparams``' backbone, from 2- and 3-layer compilations scaled as ``decode_counts`` scales.
+    Inductor's CPU code stands in for its CUDA code here: the same graph and fusion rules, another
+    code generator (an estimate of the CUDA count, not a count of it)."""
     from hpse_easyedit.planner import backbone_config
 
     depth = backbone_config(hparams.model_name).num_hidden_layers
@@ -263,9 +267,9 @@ def static_step_graph_breaks(hparams: Any, layers: int = 2) -> int:
 
 def roofline(hparams: Any, requests: int = 1) -> dict:
     """The H100 floor of one decode step of ``requests`` requests (student and teacher rows each) of
-    ``hparams``' backbone at full depth, at UnKEBench's lengths: the bytes it reads over the bandwidth against
-    its FLOPs over the bf16 peak (see the module docstring), and the rollout tokens per second that floor
-    allows."""
+    ``hparams``' backbone at full depth, at UnKEBench's lengths: the bytes it reads over the
+    bandwidth against its FLOPs over the bf16 peak (see the module docstring), and the rollout
+    tokens per second that floor allows."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from hpse_easyedit.static_decode import StaticDecoder
@@ -383,12 +387,13 @@ def gpu_figures(
     vocab: int | None = None,
     repeats: int = 3,
 ) -> dict:
-    """What only a GPU measures, on a random-weight model of ``hparams``' backbone (its published config,
-    built straight on ``device`` in the file's dtype; ``layers``/``vocab`` cut it for a dry run): rollout tokens
-    per second of one request at UnKEBench's lengths on the dynamic decode, the static one and the compiled
-    static one (CUDA graphs on CUDA; the best of ``repeats`` after a first run that compiles), the seconds of one
-    single-request edit with the file's rounds and inner steps (the edit's own loop, ``training.train_edit``,
-    on the compiled static decode), and the peak reserved memory plus the CUDA context."""
+    """What only a GPU measures, on a random-weight model of ``hparams``' backbone (its published
+    config, built straight on ``device`` in the file's dtype; ``layers``/``vocab`` cut it for a dry
+    run): rollout tokens per second of one request at UnKEBench's lengths on the dynamic decode, the
+    static one and the compiled static one (CUDA graphs on CUDA; the best of ``repeats`` after a
+    first run that compiles), the seconds of one single-request edit with the file's rounds and
+    inner steps (the edit's own loop, ``training.train_edit``, on the compiled static decode), and
+    the peak reserved memory plus the CUDA context."""
     from transformers import AutoModelForCausalLM
 
     from hpse_easyedit.editor import HPSEObjective

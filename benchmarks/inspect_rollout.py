@@ -1,14 +1,15 @@
 """What the privileged teacher injects: the first-round hybrid rollout of benchmark cases, step-ins marked.
 
-For each case it builds the edit prompts exactly as ``hpse_edit`` does, draws the round-1 greedy hybrid
-rollout on the UNEDITED model (student and teacher are then the same weights, the teacher reading the
-passage), and prints the rollout with every stepped-in token in ``[[...]]``. It also counts the
-step-ins whose token is a content word (letters, 3+ characters, not a function word) and whether that word occurs in the
-case's passages: a teacher that steps in with passage words is supplying the new facts; one that steps
-in with other words is injecting its own text. In a case with several requests it also counts the
-content words that occur only in ANOTHER request's passage (with ``teacher_facts=all`` the teacher of
-one request's rollout reads every passage and may pull the student toward another subject). Several
-``--gates`` groups compare settings on the same cases; ``--cases`` names the cases to inspect.
+For each case it builds the edit prompts exactly as ``hpse_edit`` does, draws the round-1 greedy
+hybrid rollout on the UNEDITED model (student and teacher are then the same weights, the teacher
+reading the passage), and prints the rollout with every stepped-in token in ``[[...]]``. It also
+counts the step-ins whose token is a content word (letters, 3+ characters, not a function word) and
+whether that word occurs in the case's passages: a teacher that steps in with passage words is
+supplying the new facts; one that steps in with other words is injecting its own text. In a case
+with several requests it also counts the content words that occur only in ANOTHER request's passage
+(with ``teacher_facts=all`` the teacher of one request's rollout reads every passage and may pull
+the student toward another subject). Several ``--gates`` groups compare settings on the same cases;
+``--cases`` names the cases to inspect.
 
     python -m benchmarks.inspect_rollout --hparams hparams/HPSE/smollm2-135m.yaml --limit 20 \\
         --gates tau=2,kappa=0.3 --gates tau=1,kappa=0.1 --out runs/inspect-gates.json
@@ -39,12 +40,14 @@ not but all any one two some such very more most many much our out over under ab
 
 
 def inspect_case(model: Any, tok: Any, case: dict, hp: Any) -> dict:
-    """Round-1 rollouts of one case's requests under ``hp``'s gates, with each step-in classified."""
+    """Round-1 rollouts of one case's requests under ``hp``'s gates, with each step-in
+    classified."""
     from hpse_easyedit.editor import edit_prompts
     from hpse_easyedit.prompts import stop_token_ids
     from hpse_easyedit.rollout import hybrid_rollout
 
-    # without the loader's "prompt", each request takes hp.editing_prompt (so a group may override it)
+    # without the loader's "prompt", each request takes hp.editing_prompt (so a group may override
+    # it)
     prompts = edit_prompts(
         model, tok, [{k: v for k, v in r.items() if k != "prompt"} for r in case["requests"]], hp
     )

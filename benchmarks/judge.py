@@ -1,14 +1,15 @@
-"""The UnKEBench judges: the paper's LLM judge behind any OpenAI-compatible endpoint, or an offline lexical fallback.
+"""The UnKEBench judges: the paper's LLM judge behind any OpenAI-compatible endpoint, or an offline
+lexical fallback.
 
-``LLMJudge`` asks the paper's judge prompts (``benchmarks.llm.prompts``) through ``benchmarks.llm.client``'s
-``ChatClient`` (its retries and its one on-disk cache): FActScore atomic-fact decomposition of each answer
-sentence, FActScore support validation of each fact against the edit passage, and the decomposed-recall
-coverage judge for the Dmp sub-questions.
+``LLMJudge`` asks the paper's judge prompts (``benchmarks.llm.prompts``) through
+``benchmarks.llm.client``'s ``ChatClient`` (its retries and its one on-disk cache): FActScore
+atomic-fact decomposition of each answer sentence, FActScore support validation of each fact against
+the edit passage, and the decomposed-recall coverage judge for the Dmp sub-questions.
 
-``LexicalJudge`` needs no endpoint: atomic facts are the answer's sentences, a fact counts as supported
-when most of its content words occur in the passage, and a sub-question counts as answered when most
-of the expected answer's content words occur in the model answer. It is a rough stand-in, so it is
-named ``lexical-fallback`` in every record and summary it produced.
+``LexicalJudge`` needs no endpoint: atomic facts are the answer's sentences, a fact counts as
+supported when most of its content words occur in the passage, and a sub-question counts as answered
+when most of the expected answer's content words occur in the model answer. It is a rough stand-in,
+so it is named ``lexical-fallback`` in every record and summary it produced.
 
 The client and prompt names are importable from here too, where callers have always found them.
 """
@@ -89,7 +90,8 @@ def _content_words(text: str) -> list[str]:
 
 @dataclass
 class FactScoreResult:
-    """FActScore of one answer: its atomic facts, the judge's verdicts and the supported fraction."""
+    """FActScore of one answer: its atomic facts, the judge's verdicts and the supported
+    fraction."""
 
     facts: list[str]
     supported: list[bool]
@@ -122,7 +124,8 @@ class Judge:
 
 
 class LLMJudge(Judge):
-    """The paper's judge: FActScore decomposition + support validation, and the Dmp coverage prompt."""
+    """The paper's judge: FActScore decomposition + support validation, and the Dmp coverage
+    prompt."""
 
     def __init__(self, client: ChatClient) -> None:
         self.client = client
@@ -162,7 +165,8 @@ class LLMJudge(Judge):
 
 
 class LexicalJudge(Judge):
-    """Offline stand-in: content-word overlap instead of an LLM. Coarse; named ``lexical-fallback``."""
+    """Offline stand-in: content-word overlap instead of an LLM. Coarse; named
+    ``lexical-fallback``."""
 
     name = LEXICAL_JUDGE_NAME
 
@@ -175,15 +179,16 @@ class LexicalJudge(Judge):
         return sum(w in pool for w in words) / len(words) if words else 0.0
 
     def factscore(self, answer: str, passage: str, subject: str) -> FactScoreResult:
-        """Facts = the answer's sentences with content words; supported = >= threshold of them in the passage."""
+        """Facts = the answer's sentences with content words; supported = >= threshold of them in
+        the passage."""
         pool = set(_content_words(passage))
         facts = [s for s in split_sentences(answer) if _content_words(s)]
         supported = [self._recall(_content_words(f), pool) >= self.support_threshold for f in facts]
         return FactScoreResult(facts, supported, supported_fraction(supported))
 
     def coverage(self, items: Sequence[CoverageItem]) -> tuple[list[int], bool]:
-        """1 when >= threshold of the expected answer's content words (those not already in the question,
-        unless that leaves none) occur in the model answer."""
+        """1 when >= threshold of the expected answer's content words (those not already in the
+        question, unless that leaves none) occur in the model answer."""
         scores = []
         for it in items:
             expected = _content_words(it.expected)
@@ -199,10 +204,11 @@ class LexicalJudge(Judge):
 
 
 def make_judge(kind: str, settings: JudgeSettings, warn: bool = True) -> Judge:
-    """``kind``: 'llm' (needs an endpoint), 'lexical', or 'auto' (llm when an endpoint is configured).
+    """``kind``: 'llm' (needs an endpoint), 'lexical', or 'auto' (llm when an endpoint is
+    configured).
 
-    ``warn=False`` leaves the warning about the lexical fallback to the caller (the runner logs it after
-    its pre-flight checks, so a bad option is the only line a user sees).
+    ``warn=False`` leaves the warning about the lexical fallback to the caller (the runner logs it
+    after its pre-flight checks, so a bad option is the only line a user sees).
     """
     if kind not in JUDGE_KINDS:
         raise ValueError(f"--judge must be {choice_text(JUDGE_KINDS)}, got {kind!r}")
@@ -223,9 +229,9 @@ def make_judge(kind: str, settings: JudgeSettings, warn: bool = True) -> Judge:
     return judge
 
 
-#: ``--judge`` kind -> the judge it builds from the endpoint settings; ``auto`` picks ``llm`` when an endpoint is
-#: configured, else ``lexical``. A new judge is one class plus one ``register_judge`` line; ``--help``, the
-#: option checks and ``make_judge`` follow.
+#: ``--judge`` kind -> the judge it builds from the endpoint settings; ``auto`` picks ``llm`` when
+#: an endpoint is configured, else ``lexical``. A new judge is one class plus one ``register_judge``
+#: line; ``--help``, the option checks and ``make_judge`` follow.
 JUDGES: dict[str, Callable[[JudgeSettings], Judge]] = {
     "llm": lambda settings: LLMJudge(ChatClient(settings)),
     "lexical": lambda settings: LexicalJudge(),

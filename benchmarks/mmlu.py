@@ -1,11 +1,11 @@
 """MMLU accuracy as the locality check, the way UnKE's official code measures it.
 
-The prompt is plain text (no chat template): the Hendrycks header, ``shots`` solved dev examples of the
-question's subject, then the question ending in ``Answer:``. The prediction is the letter among A-D
-whose token has the highest next-token logit (a letter may be tokenised with or without a leading
-space; the better of the two counts). Prompts are batched with left padding and explicit position ids,
-so a batch scores like its prompts one by one; the few-shot prefix a subject's questions share is
-computed once per subject and its KV cache reused.
+The prompt is plain text (no chat template): the Hendrycks header, ``shots`` solved dev examples of
+the question's subject, then the question ending in ``Answer:``. The prediction is the letter among
+A-D whose token has the highest next-token logit (a letter may be tokenised with or without a
+leading space; the better of the two counts). Prompts are batched with left padding and explicit
+position ids, so a batch scores like its prompts one by one; the few-shot prefix a subject's
+questions share is computed once per subject and its KV cache reused.
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ def format_mmlu_prompt(item: MMLUItem) -> str:
 
 
 def letter_token_ids(tokenizer: Any) -> list[list[int]]:
-    """For each of A-D, the token ids that spell it right after ``Answer:`` (with and without a space)."""
+    """For each of A-D, the token ids that spell it right after ``Answer:`` (with and without a
+    space)."""
     out = []
     for letter in _LETTERS:
         ids = {
@@ -66,8 +67,9 @@ def _shared_prefix_len(rows: Sequence[Sequence[int]]) -> int:
 
 
 class _LastLogits:
-    """The last position's logits of a forward; skips the [B, T, V] head product where the model allows it
-    (transformers >= 4.50 names it logits_to_keep; a model or wrapper that refuses it gets the full product)."""
+    """The last position's logits of a forward; skips the [B, T, V] head product where the model
+    allows it (transformers >= 4.50 names it logits_to_keep; a model or wrapper that refuses it gets
+    the full product)."""
 
     def __init__(self, model: Any) -> None:
         self.model, self.keep = model, {"logits_to_keep": 1}
@@ -92,10 +94,11 @@ def letter_scores(
 ) -> list[list[float]]:
     """Next-token logit of each letter A-D after each item's prompt (the best of its spellings).
 
-    ``share_prefix`` (default): the items of one subject share the header and the few-shot examples, so
-    their common token prefix is run ONCE and its KV cache reused for each question's own tokens (the
-    same token ids as the whole prompt, so the same predictions; logits agree to float rounding).
-    ``share_prefix=False``: every prompt is run whole, batches of similar lengths (the earlier path).
+    ``share_prefix`` (default): the items of one subject share the header and the few-shot examples,
+    so their common token prefix is run ONCE and its KV cache reused for each question's own tokens
+    (the same token ids as the whole prompt, so the same predictions; logits agree to float
+    rounding). ``share_prefix=False``: every prompt is run whole, batches of similar lengths (the
+    earlier path).
     """
     from hpse_easyedit.rollout import cache_keyword, input_device, output_cache
 
@@ -189,9 +192,9 @@ def mmlu_accuracy(
 
 
 class MMLUProbe:
-    """MMLU as the locality check around a run's edits (a task that ``measures_mmlu``): the unedited model's
-    accuracy once per output directory (``mmlu_before.json``), and the edited model's after every
-    ``mmlu_every``-th edit (case in single mode, block in continual mode)."""
+    """MMLU as the locality check around a run's edits (a task that ``measures_mmlu``): the unedited
+    model's accuracy once per output directory (``mmlu_before.json``), and the edited model's after
+    every ``mmlu_every``-th edit (case in single mode, block in continual mode)."""
 
     def __init__(
         self, options: Mapping[str, Any], enabled: bool, data_dir: Path, out_dir: Path
@@ -203,7 +206,8 @@ class MMLUProbe:
         self.items: list[MMLUItem] = []
 
     def load(self) -> None:
-        """The fixed subset (``mmlu_n`` questions, ``mmlu_shots`` dev examples each, ``mmlu_seed``)."""
+        """The fixed subset (``mmlu_n`` questions, ``mmlu_shots`` dev examples each,
+        ``mmlu_seed``)."""
         if self.enabled:
             o = self.options
             self.items = load_mmlu_subset(
@@ -211,11 +215,13 @@ class MMLUProbe:
             )
 
     def lacks_before(self) -> bool:
-        """True when the unedited model's accuracy is still to be measured (the model must be loaded for it)."""
+        """True when the unedited model's accuracy is still to be measured (the model must be loaded
+        for it)."""
         return self.enabled and not self.path.is_file()
 
     def due(self, unit: int) -> bool:
-        """MMLU after the edit of this case (single) or block (sequential): every ``mmlu_every``-th one, from the first."""
+        """MMLU after the edit of this case (single) or block (sequential): every ``mmlu_every``-th
+        one, from the first."""
         return self.enabled and unit % self.options["mmlu_every"] == 0
 
     def measure(self, model: Any, tokenizer: Any) -> float:
@@ -225,8 +231,8 @@ class MMLUProbe:
         return 100.0 * acc
 
     def before(self, unedited: Callable[[], tuple[Any, Any]] | None) -> float | None:
-        """MMLU of the unedited model, computed once per output directory (``unedited()`` gives the model and its
-        tokenizer; None: it must be recorded already, by the main process)."""
+        """MMLU of the unedited model, computed once per output directory (``unedited()`` gives the
+        model and its tokenizer; None: it must be recorded already, by the main process)."""
         if not self.enabled:
             return None
         if self.path.is_file():

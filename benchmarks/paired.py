@@ -26,14 +26,15 @@ official one: aliases of at most N characters must occur as whole words, so Germ
 longer counts inside "despite". A diagnostic for editors that recite long passages; the paper's
 numbers use the official check (the default).
 
-``--recitation`` (needs ``--data``) adds recitation diagnostics beside the official table, never in its
-place: every stored answer rescored (a) cut to its first sentence and (b) cut to its first 32 tokens
-(``--recitation-tokens``) of the runs' model tokenizer (``hparams.model_name`` of the runs' config,
-loaded offline through ``hpse_easyedit``'s model cache; when it cannot be loaded, words and punctuation
-marks are counted instead and the table says so), and the share of each official score that survives.
-MQuAKE-uns: Ind and Cmp by the check in use. UnKEBench: Div always; Jnt and Dmp only for runs judged by
-the offline lexical judge, which is rerun on the cut answers; Jnt/Dmp from an LLM judge cannot be
-recomputed offline, so those runs get Div alone. No model time: only stored answers are read.
+``--recitation`` (needs ``--data``) adds recitation diagnostics beside the official table, never in
+its place: every stored answer rescored (a) cut to its first sentence and (b) cut to its first 32
+tokens (``--recitation-tokens``) of the runs' model tokenizer (``hparams.model_name`` of the runs'
+config, loaded offline through ``hpse_easyedit``'s model cache; when it cannot be loaded, words and
+punctuation marks are counted instead and the table says so), and the share of each official score
+that survives. MQuAKE-uns: Ind and Cmp by the check in use. UnKEBench: Div always; Jnt and Dmp only
+for runs judged by the offline lexical judge, which is rerun on the cut answers; Jnt/Dmp from an LLM
+judge cannot be recomputed offline, so those runs get Div alone. No model time: only stored answers
+are read.
 """
 
 from __future__ import annotations
@@ -69,9 +70,9 @@ METRICS = {name: task.metrics for name, task in TASKS.items()}
 
 
 def load_run(run_dir: str | Path) -> tuple[str, dict[str, dict]]:
-    """(benchmark name, {case_id: record}) of a run directory, the cases whose edit diverged left out (they have no
-    scores; the run's summary counts them); ``DIR@N``: the run's checkpoint after N edits of each sequence
-    (``--checkpoints``); clear errors for anything else."""
+    """(benchmark name, {case_id: record}) of a run directory, the cases whose edit diverged left
+    out (they have no scores; the run's summary counts them); ``DIR@N``: the run's checkpoint after
+    N edits of each sequence (``--checkpoints``); clear errors for anything else."""
     from .sequence import checkpoint_records, split_checkpoint
 
     run_dir, checkpoint = split_checkpoint(run_dir)
@@ -110,12 +111,12 @@ def _mean(xs: Sequence[float]) -> float:
 def bootstrap_ci(
     values: Sequence[float], *, resamples: int = 10000, seed: int = 0, level: float = 0.95
 ) -> tuple[float, float]:
-    """Percentile bootstrap interval of the mean of ``values``: the ``(1 - level) / 2`` and ``(1 + level) / 2``
-    percentiles (``np.percentile``) of ``resamples`` means of ``len(values)`` values drawn with replacement by
-    ``np.random.default_rng(seed)``.
+    """Percentile bootstrap interval of the mean of ``values``: the ``(1 - level) / 2`` and ``(1 +
+    level) / 2`` percentiles (``np.percentile``) of ``resamples`` means of ``len(values)`` values
+    drawn with replacement by ``np.random.default_rng(seed)``.
 
-    A vectorised numpy bootstrap rather than ``scipy.stats.bootstrap``, which refuses a sample of one value (a
-    paired report over one common case has one).
+    A vectorised numpy bootstrap rather than ``scipy.stats.bootstrap``, which refuses a sample of
+    one value (a paired report over one common case has one).
     """
     if not len(values):
         raise ValueError("no values")
@@ -126,8 +127,9 @@ def bootstrap_ci(
     return float(lo), float(hi)
 
 
-# Not a paper metric: 1 - SelfBLEU-4 among ALL of a MQuAKE-uns case's answers. An editor that answers
-# every question by reciting the passage scores near 0 here, and can still pass the substring check.
+# Not a paper metric: 1 - SelfBLEU-4 among ALL of a MQuAKE-uns case's answers. An editor that
+# answers every question by reciting the passage scores near 0 here, and can still pass the
+# substring check.
 ANSWER_DIVERSITY = "AnsDiv"
 
 
@@ -161,7 +163,8 @@ def paired_report(
     seed: int = 0,
     runs: tuple[tuple[str, dict], tuple[str, dict]] | None = None,
 ) -> dict:
-    """Per-metric paired comparison of run B against run A on the cases both finished (values in percent).
+    """Per-metric paired comparison of run B against run A on the cases both finished (values in
+    percent).
 
     ``runs``: the two directories' ``load_run`` results when the caller already has them.
     """
@@ -228,7 +231,8 @@ def _scoring_note(report: Mapping[str, Any]) -> str:
 
 
 def paired_table(report: Mapping[str, Any], label_a: str = "A", label_b: str = "B") -> str:
-    """Markdown: one row per metric, means with 95% intervals, the paired difference and win/tie/loss."""
+    """Markdown: one row per metric, means with 95% intervals, the paired difference and
+    win/tie/loss."""
     lines = [
         f"{report['benchmark']}, {report['n_cases']} cases in both runs (A = {report['a']}, B = {report['b']})"
         + _scoring_note(report),
@@ -272,7 +276,8 @@ def multi_report(
     seed: int = 0,
     loaded: Sequence[tuple[str, dict]] | None = None,
 ) -> dict:
-    """Every run against the first (the baseline) on the cases ALL runs finished: one ``paired_report`` each.
+    """Every run against the first (the baseline) on the cases ALL runs finished: one
+    ``paired_report`` each.
 
     ``loaded``: the directories' ``load_run`` results when the caller already has them.
     """
@@ -304,7 +309,8 @@ def multi_report(
 
 
 def multi_table(report: Mapping[str, Any], labels: Sequence[str]) -> str:
-    """Markdown: one row per run (means with 95% intervals) and its Avg difference from the first run."""
+    """Markdown: one row per run (means with 95% intervals) and its Avg difference from the first
+    run."""
     pairs = report["pairs"]
     metrics = [m for m in pairs[0]["metrics"] if all(m in p["metrics"] for p in pairs)]
     base = labels[0]
@@ -359,9 +365,10 @@ CUTS = ("official", "first sentence", "first {n} tokens")
 
 
 def model_token_spans(model_name: str) -> tuple[Callable[[str], list[tuple[int, int]]] | None, str]:
-    """``(token_spans, description)``: character spans of ``model_name``'s tokens (its tokenizer loaded
-    offline through ``hpse_easyedit``'s model cache, special tokens left out), or ``(None, ...)`` naming
-    the fallback (words and punctuation marks) when that tokenizer cannot be loaded."""
+    """``(token_spans, description)``: character spans of ``model_name``'s tokens (its tokenizer
+    loaded offline through ``hpse_easyedit``'s model cache, special tokens left out), or
+    ``(None, ...)`` naming the fallback (words and punctuation marks) when that tokenizer cannot be
+    loaded."""
     try:
         from transformers import AutoTokenizer
 
@@ -415,10 +422,11 @@ def recitation_report(
     resamples: int = 10000,
     seed: int = 0,
 ) -> dict:
-    """Every run's scores on the cases ALL runs finished, official and with every answer cut to its first
-    sentence and to its first ``tokens`` tokens (``metrics.cut_to_tokens`` with ``token_spans``), in
-    percent, with the share of the official mean kept and, per cut, each run's Avg difference from the
-    first run (bootstrap interval, wins / ties / losses). ``cases``: case id -> loaded case of the data."""
+    """Every run's scores on the cases ALL runs finished, official and with every answer cut to its
+    first sentence and to its first ``tokens`` tokens (``metrics.cut_to_tokens`` with
+    ``token_spans``), in percent, with the share of the official mean kept and, per cut, each run's
+    Avg difference from the first run (bootstrap interval, wins / ties / losses). ``cases``: case id
+    -> loaded case of the data."""
     from .metrics import cut_to_tokens, first_sentence
 
     benches = {b for b, _ in loaded}
@@ -488,8 +496,8 @@ def recitation_report(
 
 
 def recitation_table(report: Mapping[str, Any], labels: Sequence[str]) -> str:
-    """Markdown: per run and cut, each metric's mean and (cut rows) the share of the official mean kept,
-    with the Avg difference from the first run."""
+    """Markdown: per run and cut, each metric's mean and (cut rows) the share of the official mean
+    kept, with the Avg difference from the first run."""
     metrics = [*METRICS[report["benchmark"]], "Avg"]
     base = labels[0]
     lines = [
@@ -530,7 +538,8 @@ def recitation_table(report: Mapping[str, Any], labels: Sequence[str]) -> str:
 def _qa_rows(
     benchmark: str, case: Mapping[str, Any], recs: Sequence[Mapping]
 ) -> list[tuple[str, str, list[str]]]:
-    """(question, expected, [answer of each record]) for every question of one case the case studies show."""
+    """(question, expected, [answer of each record]) for every question of one case the case studies
+    show."""
     return [
         (
             q.text,
@@ -553,8 +562,8 @@ def case_studies(
     records: tuple[dict, dict] | None = None,
     before: tuple[str, dict] | None = None,
 ) -> str:
-    """Markdown for the ``n`` cases where the two runs differ most on Avg (ties broken by case order):
-    every question with its expected answer and both runs' answers (cut to ``max_chars``).
+    """Markdown for the ``n`` cases where the two runs differ most on Avg (ties broken by case
+    order): every question with its expected answer and both runs' answers (cut to ``max_chars``).
 
     ``records``: both runs' ``{case_id: record}`` when the caller already read them. ``before``:
     (label, records) of a third run, e.g. the UNEDITED reference, shown as the first answer column.
@@ -610,8 +619,9 @@ def case_studies(
 def _rescored(
     loaded: list[tuple[str, dict]], data_dir: str | None, whole_word_max: int
 ) -> list[tuple[str, dict]]:
-    """``loaded`` with every record rescored by its task's ``rescore(..., whole_word_max=...)`` against the data
-    under ``data_dir``; only tasks that ``rescores_aliases`` (MQuAKE-uns) have aliases to rescore."""
+    """``loaded`` with every record rescored by its task's ``rescore(..., whole_word_max=...)``
+    against the data under ``data_dir``; only tasks that ``rescores_aliases`` (MQuAKE-uns) have
+    aliases to rescore."""
     from .datasets import DataError, default_data_dir
 
     if any(not TASKS[bench].rescores_aliases for bench, _ in loaded):
@@ -633,7 +643,8 @@ def _rescored(
 
 
 def load_cases(benchmark: str, data_dir: str | Path | None, why: str) -> dict[str, dict]:
-    """{case id: case} of the benchmark's data under ``data_dir`` (default: the default data directory)."""
+    """{case id: case} of the benchmark's data under ``data_dir`` (default: the default data
+    directory)."""
     from .datasets import DataError, default_data_dir
 
     try:

@@ -6,18 +6,20 @@ Reports, for one hparams file and model:
   - decode: hybrid rollout and greedy ``generate()`` tokens/s against the memory-bandwidth floor
     (bytes of weights one decode step reads / bandwidth), and the rollout / ``generate()`` ratio;
   - edit time: HPSE edit / the NLL-only edit (``kl_weight: 0``) with the same rounds and steps, the
-    training part against its FLOP floor (its matmul FLOPs / the measured throughput), and EasyEdit's
-    own LoRA editor on the same model and passage when EasyEdit is importable (``$EASYEDIT_SRC``);
+    training part against its FLOP floor (its matmul FLOPs / the measured throughput), and
+    EasyEdit's own LoRA editor on the same model and passage when EasyEdit is importable
+    (``$EASYEDIT_SRC``);
   - MMLU: one pass over the locality subset, the shared-prefix path against the whole-prompt path
     (same questions, predictions compared);
   - memory: peak of the HPSE edit / of the NLL-only edit (CUDA peak allocated on a GPU, peak RSS
     with the kernel's mark reset on a CPU, in the run's process and again with each edit in a fresh
     process), and after 1, 10, 50, 100 sequential edits (must stay flat);
   - teacher forward tokens per edit and teacher passes during inner steps (must be 0);
-  - where one inner step's time goes: ``torch.profiler`` self time by operator, the matmuls' share of it
-    and their rate against the dense-matmul floor (``train.profile``).
-It prints a table and writes JSON; the flat keys at its top (``rollout_tok_s`` ... ``dtype``) are the
-ones docs/PERFORMANCE.md quotes. ``--quick`` gives the same keys in about 3 minutes on 2 idle CPU cores.
+  - where one inner step's time goes: ``torch.profiler`` self time by operator, the matmuls' share
+    of it and their rate against the dense-matmul floor (``train.profile``).
+It prints a table and writes JSON; the flat keys at its top (``rollout_tok_s`` ... ``dtype``) are
+the ones docs/PERFORMANCE.md quotes. ``--quick`` gives the same keys in about 3 minutes on 2 idle
+CPU cores.
 
 Examples::
 

@@ -1,5 +1,6 @@
-"""The machine's floors and meters for ``benchmarks.perf``: memory bandwidth over one decode step's bytes, dense
-matmul throughput, the FLOPs of an edit's training, and this process's resident and peak memory."""
+"""The machine's floors and meters for ``benchmarks.perf``: memory bandwidth over one decode step's
+bytes, dense matmul throughput, the FLOPs of an edit's training, and this process's resident and
+peak memory."""
 
 from __future__ import annotations
 
@@ -34,8 +35,8 @@ def rss_bytes() -> int:
 
 
 def allocator_settings() -> dict[str, str]:
-    """The environment settings that change the C allocator (glibc's ``MALLOC_*`` and tunables, a preloaded
-    allocator): the CPU peak-RSS figures move with them (PERFORMANCE.md, peak memory)."""
+    """The environment settings that change the C allocator (glibc's ``MALLOC_*`` and tunables, a
+    preloaded allocator): the CPU peak-RSS figures move with them (PERFORMANCE.md, peak memory)."""
     return {
         k: v
         for k, v in sorted(os.environ.items())
@@ -100,7 +101,8 @@ def decode_bytes(model: Any) -> int:
 def memory_bandwidth_gb_s(
     nbytes: int, dtype: torch.dtype, device: torch.device, repeats: int = 5
 ) -> float:
-    """GB/s of a matrix-vector product over a weight-sized matrix (capped at 4 GiB): a decode step's access pattern."""
+    """GB/s of a matrix-vector product over a weight-sized matrix (capped at 4 GiB): a decode step's
+    access pattern."""
     cols = 1024
     nbytes = min(nbytes, 4 * 1024**3)
     rows = max(1, nbytes // (cols * torch.tensor([], dtype=dtype).element_size()))
@@ -115,7 +117,8 @@ def memory_bandwidth_gb_s(
 def matmul_gflops(
     model: Any, dtype: torch.dtype, device: torch.device, tokens: int = 512, repeats: int = 5
 ) -> float:
-    """Dense matmul throughput on the model's own MLP shape: [tokens, hidden] @ [hidden, intermediate]."""
+    """Dense matmul throughput on the model's own MLP shape: [tokens, hidden] @ [hidden,
+    intermediate]."""
     cfg = model.config
     hidden, inter = cfg.hidden_size, getattr(cfg, "intermediate_size", 4 * cfg.hidden_size)
     a = torch.randn(tokens, hidden, device=device).to(dtype)
@@ -138,9 +141,10 @@ def linear_params(model: Any) -> tuple[int, int, int]:
 def train_flops(
     model: Any, hp: Any, batches: Sequence[tuple[int, int]], adapter_params: int
 ) -> float:
-    """Matmul FLOPs of the inner steps: per step and per batch of ``rows x width`` tokens, the forward
-    (2 FLOPs per weight per token, plus causal attention) and the backward's input gradients (the same
-    again; the frozen base needs no weight gradients) and the trainable tensors' weight gradients."""
+    """Matmul FLOPs of the inner steps: per step and per batch of ``rows x width`` tokens, the
+    forward (2 FLOPs per weight per token, plus causal attention) and the backward's input gradients
+    (the same again; the frozen base needs no weight gradients) and the trainable tensors' weight
+    gradients."""
     layer_linear, head, layers = linear_params(model)
     cfg = model.config
     attn_width = cfg.num_attention_heads * (

@@ -1,7 +1,8 @@
-"""What ``python -m benchmarks.perf`` measures: one model and hparams file, its rollout against ``generate()``, the HPSE
-edit against the NLL-only edit (time, peak memory, teacher traffic, the FLOP floor), one inner step profiled,
-COIN*, memory after sequential edits, one MMLU pass, EasyEdit's own LoRA editor, and the GPU path without a GPU.
-The figures go into one JSON report (``benchmarks.perf_report`` turns it into the table)."""
+"""What ``python -m benchmarks.perf`` measures: one model and hparams file, its rollout against
+``generate()``, the HPSE edit against the NLL-only edit (time, peak memory, teacher traffic, the
+FLOP floor), one inner step profiled, COIN*, memory after sequential edits, one MMLU pass,
+EasyEdit's own LoRA editor, and the GPU path without a GPU. The figures go into one JSON report
+(``benchmarks.perf_report`` turns it into the table)."""
 
 from __future__ import annotations
 
@@ -38,7 +39,8 @@ __all__ = ["DEFAULT_PASSAGE", "REPO", "isolated_edit_peak", "measure"]
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_PASSAGE = REPO / "hpse_easyedit" / "demo_passage.txt"
-# EasyEdit's shipped LoRA values for Llama (its hparams/LoRA/llama-7b.yaml), as plain LoRA; see the file.
+# EasyEdit's shipped LoRA values for Llama (its hparams/LoRA/llama-7b.yaml), as plain LoRA; see the
+# file.
 EASYEDIT_LORA_HPARAMS = Path(__file__).resolve().parent / "easyedit_lora.yaml"
 
 
@@ -80,8 +82,9 @@ def _requests(passage: str) -> list[dict]:
     return [{"subject": "Selma Varrick", "target_new": passage}]
 
 
-# The cut-down edit run before any timed or measured one, so that none pays the process's first-touch costs
-# (allocator growth, page faults, kernel selection); unwarmed first runs measured up to 1.7x slower.
+# The cut-down edit run before any timed or measured one, so that none pays the process's
+# first-touch costs (allocator growth, page faults, kernel selection); unwarmed first runs measured
+# up to 1.7x slower.
 WARM_UP = ("rounds=1", "inner_steps=1", "max_new_tokens=8")
 
 
@@ -95,10 +98,10 @@ def _warm_up(model, tok, hp, passage: str):
 def isolated_edit_peak(
     hparams_path: str, overrides: Sequence[str], extra: Sequence[str], passage: str
 ) -> dict[str, int]:
-    """Peak RSS of one edit in this (fresh) process: the model loaded, the warm-up edit of the run's file
-    (``overrides`` applied), the kernel's peak mark reset, then the edit with ``extra`` applied on top. Run in
-    a spawned process per edit, so the edits compared start from the same history and neither inherits the
-    other's heap."""
+    """Peak RSS of one edit in this (fresh) process: the model loaded, the warm-up edit of the run's
+    file (``overrides`` applied), the kernel's peak mark reset, then the edit with ``extra`` applied
+    on top. Run in a spawned process per edit, so the edits compared start from the same history and
+    neither inherits the other's heap."""
     from hpse_easyedit import hpse_edit
 
     hp, model, tok = _load(hparams_path, overrides, None)
@@ -111,12 +114,14 @@ def isolated_edit_peak(
 
 
 def _isolated_memory(args: argparse.Namespace, passage: str) -> dict[str, Any]:
-    """The HPSE edit's and the NLL-only edit's peak RSS, each in a fresh process (``isolated_edit_peak``).
+    """The HPSE edit's and the NLL-only edit's peak RSS, each in a fresh process
+    (``isolated_edit_peak``).
 
-    In one process the second edit starts from the heap the first one (and the rollout and ``generate()``
-    timings before them) left behind, and how much of it the C allocator keeps depends on the allocator:
-    the in-process ratio measured 1.141 under glibc's defaults, 1.055 with ``MALLOC_MMAP_THRESHOLD_`` fixed
-    and 1.001 under tcmalloc, which keeps the HPSE edit's pages for the NLL-only edit (PERFORMANCE.md).
+    In one process the second edit starts from the heap the first one (and the rollout and
+    ``generate()`` timings before them) left behind, and how much of it the C allocator keeps
+    depends on the allocator: the in-process ratio measured 1.141 under glibc's defaults, 1.055 with
+    ``MALLOC_MMAP_THRESHOLD_`` fixed and 1.001 under tcmalloc, which keeps the HPSE edit's pages for
+    the NLL-only edit (PERFORMANCE.md).
     """
     import multiprocessing
 
@@ -142,7 +147,8 @@ def _isolated_memory(args: argparse.Namespace, passage: str) -> dict[str, Any]:
 def _rollout_vs_generate(
     model: Any, tok: Any, hp: Any, prompts: Any, repeats: int
 ) -> tuple[dict, Any]:
-    """Time the hybrid rollout and the student's own greedy generate() of the same length; restore after."""
+    """Time the hybrid rollout and the student's own greedy generate() of the same length; restore
+    after."""
     from hpse_easyedit import restore_weights
     from hpse_easyedit.executors import make_executor
     from hpse_easyedit.fast_decode import pays_off
@@ -159,7 +165,8 @@ def _rollout_vs_generate(
     ) -> Any:  # no stop tokens: every rollout runs max_new_tokens, as generate() does
         return draw_rollout(executor, prompts, hparams, stop_ids=[], pad_id=pad)
 
-    # the same rollout without the fast decode path (F.linear), interleaved, when the fast path is on or auto
+    # the same rollout without the fast decode path (F.linear), interleaved, when the fast path is
+    # on or auto
     eager_hp = hp.with_overrides(["fast_decode=false"]) if hp.fast_decode is not False else None
 
     def generate() -> None:
@@ -228,8 +235,8 @@ def _rollout_vs_generate(
 
 
 def _generate_speed(model: Any, tok: Any, prompts: Any, hp: Any, repeats: int) -> dict:
-    """Greedy ``generate()`` of the unedited model on the editing prompt, ``max_new_tokens`` forced: the
-    decode that ``generate_answers`` runs for one question."""
+    """Greedy ``generate()`` of the unedited model on the editing prompt, ``max_new_tokens`` forced:
+    the decode that ``generate_answers`` runs for one question."""
     device = input_device(model)
     ids = torch.tensor([prompts.student_ids], device=device)
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
@@ -256,7 +263,8 @@ def _generate_speed(model: Any, tok: Any, prompts: Any, hp: Any, repeats: int) -
 
 
 def _mmlu(model: Any, tok: Any, args: argparse.Namespace) -> dict:
-    """One MMLU pass over the locality subset, shared-prefix path vs whole prompts (same questions)."""
+    """One MMLU pass over the locality subset, shared-prefix path vs whole prompts (same
+    questions)."""
     from .datasets import DataError, load_mmlu_subset
     from .mmlu import letter_scores
 
@@ -297,7 +305,8 @@ def _mmlu(model: Any, tok: Any, args: argparse.Namespace) -> dict:
 
 
 def _easyedit_lora(model: Any, tok: Any, hp: Any, passage: str, steps: int | None) -> dict:
-    """EasyEdit's own LoRA editor (its algorithm, called directly) on a copy of the model, same passage."""
+    """EasyEdit's own LoRA editor (its algorithm, called directly) on a copy of the model, same
+    passage."""
     try:
         import yaml
 
@@ -381,7 +390,8 @@ def measure(args: argparse.Namespace) -> dict:
         "n_params": sum(p.numel() for p in model.parameters()),
     }
 
-    # 0. the machine's floors, in this run: bandwidth over the decode step's bytes, dense matmul throughput.
+    # 0. the machine's floors, in this run: bandwidth over the decode step's bytes, dense matmul
+    #    throughput.
     step_bytes = decode_bytes(model)
     bandwidth = memory_bandwidth_gb_s(step_bytes, hp.torch_dtype, device)
     report["floors"] = {
@@ -471,7 +481,9 @@ def measure(args: argparse.Namespace) -> dict:
             "nll_only_extra": peaks["nll_only"],
             "ratio": peaks["hpse_total"] / peaks["nll_only_total"],
         }
-        if on_gpu:  # what the card holds: the allocator's reserved peak, plus the context and libraries beside it
+        # what the card holds: the allocator's reserved peak, plus the context and libraries beside
+        # it
+        if on_gpu:
             free, total = torch.cuda.mem_get_info(device)
             report["memory"]["reserved"] = peaks["reserved"]
             report["memory"]["context"] = total - free - torch.cuda.memory_reserved(device)
@@ -486,7 +498,8 @@ def measure(args: argparse.Namespace) -> dict:
     # 4b. COIN* on the same passage, with the same Adam-step budget as the HPSE edit (R x M steps).
     report["coin"], model = _coin(model, tok, hp, passage, args)
 
-    # 5. memory after N sequential edits (cut-down edits: growth, not training, is what is measured).
+    # 5. memory after N sequential edits (cut-down edits: growth, not training, is what is
+    #    measured).
     if args.sequential:
         seq_hp = hp.with_overrides(list(args.sequential_set))
         counts = sorted(set(args.sequential))
@@ -512,14 +525,16 @@ def measure(args: argparse.Namespace) -> dict:
 
     # 6. one MMLU pass (the locality check of UnKEBench), new path vs the whole-prompt path.
     report["mmlu"] = _mmlu(model, tok, args) if args.mmlu_n else {"skipped": "--mmlu-n 0"}
-    # 7. EasyEdit's own LoRA editor, same model and passage (last: it leaves gradient checkpointing on its copy).
+    # 7. EasyEdit's own LoRA editor, same model and passage (last: it leaves gradient checkpointing
+    #    on its copy).
     report["easyedit_lora"] = (
         _easyedit_lora(model, tok, hp, passage, args.easyedit_lora_steps)
         if not args.no_easyedit
         else {"skipped": "--no-easyedit"}
     )
-    # 8. the GPU path without a GPU: kernels and host syncs per decoded token at the backbone of --decode-hparams,
-    # graph breaks of the static decode step, the planner against this model's measured CPU edit (SmolLM2).
+    # 8. the GPU path without a GPU: kernels and host syncs per decoded token at the backbone of
+    # --decode-hparams, graph breaks of the static decode step, the planner against this model's
+    # measured CPU edit (SmolLM2).
     report["gpu_path"], model = _gpu_path(model, tok, hp, passage, args, on_gpu)
     return report
 
@@ -547,9 +562,9 @@ def _gpu_path(
 
 
 class _ProfiledStep:
-    """An ``Objective`` that runs another one unchanged and profiles its inner step number ``at`` (1-based; the
-    first pays the process's first-touch costs): the forwards and backwards of every loss group, not the Adam
-    step after them. ``train_edit`` drives it."""
+    """An ``Objective`` that runs another one unchanged and profiles its inner step number ``at``
+    (1-based; the first pays the process's first-touch costs): the forwards and backwards of every
+    loss group, not the Adam step after them. ``train_edit`` drives it."""
 
     def __init__(self, inner: Any, profiler: Any, at: int = 2) -> None:
         self.inner, self.profiler, self.at, self.calls = inner, profiler, at, 0
@@ -576,9 +591,10 @@ class _ProfiledStep:
 def _step_profile(
     model: Any, tok: Any, hp: Any, passage: str, matmul_gflops: float, top: int = 8
 ) -> tuple[dict, Any]:
-    """Where one HPSE inner step's time goes (``torch.profiler``, the second step after a first-round rollout, the
-    NLL and KL rows both): self time by operator, the matmuls' share of it and the rate they ran at against the
-    dense-matmul floor of this run. Timings under the profiler run slower than without it; the shares are the point."""
+    """Where one HPSE inner step's time goes (``torch.profiler``, the second step after a
+    first-round rollout, the NLL and KL rows both): self time by operator, the matmuls' share of it
+    and the rate they ran at against the dense-matmul floor of this run. Timings under the profiler
+    run slower than without it; the shares are the point."""
     from torch.profiler import ProfilerActivity, profile
 
     from hpse_easyedit import restore_weights
@@ -627,8 +643,9 @@ def _step_profile(
 def _coin(
     model: Any, tok: Any, hp: Any, passage: str, args: argparse.Namespace
 ) -> tuple[dict, Any]:
-    """Time a COIN* edit of the same passage on the same model (its file ``hparams/COIN/<the HPSE file's name>``
-    or ``--coin``), with ``steps`` = the HPSE edit's rounds x inner steps; the median of ``--repeats``."""
+    """Time a COIN* edit of the same passage on the same model (its file ``hparams/COIN/<the HPSE
+    file's name>`` or ``--coin``), with ``steps`` = the HPSE edit's rounds x inner steps; the median
+    of ``--repeats``."""
     from hpse_easyedit import restore_weights
     from hpse_easyedit.coin import COINHyperParams, coin_edit
 

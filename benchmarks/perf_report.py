@@ -1,4 +1,5 @@
-"""The report of ``python -m benchmarks.perf``: the flat headline keys docs/PERFORMANCE.md quotes, and the table."""
+"""The report of ``python -m benchmarks.perf``: the flat headline keys docs/PERFORMANCE.md quotes,
+and the table."""
 
 from __future__ import annotations
 

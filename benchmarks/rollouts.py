@@ -1,4 +1,5 @@
-"""The edit's rollouts as the runner stores them: token ids, the step-in mask and the teacher's probabilities.
+"""The edit's rollouts as the runner stores them: token ids, the step-in mask and the teacher's
+probabilities.
 
 A record's ``rollouts`` holds one entry per round (``None`` for a round without a rollout, e.g.
 ``kl_weight: 0``), each a list with one dict per request, in the order of the record's ``subjects``:
@@ -8,15 +9,17 @@ A record's ``rollouts`` holds one entry per round (``None`` for a round without 
   least-significant bit first (``numpy.packbits(..., bitorder="little")``) and written as hex;
 - ``teacher_p``: per token, the teacher's probability of the emitted token, quantised to 0..255
   (``round(255 * p)``) and written as hex, two characters per token; 0 when the token is outside the
-  teacher's top-K. For a stepped-in token this is ``pi*(y*)``, the number the gate compares with ``kappa``;
-- ``gap`` (when the rollout recorded it): per token, the gate's margin ``log pi*(y*) - log pi_theta(y*)``
-  (the number it compares with ``tau``), in steps of 1/8 nat as a signed byte (clipped to -16..+15.9 nats),
-  written as hex, two characters per token.
+  teacher's top-K. For a stepped-in token this is ``pi*(y*)``, the number the gate compares with
+  ``kappa``;
+- ``gap`` (when the rollout recorded it): per token, the gate's margin ``log pi*(y*) - log
+  pi_theta(y*)`` (the number it compares with ``tau``), in steps of 1/8 nat as a signed byte
+  (clipped to -16..+15.9 nats), written as hex, two characters per token.
 
 Ids rather than decoded text: a round of a 96-token rollout costs about 800 bytes, and the text
 is decoded by ``benchmarks.report.html`` with the run's tokenizer when a report is written.
 
-Across records: ``stepin_rate_by_round`` (the mean step-in rate per round) and ``plot_stepin_rates``.
+Across records: ``stepin_rate_by_round`` (the mean step-in rate per round) and
+``plot_stepin_rates``.
 """
 
 from __future__ import annotations
@@ -71,7 +74,8 @@ def pack_rollout(
 
 
 def unpack_gaps(stored: Mapping[str, Any]) -> list[float]:
-    """The gate's margin ``log pi*(y*) - log pi_theta(y*)`` per token of a stored rollout ([] when not stored)."""
+    """The gate's margin ``log pi*(y*) - log pi_theta(y*)`` per token of a stored rollout ([] when
+    not stored)."""
     gaps = np.frombuffer(bytes.fromhex(stored.get("gap", "")), dtype=np.int8)
     if len(gaps) not in (0, len(stored["ids"])):
         raise ValueError(f"stored gate margins: {len(gaps)} for {len(stored['ids'])} token ids")
@@ -95,13 +99,15 @@ def unpack_rollout(stored: Mapping[str, Any]) -> tuple[list[int], list[bool], li
 
 
 def _teacher_p(rollout: Any) -> list[float]:
-    """The teacher's probability of each emitted token (0 where it is outside the teacher's top-K)."""
+    """The teacher's probability of each emitted token (0 where it is outside the teacher's
+    top-K)."""
     hit = rollout.teacher_topk_ids == rollout.tokens.unsqueeze(-1)
     return (rollout.teacher_topk_logprobs.float().exp() * hit).sum(-1).tolist()
 
 
 def pack_rounds(rollouts: Sequence[Sequence[Any] | None] | None) -> list[list[dict] | None] | None:
-    """An edit's ``rollouts`` (per round: ``hpse_easyedit.rollout.Rollout`` per request, or None) in the stored form.
+    """An edit's ``rollouts`` (per round: ``hpse_easyedit.rollout.Rollout`` per request, or None) in
+    the stored form.
 
     None when the editor kept none (methods without rounds, or every round without a rollout).
     """
@@ -121,7 +127,8 @@ def pack_rounds(rollouts: Sequence[Sequence[Any] | None] | None) -> list[list[di
 
 
 def stepin_rate_by_round(records: Sequence[Mapping[str, Any]]) -> list[float | None]:
-    """Mean step-in rate per round index over the records (rounds without a rollout are left out)."""
+    """Mean step-in rate per round index over the records (rounds without a rollout are left
+    out)."""
     n_rounds = max((len(r.get("rounds") or []) for r in records), default=0)
     return [
         mean(
@@ -138,7 +145,8 @@ def plot_stepin_rates(
     path: str | os.PathLike | IO[bytes],
     title: str = "",
 ) -> None:
-    """PNG line plot of the mean step-in rate (percent) per round, one line per method (to a path or a binary file)."""
+    """PNG line plot of the mean step-in rate (percent) per round, one line per method (to a path or
+    a binary file)."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -1,8 +1,9 @@
 """The output directory of one benchmark run: what it records and how a rerun resumes from it.
 
-``config.json`` (a rerun must match it, ``store.config_policy`` says what may change), one results file per
-process, in continual mode the block in progress (``benchmarks.sequence``), ``environments.jsonl`` (what
-produced the cases of each invocation), the writer lock, and records kept in memory on a full disk.
+``config.json`` (a rerun must match it, ``store.config_policy`` says what may change), one results
+file per process, in continual mode the block in progress (``benchmarks.sequence``),
+``environments.jsonl`` (what produced the cases of each invocation), the writer lock, and records
+kept in memory on a full disk.
 """
 
 from __future__ import annotations
@@ -42,14 +43,16 @@ _RECORDED_PACKAGES = ("torch", "transformers", "peft", "accelerate", "tokenizers
 
 
 def units(n: int, sequential: int | None) -> list[list[int]]:
-    """What one process runs at a time: single cases, or in continual mode whole blocks of T cases."""
+    """What one process runs at a time: single cases, or in continual mode whole blocks of T
+    cases."""
     if sequential:
         return [list(range(s, min(s + sequential, n))) for s in range(0, n, sequential)]
     return [[i] for i in range(n)]
 
 
 class RunDirectory:
-    """One run's ``--out`` as this process sees it: its results file, its sequence log, the others' files."""
+    """One run's ``--out`` as this process sees it: its results file, its sequence log, the others'
+    files."""
 
     def __init__(self, path: Path, ctx: ProcessContext, policy: ConfigPolicy) -> None:
         self.path = path
@@ -60,8 +63,9 @@ class RunDirectory:
 
     @contextmanager
     def writing(self) -> Iterator[None]:
-        """The main process holds the directory's writer lock throughout, so a second run into the same ``--out``
-        stops at once instead of editing every case again; Ctrl-C becomes the one line that says how to go on."""
+        """The main process holds the directory's writer lock throughout, so a second run into the
+        same ``--out`` stops at once instead of editing every case again; Ctrl-C becomes the one
+        line that says how to go on."""
         if not self.ctx.is_main:
             yield
             return
@@ -91,9 +95,9 @@ class RunDirectory:
     ) -> set[str]:
         """Check config.json, open this process's results file; returns the case ids already done.
 
-        The main process runs this before the others (``main_first``): it records config.json, cuts torn
-        last lines off every results file and, in continual mode, drops the records of unfinished
-        blocks, so no file changes under the others' feet but their own.
+        The main process runs this before the others (``main_first``): it records config.json, cuts
+        torn last lines off every results file and, in continual mode, drops the records of
+        unfinished blocks, so no file changes under the others' feet but their own.
         """
         main, rank, world = self.ctx.is_main, self.ctx.rank, self.ctx.world
         if main:
@@ -151,8 +155,8 @@ class RunDirectory:
     def _drop_failed(
         files: Mapping[Path, ResultFile], ids: list[str], blocks: list[list[int]], sequential: bool
     ) -> set[int]:
-        """``--retry-failed``: forget the records of failed edits (in continual mode, of their whole blocks) so
-        they are edited again; returns the blocks to redo."""
+        """``--retry-failed``: forget the records of failed edits (in continual mode, of their whole
+        blocks) so they are edited again; returns the blocks to redo."""
         failed = {cid for f in files.values() for cid, r in f.records.items() if "failed" in r}
         redo = {b for b, unit in enumerate(blocks) if any(ids[i] in failed for i in unit)}
         if sequential:
@@ -164,9 +168,10 @@ class RunDirectory:
         return redo if sequential else set()
 
     def _forget_config_of_a_run_that_never_started(self) -> None:
-        """A config.json with no result and no MMLU baseline beside it was written by a run that stopped before its
-        first edit (a model that could not be loaded, a layer the model lacks): fixing the hparams and rerunning
-        into the same --out must not be refused as another configuration, so that config.json is dropped."""
+        """A config.json with no result and no MMLU baseline beside it was written by a run that
+        stopped before its first edit (a model that could not be loaded, a layer the model lacks):
+        fixing the hparams and rerunning into the same --out must not be refused as another
+        configuration, so that config.json is dropped."""
         path = self.path / CONFIG
         if not path.is_file() or (self.path / "mmlu_before.json").exists():
             return
@@ -185,8 +190,9 @@ class RunDirectory:
             fh.write(json.dumps(environment_record(case_ids, self.ctx)) + "\n")
 
     def recorded_hparams(self, current: dict) -> dict:
-        """The hparams as config.json recorded them when the run started: a resume or a re-summary on another
-        device (``--set device=...``, which config.json ignores) never rewrites where the run was recorded to run."""
+        """The hparams as config.json recorded them when the run started: a resume or a re-summary
+        on another device (``--set device=...``, which config.json ignores) never rewrites where the
+        run was recorded to run."""
         path = self.path / CONFIG
         if path.is_file():
             return json.loads(path.read_text(encoding="utf-8")).get("hparams", current)
@@ -194,11 +200,12 @@ class RunDirectory:
 
 
 def environment_record(case_ids: Sequence[str], ctx: ProcessContext) -> dict:
-    """What produced the cases one invocation edits: package versions, the EasyEdit checkout, the machine.
+    """What produced the cases one invocation edits: package versions, the EasyEdit checkout, the
+    machine.
 
-    A run that resumes in another environment (a newer transformers, another EasyEdit commit) keeps one
-    such line per invocation in ``environments.jsonl``, so every record can be traced to the versions that
-    made it; none of this is part of ``config.json``, which a resume must match.
+    A run that resumes in another environment (a newer transformers, another EasyEdit commit) keeps
+    one such line per invocation in ``environments.jsonl``, so every record can be traced to the
+    versions that made it; none of this is part of ``config.json``, which a resume must match.
     """
     import platform
     import subprocess
@@ -241,9 +248,9 @@ def environment_record(case_ids: Sequence[str], ctx: ProcessContext) -> dict:
 
 
 def write_kept(file: ResultFile, records: list[dict]) -> None:
-    """Append finished records; on a full disk they are kept in memory and written as soon as space is freed
-    (tried every 10 s for ``$HPSE_DISK_FULL_WAIT`` seconds, default 600), then saved whole to a temporary file the
-    one-line error names, so no finished case is lost."""
+    """Append finished records; on a full disk they are kept in memory and written as soon as space
+    is freed (tried every 10 s for ``$HPSE_DISK_FULL_WAIT`` seconds, default 600), then saved whole
+    to a temporary file the one-line error names, so no finished case is lost."""
     wait, waited = float(os.environ.get("HPSE_DISK_FULL_WAIT", 600)), 0.0
     while True:
         try:

@@ -1,8 +1,9 @@
 """What one benchmark run depends on, checked by pydantic before any file is read or model loaded.
 
-``RunOptions`` holds the options every run shares; the options a task declares (``Task.options``, e.g.
-UnKEBench's subjects and MMLU subset) are given by name like the others and kept in ``task_options``, so an
-MQuAKE-uns run has none of UnKEBench's. A bad value is one ``UsageError`` line naming the command-line option.
+``RunOptions`` holds the options every run shares; the options a task declares (``Task.options``,
+e.g. UnKEBench's subjects and MMLU subset) are given by name like the others and kept in
+``task_options``, so an MQuAKE-uns run has none of UnKEBench's. A bad value is one ``UsageError``
+line naming the command-line option.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ _RANGES = {
 
 
 def _one_of(flag: str, choices: Any) -> Callable[[Any], Any]:
-    """A check against a registry's live list (a judge or subject mode registered later is accepted)."""
+    """A check against a registry's live list (a judge or subject mode registered later is
+    accepted)."""
 
     def check(value: Any) -> Any:
         if value not in choices:
@@ -82,7 +84,8 @@ class _JudgeRanges(BaseModel):
 
 
 class RunOptions(BaseModel):
-    """Everything one benchmark run depends on (``benchmarks.cli.add_run_arguments`` says what each means)."""
+    """Everything one benchmark run depends on (``benchmarks.cli.add_run_arguments`` says what each
+    means)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -117,7 +120,8 @@ class RunOptions(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _gather_task_options(cls, data: Any) -> Any:
-        """The task's options, given by name beside the shared ones, into ``task_options`` (checked there)."""
+        """The task's options, given by name beside the shared ones, into ``task_options`` (checked
+        there)."""
         if not isinstance(data, Mapping):
             return data
         task = TASKS.get(data.get("benchmark"))

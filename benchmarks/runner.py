@@ -1,9 +1,10 @@
 """Run an editing method over a benchmark task, resumably, and summarise it in the paper's layout.
 
 ``run_benchmark`` resolves the options into four stages, each with one job: the run directory
-(``benchmarks.run_dir``: config.json, resume, results files, lock), the case loop (``benchmarks.case_loop``:
-edit, answer, restore; single or continual editing), the scorer (``benchmarks.scorer``: the task's scores,
-the judge, rejudging) and the summary (``benchmarks.summary``: summary.json, table.md).
+(``benchmarks.run_dir``: config.json, resume, results files, lock), the case loop
+(``benchmarks.case_loop``: edit, answer, restore; single or continual editing), the scorer
+(``benchmarks.scorer``: the task's scores, the judge, rejudging) and the summary
+(``benchmarks.summary``: summary.json, table.md).
 
 Each finished case (in continual mode, each finished block of T) is appended to ``results.jsonl`` at
 once, so a killed run loses only the work in flight, and rerunning with the same output directory
@@ -14,9 +15,9 @@ process R runs every N-th case (every N-th block of T in continual mode) startin
 ``results.rankR-of-N.jsonl``; after ``wait_for_everyone`` the results files are merged, and the main
 process writes ``summary.json`` and ``table.md`` only if every case is there exactly once.
 
-What differs between benchmarks (data file and loader, options, generation limit, judge, MMLU) is the
-``Task``'s (``benchmarks.tasks``); what a rerun may change is ``store.config_policy``; the command line is
-``benchmarks.cli``, which imports this module (never the reverse).
+What differs between benchmarks (data file and loader, options, generation limit, judge, MMLU) is
+the ``Task``'s (``benchmarks.tasks``); what a rerun may change is ``store.config_policy``; the
+command line is ``benchmarks.cli``, which imports this module (never the reverse).
 """
 
 from __future__ import annotations
@@ -58,14 +59,15 @@ log = logging.getLogger(__name__)
 
 
 def _computing(overrides: Sequence[str]) -> list[str]:
-    """The overrides that change what a run computes: placement overrides (``device=...``) say only where it runs,
-    kernel overrides (``fast_decode=...``) only which kernels compute it."""
+    """The overrides that change what a run computes: placement overrides (``device=...``) say only
+    where it runs, kernel overrides (``fast_decode=...``) only which kernels compute it."""
     return [o for o in overrides if o.split("=", 1)[0].strip() not in PLACEMENT_KEYS + KERNEL_KEYS]
 
 
 def default_out_dir(benchmark: str, hparams: str, overrides: Sequence[str]) -> Path:
-    """``runs/<benchmark>/<hparams name>[+key=value...]``: distinct overrides get distinct directories
-    (placement overrides such as ``device=cuda`` do not: moving a run to another device resumes it)."""
+    """``runs/<benchmark>/<hparams name>[+key=value...]``: distinct overrides get distinct
+    directories (placement overrides such as ``device=cuda`` do not: moving a run to another device
+    resumes it)."""
     name = Path(hparams).stem + "".join(f"+{o}" for o in _computing(overrides))
     return Path("runs") / benchmark / re.sub(r"[^\w.+=-]+", "_", name)
 
@@ -91,7 +93,8 @@ def _check_data_paths(opts: RunOptions, data_dir: Path) -> None:
 
 
 class _Run:
-    """One benchmark run's options resolved: its task, method, hparams, process, directory and stages."""
+    """One benchmark run's options resolved: its task, method, hparams, process, directory and
+    stages."""
 
     def __init__(self, opts: RunOptions, context: ProcessContext | None = None) -> None:
         self.opts = opts
@@ -158,7 +161,8 @@ class _Run:
         )
 
     def config(self, data_paths: list[Path]) -> dict:
-        """What the results depend on; a rerun into the same directory must match it (``limit`` may grow)."""
+        """What the results depend on; a rerun into the same directory must match it (``limit`` may
+        grow)."""
         o = self.opts
         config: dict[str, Any] = {
             "benchmark": self.task.name,
@@ -179,7 +183,8 @@ class _Run:
     def load_cases(self) -> tuple[Any, list[Path]]:
         """The selected cases, and the input files their results depend on."""
         o = self.opts
-        # the requests carry the method's own editing prompt, so `--set editing_prompt=...` takes effect
+        # the requests carry the method's own editing prompt, so `--set editing_prompt=...` takes
+        # effect
         template = self.hp_dict.get("editing_prompt") or EDIT_PROMPT
         cases, paths = self.task.load(
             self.data_dir, o, self.scorer.client, self.cache_dir, template
@@ -203,7 +208,8 @@ class _Run:
         return cases, paths
 
     def run(self) -> dict:
-        """Run (or resume) this process's share, then merge every process's records into the summary."""
+        """Run (or resume) this process's share, then merge every process's records into the
+        summary."""
         ctx, d = self.ctx, self.directory
         self.scorer.probe()
         with (
@@ -243,7 +249,8 @@ class _Run:
         if n_todo:
             d.record_environment([ids[i] for _, unit in todo for i in unit])
             self._edit_cases(cases, todo, n_mine, n_todo)
-        ctx.barrier()  # every process has written its last case; no results file changes from here on
+        # every process has written its last case; no results file changes from here on
+        ctx.barrier()
         records = merge_results(d.path, ids)
         if mmlu_before is None:
             mmlu_before = self.probe.before(None)
@@ -307,12 +314,14 @@ class _Run:
 
 
 def run_benchmark(opts: RunOptions, context: ProcessContext | None = None) -> dict:
-    """Run (or resume) one benchmark for one hparams file; returns the summary written to summary.json.
+    """Run (or resume) one benchmark for one hparams file; returns the summary written to
+    summary.json.
 
     Under a multi-process launch every process calls this with the same options, runs its share and
-    returns the same summary; only the main process writes it. ``context`` defaults to this process's
-    (``benchmarks.distributed.process_context``); passing one runs that shard of an N-process layout
-    without a process group (its barriers do nothing), e.g. to drive shards one after another.
+    returns the same summary; only the main process writes it. ``context`` defaults to this
+    process's (``benchmarks.distributed.process_context``); passing one runs that shard of an
+    N-process layout without a process group (its barriers do nothing), e.g. to drive shards one
+    after another.
     """
     run = _Run(opts, context)
     try:

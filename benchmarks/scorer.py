@@ -1,8 +1,10 @@
-"""The scores of a benchmark run's cases: the task's scoring with the judge it needs, and the judge's gaps.
+"""The scores of a benchmark run's cases: the task's scoring with the judge it needs, and the
+judge's gaps.
 
-A case the judge cannot judge for good keeps its answers with its judge metrics unjudged (never 0); a rerun
-judges such recorded cases again from their stored answers (``rejudge``) without editing anything. A refused
-request (an unknown judge model, say) stops the run once the case in hand is written.
+A case the judge cannot judge for good keeps its answers with its judge metrics unjudged (never 0);
+a rerun judges such recorded cases again from their stored answers (``rejudge``) without editing
+anything. A refused request (an unknown judge model, say) stops the run once the case in hand is
+written.
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ log = logging.getLogger(__name__)
 
 
 class Scorer:
-    """The task's scoring with its judge (None for a task that needs none), and the chat client data loading may
-    use (generated passages for MQuAKE files that have none)."""
+    """The task's scoring with its judge (None for a task that needs none), and the chat client data
+    loading may use (generated passages for MQuAKE files that have none)."""
 
     def __init__(self, task: Task, kind: str, settings: JudgeSettings, cache_dir: Path) -> None:
         self.task = task
@@ -56,7 +58,8 @@ class Scorer:
         self.refused: JudgeRefusedError | None = None
 
     def probe(self) -> None:
-        """One cheap request to the judge endpoint before the first edit (``JudgeError`` when it is not there)."""
+        """One cheap request to the judge endpoint before the first edit (``JudgeError`` when it is
+        not there)."""
         if self.client is not None:
             self.client.probe()
             log.info(
@@ -71,8 +74,9 @@ class Scorer:
             )
 
     def score(self, case: Mapping[str, Any], answers: Sequence[str]) -> dict:
-        """The case's scores; when the judge fails for good the answers are kept and Jnt/Dmp stored unjudged
-        (a refused request, e.g. an unknown judge model, stops the run once this case is written)."""
+        """The case's scores; when the judge fails for good the answers are kept and Jnt/Dmp stored
+        unjudged (a refused request, e.g. an unknown judge model, stops the run once this case is
+        written)."""
         try:
             return self.task.score(case, answers, self.judge)
         except JudgeError as err:
@@ -90,7 +94,8 @@ class Scorer:
             raise self.refused
 
     def rejudge(self, results: ResultFile, cases: Any, ids: list[str]) -> None:
-        """Judge again, from their stored answers, this process's recorded cases the judge could not judge before."""
+        """Judge again, from their stored answers, this process's recorded cases the judge could not
+        judge before."""
         if self.judge is None:
             return
         index = {cid: i for i, cid in enumerate(ids)}

@@ -4,15 +4,16 @@ Each process appends its finished cases to its own results file, one JSON line p
 fsync'ed as soon as the case is done, so a kill loses at most the case in flight:
 
 - ``results.jsonl`` when one process runs (what every single-process run writes),
-- ``results.rank{R}-of-{N}.jsonl`` for process R of an N-process launch (see ``benchmarks.distributed``).
+- ``results.rank{R}-of-{N}.jsonl`` for process R of an N-process launch (see
+  ``benchmarks.distributed``).
 
 A file has exactly one writer. On reopening it, a torn last line (killed mid-write) is cut off. The
 cases recorded in ANY results file of the directory count as done, so a rerun with another number of
 processes resumes too; ``merge_results`` reads them all back and insists that every expected case is
 there exactly once before anything is summarised.
 
-``config.json`` holds what the results depend on (method and hparams, benchmark, data files and their
-hashes, judge, generation settings); reopening the directory with a different configuration is
+``config.json`` holds what the results depend on (method and hparams, benchmark, data files and
+their hashes, judge, generation settings); reopening the directory with a different configuration is
 refused, so results of two configurations never mix and nobody's results are overwritten. A
 ``ConfigPolicy`` says which differences are not a change of configuration: where the model ran
 (``device``), and hparams fields that are new in the code and still at their default value.
@@ -71,8 +72,8 @@ class IncompleteRunError(RuntimeError):
 
 
 def results_name(rank: int = 0, world: int = 1, stem: str = "results") -> str:
-    """The results file of process ``rank`` of ``world`` (``results.jsonl`` for a single process); ``stem``
-    names another per-process file of the same layout (``checkpoints``, ``sequence``)."""
+    """The results file of process ``rank`` of ``world`` (``results.jsonl`` for a single process);
+    ``stem`` names another per-process file of the same layout (``checkpoints``, ``sequence``)."""
     if not 0 <= rank < world:
         raise ValueError(f"rank must be in [0, {world}), got {rank}")
     return f"{stem}.jsonl" if world == 1 else f"{stem}.rank{rank}-of-{world}.jsonl"
@@ -116,7 +117,8 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
 
 
 def write_new_json(path: str | os.PathLike, obj: Any) -> None:
-    """``write_json_atomic`` into a file that must not exist yet (parents created): a report never replaces one."""
+    """``write_json_atomic`` into a file that must not exist yet (parents created): a report never
+    replaces one."""
     path = Path(path)
     if path.exists():
         raise FileExistsError(f"{path} exists; choose a new file (reports are never overwritten)")
@@ -124,19 +126,20 @@ def write_new_json(path: str | os.PathLike, obj: Any) -> None:
     write_json_atomic(path, obj)
 
 
-# ------------------------------------------------------------------------------------------ config.json
+# -------------------------------------------------------------------------------------- config.json
 _MISSING = "<missing>"
 
 
 @dataclass(frozen=True)
 class ConfigPolicy:
-    """Which differences between a recorded ``config.json`` and the current configuration are no change.
+    """Which differences between a recorded ``config.json`` and the current configuration are no
+    change.
 
-    ``ignored(path)``: keys whose value may differ freely (where the run executes, not what it computes).
-    ``new_default(path, value)``: a key absent from the recorded config whose current ``value`` is the
-    default of a field that is new in the code; old results were computed without that field, i.e. with
-    the behaviour its default keeps. Such keys are added to ``config.json`` (by the writing process), so
-    a later change of that default is caught as a real change.
+    ``ignored(path)``: keys whose value may differ freely (where the run executes, not what it
+    computes). ``new_default(path, value)``: a key absent from the recorded config whose current
+    ``value`` is the default of a field that is new in the code; old results were computed without
+    that field, i.e. with the behaviour its default keeps. Such keys are added to ``config.json``
+    (by the writing process), so a later change of that default is caught as a real change.
     """
 
     ignored: Callable[[KeyPath], bool] = lambda path: False
@@ -144,7 +147,8 @@ class ConfigPolicy:
 
 
 def _diff(old: Any, new: Any, path: KeyPath = ()) -> list[tuple[KeyPath, Any, Any]]:
-    """(path, old, new) for every leaf where two JSON values differ; a missing key reads as ``_MISSING``."""
+    """(path, old, new) for every leaf where two JSON values differ; a missing key reads as
+    ``_MISSING``."""
     if isinstance(old, Mapping) and isinstance(new, Mapping):
         out = []
         for k in sorted(set(old) | set(new), key=str):
@@ -160,12 +164,14 @@ def _insert(config: dict, path: KeyPath, value: Any) -> None:
     node[path[-1]] = value
 
 
-# ---------------------------------------------------------------------------------------------- config policy
+# ------------------------------------------------------------------------------------ config policy
 #: hparams keys that say where a run executes, not what it computes: a rerun may change them freely
-#: (move a half-done run to other GPUs, or under accelerate launch, where each process sets its own device).
+#: (move a half-done run to other GPUs, or under accelerate launch, where each process sets its own
+#: device).
 PLACEMENT_KEYS = ("device", "model_parallel")
-#: hparams keys that choose kernels for the same computation (results differ only in float rounding, as they do
-#: on another CPU's BLAS): a rerun may change them too; config.json keeps the value the run started with.
+#: hparams keys that choose kernels for the same computation (results differ only in float rounding,
+#: as they do on another CPU's BLAS): a rerun may change them too; config.json keeps the value the
+#: run started with.
 KERNEL_KEYS = (
     "fast_decode",
     "scored_logits_only",
@@ -227,12 +233,14 @@ def _field_defaults(obj: Any) -> dict[str, Any]:
 
 
 def config_policy(hparams: Any) -> ConfigPolicy:
-    """What a rerun may differ in from a run directory's ``config.json`` without being another configuration.
+    """What a rerun may differ in from a run directory's ``config.json`` without being another
+    configuration.
 
-    Placement and kernel keys of the hparams (``PLACEMENT_KEYS``, ``KERNEL_KEYS``) are ignored; a key directly
-    under ``hparams`` that the recorded config does not have is accepted when its value is the default of that field in
-    the code (a field added to the hparams after the run started, at the behaviour the old code had).
-    Anything else that differs, nested keys included, is a different configuration.
+    Placement and kernel keys of the hparams (``PLACEMENT_KEYS``, ``KERNEL_KEYS``) are ignored; a
+    key directly under ``hparams`` that the recorded config does not have is accepted when its value
+    is the default of that field in the code (a field added to the hparams after the run started, at
+    the behaviour the old code had). Anything else that differs, nested keys included, is a
+    different configuration.
     """
     defaults = _field_defaults(hparams)
     return ConfigPolicy(
@@ -255,11 +263,12 @@ def check_run_config(
     write: bool = True,
     policy: ConfigPolicy | None = None,
 ) -> None:
-    """Make sure ``out_dir`` holds results of ``config`` only; record ``config.json`` when ``write``.
+    """Make sure ``out_dir`` holds results of ``config`` only; record ``config.json`` when
+    ``write``.
 
-    A directory with results files but no ``config.json`` was not written by this runner and is refused.
-    With ``write=False`` (every process but the main one) ``config.json`` must already be there: the
-    main process records it before the others open the directory.
+    A directory with results files but no ``config.json`` was not written by this runner and is
+    refused. With ``write=False`` (every process but the main one) ``config.json`` must already be
+    there: the main process records it before the others open the directory.
     """
     out_dir = Path(out_dir)
     policy = policy or ConfigPolicy()
@@ -307,7 +316,7 @@ def check_run_config(
         )
 
 
-# ------------------------------------------------------------------------------------------ results files
+# ------------------------------------------------------------------------------------ results files
 def case_key(record: Mapping[str, Any]) -> str:
     """What identifies a record of a results file: its ``case_id``."""
     return str(record.get("case_id"))
@@ -316,7 +325,8 @@ def case_key(record: Mapping[str, Any]) -> str:
 def _parse(
     path: Path, data: bytes, key: Callable[[Mapping[str, Any]], str] = case_key
 ) -> tuple[dict[str, dict], bytes]:
-    """Records of a results file's bytes (by ``key``), and the torn tail after its last newline (b'' if none)."""
+    """Records of a results file's bytes (by ``key``), and the torn tail after its last newline (b''
+    if none)."""
     *complete, torn = data.split(
         b"\n"
     )  # every record ends with a newline; text after the last one is torn
@@ -342,8 +352,8 @@ def _parse(
 def read_results(
     path: str | os.PathLike, key: Callable[[Mapping[str, Any]], str] = case_key
 ) -> dict[str, dict]:
-    """The records of a results file, read only: a last line without its newline (torn, or still being
-    written by its process) is left out and left alone."""
+    """The records of a results file, read only: a last line without its newline (torn, or still
+    being written by its process) is left out and left alone."""
     path = Path(path)
     if not path.is_file():
         return {}
@@ -351,7 +361,8 @@ def read_results(
 
 
 class ResultFile:
-    """One append-only results file, keyed by ``case_id`` (or ``key``); only its own process writes to it."""
+    """One append-only results file, keyed by ``case_id`` (or ``key``); only its own process writes
+    to it."""
 
     def __init__(
         self, path: str | os.PathLike, key: Callable[[Mapping[str, Any]], str] = case_key
@@ -377,8 +388,8 @@ class ResultFile:
         return len(self.records)
 
     def append(self, records: Iterable[Mapping[str, Any]]) -> None:
-        """Append records (one line each) in a single write, then flush and fsync; if the write fails the file is
-        cut back to what it held, so the same records can be appended again."""
+        """Append records (one line each) in a single write, then flush and fsync; if the write
+        fails the file is cut back to what it held, so the same records can be appended again."""
         records = [dict(r) for r in records]
         for r in records:
             cid = self.key(r)
@@ -403,7 +414,8 @@ class ResultFile:
             self.records[self.key(r)] = r
 
     def drop(self, keep: Callable[[dict], bool]) -> list[str]:
-        """Rewrite the file keeping only records for which ``keep`` is true; returns the dropped case ids."""
+        """Rewrite the file keeping only records for which ``keep`` is true; returns the dropped
+        case ids."""
         dropped = [cid for cid, r in self.records.items() if not keep(r)]
         if not dropped:
             return []
@@ -412,7 +424,8 @@ class ResultFile:
         return dropped
 
     def replace(self, records: Iterable[Mapping[str, Any]]) -> None:
-        """Put new versions of already recorded cases in place (same order), rewriting the file atomically."""
+        """Put new versions of already recorded cases in place (same order), rewriting the file
+        atomically."""
         records = [dict(r) for r in records]
         for r in records:
             if self.key(r) not in self.records:
@@ -437,8 +450,8 @@ class ResultFile:
 def merge_results(
     out_dir: str | os.PathLike, case_ids: Sequence[str] | None, *, require_all: bool = True
 ) -> dict[str, dict]:
-    """The records of ``case_ids`` (``None``: every recorded case) from every results file of ``out_dir``,
-    each found exactly once.
+    """The records of ``case_ids`` (``None``: every recorded case) from every results file of
+    ``out_dir``, each found exactly once.
 
     Raises ``IncompleteRunError`` when a case is recorded in two files (two runs wrote into the
     directory at once, or a file was copied in) or, with ``require_all``, when a case is missing.

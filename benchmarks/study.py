@@ -1,24 +1,26 @@
 """Every table of docs/RESULTS.md regenerated from the run directories committed under docs/study/.
 
-A table in RESULTS.md that rests on runs sits between two HTML comments, which markdown does not show:
+A table in RESULTS.md that rests on runs sits between two HTML comments, which markdown does not
+show:
 
     <!-- study: paired unkebench-78-100/uk-lora unkebench-78-100/uk-hpse --label LoRA --label "LoRA + HPSE" -->
     ... the command's output, verbatim ...
     <!-- /study -->
 
-The marker names the tool and its arguments: ``paired`` (``python -m benchmarks.paired``), ``continual``
-(``python -m benchmarks.continual``: continual-editing pairs), ``runs`` (per run: cases, MMLU before
-and after the measured edits, median edit seconds; ``runs DIR ... [--label NAME ...]``) or ``unke``
-(``python -m benchmarks.unke_metrics``: UnKE's own BLEU and ROUGE per UnKEBench run).
-A run directory is written relative to the study root (``docs/study``).
-This module runs every marker's command on the committed files (no model time) and prints the results; ``--check`` compares them with
-what RESULTS.md holds and exits 1 on the first disagreement, naming the marker's line and the line that
-differs. It also checks the prose: every decimal number written outside the blocks, code and HTML
-comments must be a number of some block, and so must every whole percentage and every "N wins, M
-losses", so a figure whose runs are not committed cannot stay in the text. Settings written as code
-(``lr 5e-4`` in backticks) are not results and are not checked; nor are other integers (counts of
-records), which the prose should copy from the tables. ``--write`` replaces every block with the
-regenerated text, so adding a rerun to RESULTS.md is one marker and an empty block plus ``--write``.
+The marker names the tool and its arguments: ``paired`` (``python -m benchmarks.paired``),
+``continual`` (``python -m benchmarks.continual``: continual-editing pairs), ``runs`` (per run:
+cases, MMLU before and after the measured edits, median edit seconds; ``runs DIR ... [--label
+NAME ...]``) or ``unke`` (``python -m benchmarks.unke_metrics``: UnKE's own BLEU and ROUGE per
+UnKEBench run). A run directory is written relative to the study root (``docs/study``).
+This module runs every marker's command on the committed files (no model time) and prints the
+results; ``--check`` compares them with what RESULTS.md holds and exits 1 on the first disagreement,
+naming the marker's line and the line that differs. It also checks the prose: every decimal number
+written outside the blocks, code and HTML comments must be a number of some block, and so must every
+whole percentage and every "N wins, M losses", so a figure whose runs are not committed cannot stay
+in the text. Settings written as code (``lr 5e-4`` in backticks) are not results and are not
+checked; nor are other integers (counts of records), which the prose should copy from the tables.
+``--write`` replaces every block with the regenerated text, so adding a rerun to RESULTS.md is one
+marker and an empty block plus ``--write``.
 
     python -m benchmarks.study docs/study            # print every table
     python -m benchmarks.study docs/study --check    # exit 1 when RESULTS.md disagrees with the runs
@@ -57,7 +59,8 @@ _BLOCK_RE = re.compile(
 )
 _MARKER_RE = re.compile(r"^<!-- study:", re.M)
 _NUMBER_RE = re.compile(r"(?<![\w.])[+-]?\d+\.\d+(?![\w.]*\d)")
-# Results in the prose: decimal numbers, whole percentages ("51%") and win/loss counts ("13 wins, 10 losses").
+# Results in the prose: decimal numbers, whole percentages ("51%") and win/loss counts ("13 wins, 10
+# losses").
 _RESULT_RE = re.compile(
     r"(?<![\w.])(?:[+-]?\d+\.\d+(?![\w.]*\d)|\d+(?=%)|(?P<wins>\d+) wins?(?:,| /) (?P<losses>\d+) loss(?:es)?\b)"
 )
@@ -70,7 +73,8 @@ class StudyError(ValueError):
 
 @dataclass
 class Block:
-    """One marked table of RESULTS.md: its marker's 1-based line, the command and the text it holds."""
+    """One marked table of RESULTS.md: its marker's 1-based line, the command and the text it
+    holds."""
 
     line: int
     command: str
@@ -80,7 +84,8 @@ class Block:
 
 
 def find_blocks(text: str, source: str = "RESULTS.md") -> list[Block]:
-    """Every ``<!-- study: ... -->`` block of ``text``; a marker without its closing ``<!-- /study -->`` is an error."""
+    """Every ``<!-- study: ... -->`` block of ``text``; a marker without its closing ``<!-- /study
+    -->`` is an error."""
     blocks = [
         Block(
             text.count("\n", 0, m.start()) + 1,
@@ -102,7 +107,8 @@ def find_blocks(text: str, source: str = "RESULTS.md") -> list[Block]:
 
 
 def _answer_list(record: Mapping[str, Any]) -> list[str]:
-    """Every answer of a results record, in a fixed order (its ``answers`` mapping's keys in sorted order)."""
+    """Every answer of a results record, in a fixed order (its ``answers`` mapping's keys in sorted
+    order)."""
     answers = record.get("answers") or {}
     if isinstance(answers, Mapping):
         return [
@@ -114,7 +120,8 @@ def _answer_list(record: Mapping[str, Any]) -> list[str]:
 
 
 def runs_table(argv: Sequence[str]) -> int:
-    """The ``runs`` tool: one row per run directory with what its files record besides the scores."""
+    """The ``runs`` tool: one row per run directory with what its files record besides the
+    scores."""
     import json
     import statistics
 
@@ -151,8 +158,8 @@ def runs_table(argv: Sequence[str]) -> int:
         except (FileNotFoundError, ValueError) as err:
             print(f"error: --changed-from: {err}", file=sys.stderr)
             return 2
-    # runs of EasyEdit's baselines record the seconds inside EasyEdit's own algorithm: then a column says
-    # which share of the edit time that is (the rest is this project's integration)
+    # runs of EasyEdit's baselines record the seconds inside EasyEdit's own algorithm: then a column
+    # says which share of the edit time that is (the rest is this project's integration)
     split = any("algorithm_seconds" in r for recs in loaded for r in recs.values())
     lines = [
         "| run | cases | MMLU before any edit | MMLU after the measured edits (edit number: score) | "
@@ -175,7 +182,8 @@ def runs_table(argv: Sequence[str]) -> int:
         ordered = sorted(
             recs.values(), key=lambda r: r.get("index", 0)
         )  # index: the case's place in the run
-        # continual editing measures MMLU once per block, after its last edit; each record of the block carries it
+        # continual editing measures MMLU once per block, after its last edit; each record of the
+        # block carries it
         measured = [
             (i, r)
             for i, r in enumerate(ordered)
@@ -238,7 +246,8 @@ def generate(
     data: str | None = None,
     source: str = "RESULTS.md",
 ) -> list[str]:
-    """Each block's text regenerated by its command on the runs under ``root`` (paths shown relative to it)."""
+    """Each block's text regenerated by its command on the runs under ``root`` (paths shown relative
+    to it)."""
     from .continual import main as continual_main
     from .paired import main as paired_main
     from .unke_metrics import main as unke_main
@@ -288,7 +297,8 @@ def prose_numbers(text: str) -> list[tuple[int, str]]:
 
 
 def table_numbers(generated: Sequence[str]) -> set[float]:
-    """Every decimal number and whole percentage the regenerated blocks hold: what prose may quote."""
+    """Every decimal number and whole percentage the regenerated blocks hold: what prose may
+    quote."""
     tables = "\n".join(generated)
     return {float(n) for n in _NUMBER_RE.findall(tables)} | {
         float(n) for n in re.findall(r"(?<![\w.])(\d+)%", tables)
@@ -298,7 +308,8 @@ def table_numbers(generated: Sequence[str]) -> set[float]:
 def check(
     text: str, blocks: Sequence[Block], generated: Sequence[str], source: str = "RESULTS.md"
 ) -> list[str]:
-    """Disagreements between RESULTS.md and the regenerated blocks, one line each (empty: they agree)."""
+    """Disagreements between RESULTS.md and the regenerated blocks, one line each (empty: they
+    agree)."""
     problems = []
     for b, new in zip(blocks, generated):
         if b.body == new:
@@ -342,7 +353,8 @@ def write(text: str, blocks: Sequence[Block], generated: Sequence[str]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The command line; a bad input is one ``error: ...`` line on stderr and exit code 2 (``--debug``: traceback)."""
+    """The command line; a bad input is one ``error: ...`` line on stderr and exit code 2
+    (``--debug``: traceback)."""
     return run_cli(_main, argv, extra=(StudyError,))
 
 

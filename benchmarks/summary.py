@@ -1,8 +1,8 @@
 """A finished run's summary: ``summary.json`` and ``table.md`` from all its records.
 
-Failed edits (diverged) are left out of every mean and counted; cases the judge could not judge are left
-out of the judge's metrics and counted; in continual mode with checkpoints each checkpoint gets the task's
-summary of the cases evaluated there.
+Failed edits (diverged) are left out of every mean and counted; cases the judge could not judge are
+left out of the judge's metrics and counted; in continual mode with checkpoints each checkpoint gets
+the task's summary of the cases evaluated there.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ __all__ = ["RunSummary", "failed_note", "unjudged_note"]
 
 @dataclass
 class RunSummary:
-    """The summary of one run directory's records, as the task averages them, with the run's description."""
+    """The summary of one run directory's records, as the task averages them, with the run's
+    description."""
 
     task: Task
     out_dir: Path
@@ -34,7 +35,8 @@ class RunSummary:
     checkpoints: Sequence[int] | None
 
     def build(self, mmlu_before: float | None, all_records: list[dict], hparams: dict) -> dict:
-        """The summary of ``all_records``; ``hparams``: as config.json recorded them when the run started."""
+        """The summary of ``all_records``; ``hparams``: as config.json recorded them when the run
+        started."""
         records = [r for r in all_records if "failed" not in r]  # failed edits have no scores
         out: dict[str, Any] = self.task.summarize(records)
         if len(records) < len(all_records):
@@ -71,7 +73,8 @@ class RunSummary:
         return out
 
     def _checkpoint_summaries(self, records: list[dict]) -> dict:
-        """Per checkpoint (edits made in each sequence), the task's summary of the cases evaluated there."""
+        """Per checkpoint (edits made in each sequence), the task's summary of the cases evaluated
+        there."""
         blocks = {r.get("block") for r in records}
         out = {}
         for c, recs in sorted(checkpoint_records(self.out_dir).items()):
@@ -88,7 +91,8 @@ class RunSummary:
         return out
 
     def write(self, summary: dict) -> None:
-        """``summary.json``, ``table.md`` (a row per checkpoint, then the run's), and UnKE's own metrics."""
+        """``summary.json``, ``table.md`` (a row per checkpoint, then the run's), and UnKE's own
+        metrics."""
         write_json_atomic(self.out_dir / "summary.json", summary)
         rows = [
             (f"{self.label} after {c} edits", {self.task.name: part})
@@ -110,7 +114,8 @@ class RunSummary:
 
 
 def failed_note(summaries: Sequence[Mapping]) -> str:
-    """A line under a table saying how many cases' edits diverged (left out of the means, not counted as 0)."""
+    """A line under a table saying how many cases' edits diverged (left out of the means, not
+    counted as 0)."""
     n = sum(int(s.get("failed_cases") or 0) for s in summaries if s)
     if not n:
         return ""
@@ -122,7 +127,8 @@ def failed_note(summaries: Sequence[Mapping]) -> str:
 
 
 def unjudged_note(summaries: Sequence[Mapping]) -> str:
-    """A line under a table saying how many cases the judge could not judge (stored unjudged, not as 0)."""
+    """A line under a table saying how many cases the judge could not judge (stored unjudged, not as
+    0)."""
     n = sum(int(s.get("unjudged_cases") or 0) for s in summaries if s)
     if not n:
         return ""

@@ -43,15 +43,17 @@ def _pct(value: float | None) -> float | None:
 
 
 def data_path(data_dir: Path, file: str | Path) -> Path:
-    """A data file named on the command line: as given when absolute, else relative to ``data_dir``."""
+    """A data file named on the command line: as given when absolute, else relative to
+    ``data_dir``."""
     return Path(file) if Path(file).is_absolute() else data_dir / file
 
 
 @dataclass(frozen=True)
 class Option:
-    """One option a task declares: ``benchmarks.cli`` adds it to the command line (``cli``), ``RunOptions``
-    checks it (``minimum``, ``choices``: a live registry list, ``must_exist``: a file the value names) and keeps its
-    value in ``RunOptions.task_options[name]``, where the task's ``load`` and ``run_config`` read it."""
+    """One option a task declares: ``benchmarks.cli`` adds it to the command line (``cli``),
+    ``RunOptions`` checks it (``minimum``, ``choices``: a live registry list, ``must_exist``: a file
+    the value names) and keeps its value in ``RunOptions.task_options[name]``, where the task's
+    ``load`` and ``run_config`` read it."""
 
     name: str
     flag: str
@@ -59,24 +61,28 @@ class Option:
     help: str = ""
     type: Callable[[str], Any] | None = None
     minimum: int | None = None
-    #: what the value means, in the one-line range message (``--mmlu-n must be >= 0 (0 skips MMLU), got -1``)
+    #: what the value means, in the one-line range message (``--mmlu-n must be >= 0 (0 skips MMLU),
+    #: got -1``)
     what: str = ""
     choices: Sequence[str] | None = None
     metavar: str | None = None
-    #: the fix a one-line message gives when the file the value names does not exist ("" for no file check)
+    #: the fix a one-line message gives when the file the value names does not exist ("" for no file
+    #: check)
     must_exist: str = ""
     cli: bool = True
 
 
 @dataclass(frozen=True)
 class Question:
-    """One question of a case as the reports show it: where its answer is kept in a record and how it is checked.
+    """One question of a case as the reports show it: where its answer is kept in a record and how
+    it is checked.
 
-    ``key`` (and ``index`` for a list) locate the answer in ``record["answers"]``. ``expected``: the gold
-    answer and its aliases (None: judged against the passage). ``check``: ``"alias"`` (the official
-    substring check against ``expected``), ``"coverage"`` (the judge's verdict, ``record["dmp_scores"][index]``)
-    or ``"facts"`` (the judge's FActScore facts, ``record["factscore"][facts]``). ``in_case_studies``: shown by
-    ``benchmarks.paired --show`` too (the HTML report shows every question).
+    ``key`` (and ``index`` for a list) locate the answer in ``record["answers"]``. ``expected``: the
+    gold answer and its aliases (None: judged against the passage). ``check``: ``"alias"`` (the
+    official substring check against ``expected``), ``"coverage"`` (the judge's verdict,
+    ``record["dmp_scores"][index]``) or ``"facts"`` (the judge's FActScore facts,
+    ``record["factscore"][facts]``). ``in_case_studies``: shown by ``benchmarks.paired --show`` too
+    (the HTML report shows every question).
     """
 
     kind: str
@@ -97,9 +103,10 @@ class Question:
 
 
 class Task:
-    """A benchmark: its data file and loader, its declared options, its questions, generation limit, per-case
-    scoring, record shape and summary, whether it needs a judge and measures MMLU (locality) around each edit, its
-    columns in the paper's table, and how the offline reports load its cases and rescore stored answers."""
+    """A benchmark: its data file and loader, its declared options, its questions, generation limit,
+    per-case scoring, record shape and summary, whether it needs a judge and measures MMLU
+    (locality) around each edit, its columns in the paper's table, and how the offline reports load
+    its cases and rescore stored answers."""
 
     name: str
     title: str
@@ -112,17 +119,21 @@ class Task:
     table_columns: tuple[tuple[str, str], ...]
     needs_judge: bool = False
     measures_mmlu: bool = False
-    #: ``benchmarks.paired --whole-word-aliases`` can rescore this task's answers (an alias check to make stricter)
+    #: ``benchmarks.paired --whole-word-aliases`` can rescore this task's answers (an alias check to
+    #: make stricter)
     rescores_aliases: bool = False
-    #: a line under the recitation table saying how this task's cut answers are rescored ("" for none)
+    #: a line under the recitation table saying how this task's cut answers are rescored ("" for
+    #: none)
     recitation_note: str = ""
-    #: the task's own options (the command line offers them, ``RunOptions.task_options`` holds their values)
+    #: the task's own options (the command line offers them, ``RunOptions.task_options`` holds their
+    #: values)
     options: tuple[Option, ...] = ()
 
     def load(
         self, data_dir: Path, opts: Any, client: Any, cache_dir: Path, template: str
     ) -> tuple[Any, list[Path]]:
-        """The cases (``opts``: a ``RunOptions``) and the input files their results depend on (hashed into config.json)."""
+        """The cases (``opts``: a ``RunOptions``) and the input files their results depend on
+        (hashed into config.json)."""
         raise NotImplementedError
 
     def load_cases(
@@ -133,9 +144,10 @@ class Task:
         limit: int | None = None,
         subjects: str = "heuristic",
     ) -> list[dict]:
-        """The cases of ``file`` (default: the task's data file) under ``data_dir``, offline (no judge, no model),
-        for the reports: ``benchmarks.paired``, ``benchmarks.report.html``, ``benchmarks.inspect_rollout``.
-        ``subjects``: how a task with subject phrases finds them (``datasets.load_unkebench``)."""
+        """The cases of ``file`` (default: the task's data file) under ``data_dir``, offline (no
+        judge, no model), for the reports: ``benchmarks.paired``, ``benchmarks.report.html``,
+        ``benchmarks.inspect_rollout``. ``subjects``: how a task with subject phrases finds them
+        (``datasets.load_unkebench``)."""
         raise NotImplementedError
 
     def rescore(
@@ -146,14 +158,14 @@ class Task:
         cut: Cut | None = None,
         whole_word_max: int = 0,
     ) -> Mapping[str, Mapping]:
-        """``records`` (case id -> record) rescored from their stored answers, each cut by ``cut`` first, with
-        ``whole_word_max`` for a task that ``rescores_aliases``; ``records`` themselves when nothing changes them.
-        ``cases``: case id -> loaded case (``load_cases``)."""
+        """``records`` (case id -> record) rescored from their stored answers, each cut by ``cut``
+        first, with ``whole_word_max`` for a task that ``rescores_aliases``; ``records`` themselves
+        when nothing changes them. ``cases``: case id -> loaded case (``load_cases``)."""
         return records
 
     def composition(self, records: Sequence[Mapping[str, Any]]) -> dict[str, int] | None:
-        """A count ``benchmarks.paired`` adds under the table for this task (MQuAKE-uns: composition given the
-        hops), or None."""
+        """A count ``benchmarks.paired`` adds under the table for this task (MQuAKE-uns: composition
+        given the hops), or None."""
         return None
 
     def case_questions(self, case: Mapping[str, Any]) -> list[Question]:
@@ -161,8 +173,8 @@ class Task:
         raise NotImplementedError
 
     def partial_summary(self, records: Sequence[Mapping[str, Any]]) -> dict:
-        """The summary of the records there are (a run whose summary.json is not written yet), with the
-        table's extra keys (MMLU, judge) for a task that has them."""
+        """The summary of the records there are (a run whose summary.json is not written yet), with
+        the table's extra keys (MMLU, judge) for a task that has them."""
         out = self.summarize(records)
         if self.measures_mmlu:
             out["MMLU_after"] = mean(r.get("MMLU_after") for r in records)
@@ -171,8 +183,8 @@ class Task:
         return out
 
     def run_config(self, options: Mapping[str, Any], judge: Judge | None, mmlu: bool) -> dict:
-        """What this task adds to a run's config.json (the judge, the subjects, the MMLU subset); ``options``:
-        the values of its declared options."""
+        """What this task adds to a run's config.json (the judge, the subjects, the MMLU subset);
+        ``options``: the values of its declared options."""
         return {}
 
     def questions(self, case: Mapping[str, Any]) -> list[str]:
@@ -183,18 +195,20 @@ class Task:
         raise NotImplementedError
 
     def answers_of(self, record: Mapping[str, Any]) -> list[str]:
-        """A record's stored answers in ``questions`` order, to score them again without generating anything."""
+        """A record's stored answers in ``questions`` order, to score them again without generating
+        anything."""
         raise NotImplementedError
 
     def unjudged_record(
         self, case: Mapping[str, Any], answers: Sequence[str], judge: Judge, error: JudgeError
     ) -> dict:
-        """The record of a case whose judge failed for good (a task that ``needs_judge``); a task without a judge
-        never meets a judge error, so it raises it again."""
+        """The record of a case whose judge failed for good (a task that ``needs_judge``); a task
+        without a judge never meets a judge error, so it raises it again."""
         raise error
 
     def summarize(self, records: Sequence[Mapping[str, Any]]) -> dict:
-        """Mean of each metric over the records, in percent, plus ``Avg`` = mean of those metrics."""
+        """Mean of each metric over the records, in percent, plus ``Avg`` = mean of those
+        metrics."""
         out: dict[str, float | None] = {m: _pct(mean(r[m] for r in records)) for m in self.metrics}
         out["Avg"] = (
             mean(out[m] for m in self.metrics)
@@ -205,7 +219,8 @@ class Task:
 
 
 class MQuAKEUns(Task):
-    """Ind: mean over ``new_single_hops``; Cmp: any of the 3 multi-hop questions; official substring check."""
+    """Ind: mean over ``new_single_hops``; Cmp: any of the 3 multi-hop questions; official substring
+    check."""
 
     name = "mquake-uns"
     title = "MQuAKE-uns"
@@ -386,10 +401,10 @@ UNKE_OPTIONS = (
 
 
 class UnKEBench(Task):
-    """Jnt: FActScore of the answers to ``question`` and ``para_question``; Dmp: judge per sub-question;
-    Div: 1 - SelfBLEU-4 among the sub-question answers. Records and summaries also carry UnKE's
-    own judge-free metrics (``unke_metrics``: BLEU and ROUGE against the passage and the gold
-    sub-answers, ``benchmarks.unke_scores``)."""
+    """Jnt: FActScore of the answers to ``question`` and ``para_question``; Dmp: judge per
+    sub-question; Div: 1 - SelfBLEU-4 among the sub-question answers. Records and summaries also
+    carry UnKE's own judge-free metrics (``unke_metrics``: BLEU and ROUGE against the passage and
+    the gold sub-answers, ``benchmarks.unke_scores``)."""
 
     name = "unkebench"
     title = "UnKEBench"
@@ -491,8 +506,8 @@ class UnKEBench(Task):
     ) -> Mapping[str, Mapping]:
         """Copies of the records rescored from their stored answers, each cut by ``cut`` first.
 
-        Div (1 - SelfBLEU-4 of the sub-question answers) is recomputed for every record. Jnt and Dmp are
-        recomputed only where the record was scored by the offline lexical judge, by rescoring
+        Div (1 - SelfBLEU-4 of the sub-question answers) is recomputed for every record. Jnt and Dmp
+        are recomputed only where the record was scored by the offline lexical judge, by rescoring
         the cut answers with that judge (the passage and gold sub-answers come from ``cases``;
         UnKE's metrics are recomputed with them); a record scored by an LLM judge gets Jnt and Dmp
         None, since that judge cannot be rerun offline, and loses the UnKE metrics of its uncut
@@ -550,7 +565,8 @@ class UnKEBench(Task):
         ]
         dmp, dmp_complete = judge.coverage(items)
         jnt_complete = all(f.complete for f in facts)
-        # An answer the judge could not judge is unjudged (None), never a 0; the next run judges it again.
+        # An answer the judge could not judge is unjudged (None), never a 0; the next run judges it
+        # again.
         unjudged = [m for m, ok in (("Jnt", jnt_complete), ("Dmp", dmp_complete)) if not ok]
         rec.update(
             factscore=[f.to_dict() for f in facts],
@@ -566,7 +582,8 @@ class UnKEBench(Task):
     def unjudged_record(
         self, case: Mapping[str, Any], answers: Sequence[str], judge: Judge, error: JudgeError
     ) -> dict:
-        """The record of a case whose judge failed for good: the answers and Div kept, Jnt/Dmp unjudged (not 0)."""
+        """The record of a case whose judge failed for good: the answers and Div kept, Jnt/Dmp
+        unjudged (not 0)."""
         subs = list(answers[2:])
         stored = {"question": answers[0], "para_question": answers[1], "sub_questions": subs}
         return {
@@ -609,8 +626,8 @@ def composition_given_hops(recs: Sequence[Mapping[str, Any]]) -> dict[str, int]:
 
 
 def unjudged_metrics(record: Mapping[str, Any]) -> list[str]:
-    """The judge metrics of a record that still need a judge (records written before ``unjudged`` existed
-    count as unjudged when the judge did not finish them)."""
+    """The judge metrics of a record that still need a judge (records written before ``unjudged``
+    existed count as unjudged when the judge did not finish them)."""
     if record.get("unjudged"):
         return list(record["unjudged"])
     return ["Jnt", "Dmp"] if record.get("judge_complete") is False else []

@@ -1,6 +1,7 @@
-"""The project's methods in the registry (``methods.register_method``): HPSE and COIN* (the engine's edits),
-UnKE and AnyEdit (EasyEdit's code through the adapter) and MEMIT and AlphaEdit (EasyEdit's own ``ALG_DICT``
-entries, statistics computed offline). Imported with the package, so every front door finds them.
+"""The project's methods in the registry (``methods.register_method``): HPSE and COIN* (the engine's
+edits), UnKE and AnyEdit (EasyEdit's code through the adapter) and MEMIT and AlphaEdit (EasyEdit's
+own ``ALG_DICT`` entries, statistics computed offline). Imported with the package, so every front
+door finds them.
 """
 
 from __future__ import annotations

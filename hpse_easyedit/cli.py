@@ -6,10 +6,10 @@ Example::
         --subject "Selma Varrick" --passage-file passage.txt \\
         --ask "Where was Selma Varrick born?" --save runs/selma --set rounds=3
 
-Every entry point of the project (this one, the demo, ``run_examples/*``, ``python -m benchmarks.perf``
-and ``.inspect_rollout``) runs its ``main`` through ``run_cli``: a user's mistake (a bad hparams file or option, a missing
-file or model) is ONE line on stderr naming the field or file and the fix, and exit code 2; the
-traceback only with ``--debug`` (or ``HPSE_DEBUG=1``).
+Every entry point of the project (this one, the demo, ``run_examples/*``, ``python -m
+benchmarks.perf`` and ``.inspect_rollout``) runs its ``main`` through ``run_cli``: a user's mistake
+(a bad hparams file or option, a missing file or model) is ONE line on stderr naming the field or
+file and the fix, and exit code 2; the traceback only with ``--debug`` (or ``HPSE_DEBUG=1``).
 """
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ DEBUG_HELP = "show the full traceback of an error instead of one line (or set HP
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose errors are one line on stderr (``error: ...; see PROG --help``) and exit code 2."""
+    """An ``ArgumentParser`` whose errors are one line on stderr (``error: ...; see PROG --help``)
+    and exit code 2."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"error: {' '.join(message.split())}; see {self.prog} --help\n")
@@ -87,8 +88,8 @@ def user_error_types(extra: Sequence[type[BaseException]] = ()) -> tuple[type[Ba
 
 
 class OneLineFormatter(logging.Formatter):
-    """The log format of a run, except for ``run_cli``'s one-line errors, which read ``error: ...`` exactly as
-    every other entry point prints them."""
+    """The log format of a run, except for ``run_cli``'s one-line errors, which read ``error: ...``
+    exactly as every other entry point prints them."""
 
     def format(self, record: logging.LogRecord) -> str:
         prefix = getattr(record, "hpse_one_line", None)
@@ -101,12 +102,14 @@ def run_cli(
     extra: Sequence[type[BaseException]] = (),
     logger: logging.Logger | None = None,
 ) -> int:
-    """Run ``main(argv)``; a user error becomes one ``error: ...`` line on stderr and exit code 2, Ctrl-C one
-    ``interrupted: ...`` line (what was finished, from ``Interrupted``) and exit code 130.
+    """Run ``main(argv)``; a user error becomes one ``error: ...`` line on stderr and exit code 2,
+    Ctrl-C one ``interrupted: ...`` line (what was finished, from ``Interrupted``) and exit code
+    130.
 
-    ``--debug`` (anywhere in ``argv``, removed before ``main`` sees it) or ``HPSE_DEBUG=1`` re-raises
-    the error with its traceback instead. With ``logger`` (and logging configured) the line goes through it
-    (so log handlers see it), formatted as the same ``error: ...`` line (``OneLineFormatter``).
+    ``--debug`` (anywhere in ``argv``, removed before ``main`` sees it) or ``HPSE_DEBUG=1``
+    re-raises the error with its traceback instead. With ``logger`` (and logging configured) the
+    line goes through it (so log handlers see it), formatted as the same ``error: ...`` line
+    (``OneLineFormatter``).
     """
     args = list(sys.argv[1:] if argv is None else argv)
     debug = DEBUG_FLAG in args or os.environ.get("HPSE_DEBUG", "").lower() in ("1", "true", "yes")
@@ -158,8 +161,8 @@ def _user_error_text(err: BaseException) -> str:
 def _save_elsewhere(
     result: Any, hparams: HPSEHyperParams, requests: list[dict], option_dir: Path, err: OSError
 ) -> UsageError:
-    """``--save`` failed on the machine's state: save the edit whole to a temporary directory instead, so it is not
-    lost; returns the one-line error that says where it is."""
+    """``--save`` failed on the machine's state: save the edit whole to a temporary directory
+    instead, so it is not lost; returns the one-line error that says where it is."""
     reason = err.strerror or str(err)
     fallback = write_aside(
         lambda path: save_edit(result, hparams, path, requests), "hpse-edit-", directory=True
@@ -354,7 +357,8 @@ def _main(argv: Sequence[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m hpse_easyedit edit ...``; user errors are one line on stderr and exit code 2 (see ``run_cli``)."""
+    """``python -m hpse_easyedit edit ...``; user errors are one line on stderr and exit code 2 (see
+    ``run_cli``)."""
     return run_cli(_main, argv)
 
 

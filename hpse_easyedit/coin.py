@@ -1,13 +1,15 @@
-"""COIN*: next-token fine-tuning on the passage over long and short contexts, regularised against context reliance.
+"""COIN*: next-token fine-tuning on the passage over long and short contexts, regularised against
+context reliance.
 
-COIN (Zhou et al. 2026, "Uncovering Context Reliance in Unstructured Knowledge Editing", arXiv 2602.19043)
-observes that knowledge learned by next-token prediction (NTP) on a passage becomes bound to the
-passage's preceding text ("context reliance"): the edited model recalls a fact when the sentences
-before it are present and fails when they are not. COIN adds a Context Alignment Loss and a Knowledge
-Consistency Loss to NTP so that the model keeps each piece of knowledge within its local scope.
-There is no official code. The HPSE paper reproduced it as COIN* ("we keep its training over both long
-and short contexts, and remove additional context data augmentation"); this module is our
-reproduction of that description, with every assumption below explicit and switchable in the hparams.
+COIN (Zhou et al. 2026, "Uncovering Context Reliance in Unstructured Knowledge Editing", arXiv
+2602.19043) observes that knowledge learned by next-token prediction (NTP) on a passage becomes
+bound to the passage's preceding text ("context reliance"): the edited model recalls a fact when the
+sentences before it are present and fails when they are not. COIN adds a Context Alignment Loss and
+a Knowledge Consistency Loss to NTP so that the model keeps each piece of knowledge within its local
+scope. There is no official code. The HPSE paper reproduced it as COIN* ("we keep its training over
+both long and short contexts, and remove additional context data augmentation"); this module is our
+reproduction of that description, with every assumption below explicit and switchable in the
+hparams.
 
 Per request (editing prompt ``x`` = ``Introduce {s}.`` through the chat template, passage ``c`` cut
 into sentence chunks ``c_1 .. c_n``; the end-of-turn token closes ``c`` and its last chunk):
@@ -24,9 +26,9 @@ Loss, summed over tokens and averaged over requests (the HPSE engine's conventio
 
 Assumptions (the paper's method section was not available to us; see docs/EASYEDIT.md):
 
-1. Short contexts are sentences (as ``hpse_easyedit.text.sentence_spans`` splits them, the splitter the
-   benchmarks use: ``.``, ``!`` or ``?`` before an upper-case word, not after initials or titles, and at
-   line breaks; merged when shorter than ``min_chunk_tokens``, split when longer than
+1. Short contexts are sentences (as ``hpse_easyedit.text.sentence_spans`` splits them, the splitter
+   the benchmarks use: ``.``, ``!`` or ``?`` before an upper-case word, not after initials or
+   titles, and at line breaks; merged when shorter than ``min_chunk_tokens``, split when longer than
    ``max_chunk_tokens``), each placed right
    after the editing prompt. Token ids are the passage's own ids (one tokenisation), so each chunk
    token is the same token in both contexts.
@@ -38,8 +40,8 @@ Assumptions (the paper's method section was not available to us; see docs/EASYED
    representation a fact is stored against should not depend on the text before its sentence.
 4. No augmentation data and no extra model: the passage is the only source of knowledge.
 5. Parameterisation and budget: the same executors as the LoRA/FT-M baselines (LoRA r=12 on every
-   projection by default) and the same number of Adam steps (40 = 5 rounds x 8 inner steps), so that a
-   comparison with them isolates the objective.
+   projection by default) and the same number of Adam steps (40 = 5 rounds x 8 inner steps), so that
+   a comparison with them isolates the objective.
 """
 
 from __future__ import annotations
@@ -119,14 +121,15 @@ class COINHyperParams(ExecutorHParams):
             )
 
 
-# ---------------------------------------------------------------------------------------------- pure pieces
+# -------------------------------------------------------------------------------------- pure pieces
 def sentence_chunks(
     text: str, offsets: Sequence[tuple[int, int]], *, min_tokens: int = 4, max_tokens: int = 64
 ) -> list[tuple[int, int]]:
-    """Token spans ``[start, end)`` of the sentences of ``text``, given each token's character offsets.
+    """Token spans ``[start, end)`` of the sentences of ``text``, given each token's character
+    offsets.
 
-    A new chunk starts at the first token that begins at or after a sentence end. Chunks shorter than
-    ``min_tokens`` merge into the previous chunk (the first into the next); chunks longer than
+    A new chunk starts at the first token that begins at or after a sentence end. Chunks shorter
+    than ``min_tokens`` merge into the previous chunk (the first into the next); chunks longer than
     ``max_tokens`` are split into consecutive windows. The spans cover every token, in order.
     """
     n = len(offsets)
@@ -165,11 +168,12 @@ def context_consistency_kl(long_logits: torch.Tensor, short_logits: torch.Tensor
 
 
 def hidden_alignment(long_hidden: torch.Tensor, short_hidden: torch.Tensor) -> torch.Tensor:
-    """Summed ``1 - cos`` between matching rows of two ``[T, H]`` hidden-state tensors (gradient through both)."""
+    """Summed ``1 - cos`` between matching rows of two ``[T, H]`` hidden-state tensors (gradient
+    through both)."""
     return (1.0 - F.cosine_similarity(long_hidden.float(), short_hidden.float(), dim=-1)).sum()
 
 
-# ---------------------------------------------------------------------------------------------- the edit
+# ----------------------------------------------------------------------------------------- the edit
 @dataclass
 class _Item:
     prompt_ids: list[int]
@@ -211,8 +215,9 @@ def _batch(rows: list[list[int]], label_from: list[int], pad_id: int, device: to
 
 
 class COINObjective:
-    """COIN*'s loss on the fixed long + short batch (the module docstring gives each term); one backward
-    per step over all terms, since the consistency and alignment terms share the two forwards."""
+    """COIN*'s loss on the fixed long + short batch (the module docstring gives each term); one
+    backward per step over all terms, since the consistency and alignment terms share the two
+    forwards."""
 
     name = "COIN*"
     terms = ("long", "short", "cons", "align")
@@ -268,8 +273,9 @@ class COINObjective:
                 hp.short_weight,
                 sequence_nll(out_short.logits, short_labels.to(out_short.logits.device)) / n,
             )
-            # logits at position p predict token p+1: a chunk starting at long position q is predicted
-            # from q-1 .. q+len-2 (long) and from prompt_len-1 .. prompt_len+len-2 (short).
+            # logits at position p predict token p+1: a chunk starting at long position q is
+            # predicted from q-1 .. q+len-2 (long) and from prompt_len-1 .. prompt_len+len-2
+            # (short).
             lg_long = torch.cat([out_long.logits[r, q - 1 : q - 1 + k] for r, q, _, k in pairs])
             lg_short = torch.cat(
                 [
@@ -305,8 +311,9 @@ def coin_edit(
     *,
     keep_original_weight: bool = False,
 ) -> EditResult:
-    """Inject the passages of ``requests`` jointly with COIN*: ``hparams.steps`` Adam steps of ``COINObjective``
-    through the shared training loop (one round); returns the edited model and what restores it."""
+    """Inject the passages of ``requests`` jointly with COIN*: ``hparams.steps`` Adam steps of
+    ``COINObjective`` through the shared training loop (one round); returns the edited model and
+    what restores it."""
     reqs = normalize_requests(requests, hparams)
     items = _build_items(tok, reqs, hparams)
     pad_id = pad_token_id(tok)

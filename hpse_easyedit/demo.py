@@ -1,9 +1,10 @@
 """Watch HPSE inject a counterfactual passage into the embedded SmolLM2-135M-Instruct, offline.
 
-The passage (``demo_passage.txt``, written for this project) introduces a fictional marine biologist,
-Selma Varrick, born in Norway. Before the edit the model knows nothing about her; after it, it should
-answer the atomic question (where she was born) and the two-hop question that needs that fact
-(the official language of her birth country) from its weights alone, without the passage in context.
+The passage (``demo_passage.txt``, written for this project) introduces a fictional marine
+biologist, Selma Varrick, born in Norway. Before the edit the model knows nothing about her; after
+it, it should answer the atomic question (where she was born) and the two-hop question that needs
+that fact (the official language of her birth country) from its weights alone, without the passage
+in context.
 """
 
 from __future__ import annotations

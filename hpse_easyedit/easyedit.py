@@ -1,4 +1,5 @@
-"""EasyEdit integration: importing this module registers the registry's methods (HPSE, COIN*, UnKE, AnyEdit) in EasyEdit.
+"""EasyEdit integration: importing this module registers the registry's methods (HPSE, COIN*, UnKE,
+AnyEdit) in EasyEdit.
 
 EasyEdit is used from its GitHub source (``$EASYEDIT_SRC`` or ``sys.path``); see docs/EASYEDIT.md::
 
@@ -14,7 +15,8 @@ EasyEdit is used from its GitHub source (``$EASYEDIT_SRC`` or ``sys.path``); see
 For this package's hparams (any method: ``load_hparams(path)`` picks the class from ``alg_name``)
 ``BaseEditor.from_hparams`` is ``make_editor``: the model is loaded by ``hpse_easyedit.load_model``
 (the file's dtype, no remote code unless asked, the embedded SmolLM2 offline, Gemma-2, which
-EasyEdit's name-based loader cannot load) and handed to ``BaseEditor`` as a ``(model, tokenizer)`` pair.
+EasyEdit's name-based loader cannot load) and handed to ``BaseEditor`` as a ``(model, tokenizer)``
+pair.
 """
 
 from __future__ import annotations

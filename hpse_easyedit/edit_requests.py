@@ -1,8 +1,8 @@
 """Edit requests as every editor takes them: EasyEdit's request dicts checked and normalised once.
 
 HPSE, COIN*, the EasyEdit baselines and the benchmark's reference rows all read requests through
-``normalize_requests``, so a malformed request is the same one-line ``RequestError`` whichever method
-receives it.
+``normalize_requests``, so a malformed request is the same one-line ``RequestError`` whichever
+method receives it.
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ class RequestError(ValueError):
 
 
 def normalize_requests(requests: Any, hparams: Any) -> list[dict]:
-    """EasyEdit request dicts -> ``{"prompt", "subject", "target_new"}`` with clear errors for bad input.
+    """EasyEdit request dicts -> ``{"prompt", "subject", "target_new"}`` with clear errors for bad
+    input.
 
-    ``hparams`` is any method's hparams with an ``editing_prompt`` (the prompt a request without one is given,
-    and the pattern a subject is read back from)."""
+    ``hparams`` is any method's hparams with an ``editing_prompt`` (the prompt a request without one
+    is given, and the pattern a subject is read back from)."""
     if isinstance(requests, Mapping):
         requests = [requests]
     if not isinstance(requests, Sequence) or isinstance(requests, str) or not requests:

@@ -43,8 +43,9 @@ def _check_lengths(prompts: Sequence[EditPrompts], hparams: HPSEHyperParams) -> 
 def edit_prompts(
     model: Any, tok: Any, requests: Any, hparams: HPSEHyperParams
 ) -> list[EditPrompts]:
-    """What an edit trains on, per request: student prompt, teacher prompt and passage ids, as ``hparams``
-    words them (teacher style, facts, chat template), with bad requests and over-long sequences refused."""
+    """What an edit trains on, per request: student prompt, teacher prompt and passage ids, as
+    ``hparams`` words them (teacher style, facts, chat template), with bad requests and over-long
+    sequences refused."""
     reqs = normalize_requests(requests, hparams)
     model_type = getattr(getattr(model, "config", None), "model_type", "")
     prompts = build_edit_prompts(
@@ -64,10 +65,10 @@ def _logits_from(
 ) -> tuple[torch.Tensor, int]:
     """The training forward's logits from position ``first`` on, and the position they start at.
 
-    Only those positions are scored (the prompt before them is context), so with ``scored_only`` (hparams
-    ``scored_logits_only``) the output head and its backward skip the rest where the model takes
-    ``logits_to_keep``; otherwise every position's logits come back, starting at 0. The kept logits, and
-    so the gradients, are the same values either way.
+    Only those positions are scored (the prompt before them is context), so with ``scored_only``
+    (hparams ``scored_logits_only``) the output head and its backward skip the rest where the model
+    takes ``logits_to_keep``; otherwise every position's logits come back, starting at 0. The kept
+    logits, and so the gradients, are the same values either way.
     """
     if scored_only and first > 0 and accepts_keyword(model, "logits_to_keep"):
         return model(
@@ -77,7 +78,8 @@ def _logits_from(
 
 
 class _NLLBatch:
-    """Prompt + passage rows, labels on the passage tokens: the NLL anchor, fixed for the whole edit."""
+    """Prompt + passage rows, labels on the passage tokens: the NLL anchor, fixed for the whole
+    edit."""
 
     def __init__(self, prompts: Sequence[EditPrompts], pad_id: int, device: torch.device) -> None:
         seqs = [p.student_ids + p.passage_ids for p in prompts]
@@ -96,7 +98,8 @@ class _NLLBatch:
 
 
 class _KLBatch:
-    """Prompt + rollout rows with the teacher's cached top-K per rollout position: the hybrid KL term."""
+    """Prompt + rollout rows with the teacher's cached top-K per rollout position: the hybrid KL
+    term."""
 
     def __init__(
         self,
@@ -112,8 +115,9 @@ class _KLBatch:
             (row, len(p.student_ids) - 1, len(r))
             for row, (p, r) in enumerate(zip(prompts, rollouts))
         ]
-        # The rollout keeps the teacher's top-K beside the logits (the last layer's device under device_map);
-        # the loss is computed there, so only these small [T, K] tensors ever move, never [T, V] logits.
+        # The rollout keeps the teacher's top-K beside the logits (the last layer's device under
+        # device_map); the loss is computed there, so only these small [T, K] tensors ever move,
+        # never [T, V] logits.
         self.topk_ids = torch.cat([r.teacher_topk_ids for r in rollouts])
         self.topk_lp = torch.cat([r.teacher_topk_logprobs for r in rollouts])
 
@@ -133,16 +137,17 @@ class _KLBatch:
 
 
 class HPSEObjective:
-    """HPSE's loss, per inner step and averaged over requests: ``kl_weight * sum_t KL_topK(pi* || pi_theta)``
-    over the round's rollout positions plus ``nll_weight * NLL(passage | editing prompt)``.
+    """HPSE's loss, per inner step and averaged over requests: ``kl_weight * sum_t KL_topK(pi* ||
+    pi_theta)`` over the round's rollout positions plus ``nll_weight * NLL(passage | editing
+    prompt)``.
 
-    Each round starts with one hybrid rollout per request (none when ``kl_weight == 0``: the plain executor
-    baseline); its teacher top-K targets are cached, so the inner steps never run the teacher. The two
-    terms are separate forward/backward passes accumulating into one Adam step, so activation memory
-    peaks at the larger of the two rather than their sum. The KL pass (prompt and rollout, the larger
-    one) runs first, so the NLL pass after it fits into the memory it freed. Each gradient entry is one
-    sum of the two passes' contributions, which commutes: the order leaves the trained bits as they were
-    (tests/test_editor.py).
+    Each round starts with one hybrid rollout per request (none when ``kl_weight == 0``: the plain
+    executor baseline); its teacher top-K targets are cached, so the inner steps never run the
+    teacher. The two terms are separate forward/backward passes accumulating into one Adam step, so
+    activation memory peaks at the larger of the two rather than their sum. The KL pass (prompt and
+    rollout, the larger one) runs first, so the NLL pass after it fits into the memory it freed.
+    Each gradient entry is one sum of the two passes' contributions, which commutes: the order
+    leaves the trained bits as they were (tests/test_editor.py).
     """
 
     name = "HPSE"
@@ -162,7 +167,8 @@ class HPSEObjective:
         self.device = input_device(executor.model)
         self.nll_batch = _NLLBatch(prompts, pad_id, self.device) if hparams.nll_weight > 0 else None
         self.kl_batch: _KLBatch | None = None
-        self.rollouts: list = []  # per round: that round's Rollout per request, or None (no KL term)
+        # per round: that round's Rollout per request, or None (no KL term)
+        self.rollouts: list = []
         self.teacher_forward_tokens = 0
 
     def start_round(self, student: Any) -> dict:
@@ -185,8 +191,9 @@ class HPSEObjective:
         }
 
     def use_rollouts(self, rollouts: Sequence[Rollout] | None) -> None:
-        """Train the inner steps that follow on ``rollouts`` (one per request; None: no KL term), as a round does
-        after drawing them (``start_round``); the memory planner hands in rollouts of the planned length."""
+        """Train the inner steps that follow on ``rollouts`` (one per request; None: no KL term), as
+        a round does after drawing them (``start_round``); the memory planner hands in rollouts of
+        the planned length."""
         self.kl_batch = (
             _KLBatch(self.prompts, rollouts, self.pad_id, self.device)
             if rollouts is not None
@@ -225,11 +232,12 @@ def hpse_edit(
     *,
     keep_original_weight: bool = False,
 ) -> EditResult:
-    """Inject the passages of ``requests`` jointly into ``model`` with HPSE (or one of its ablations).
+    """Inject the passages of ``requests`` jointly into ``model`` with HPSE (or one of its
+    ablations).
 
-    ``hparams.rounds`` x (one rollout, ``hparams.inner_steps`` Adam steps) of ``HPSEObjective`` through the
-    shared training loop (``training.train_edit``). With ``kl_weight == 0`` no rollout is drawn at all:
-    the plain executor baseline.
+    ``hparams.rounds`` x (one rollout, ``hparams.inner_steps`` Adam steps) of ``HPSEObjective``
+    through the shared training loop (``training.train_edit``). With ``kl_weight == 0`` no rollout
+    is drawn at all: the plain executor baseline.
     """
     if hparams.kl_weight == 0 and hparams.nll_weight == 0:
         raise ValueError(

@@ -1,5 +1,6 @@
-"""Text files users give (passages, hparams): UTF-8, or UTF-8/UTF-16 with a byte-order mark; anything else is
-refused in one line naming the file and the encoding it looks like (``charset_normalizer``'s guess)."""
+"""Text files users give (passages, hparams): UTF-8, or UTF-8/UTF-16 with a byte-order mark;
+anything else is refused in one line naming the file and the encoding it looks like
+(``charset_normalizer``'s guess)."""
 
 from __future__ import annotations
 

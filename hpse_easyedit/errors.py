@@ -1,8 +1,8 @@
 """The errors a user's input raises, and the checks of command-line options that raise them.
 
-Every entry point (``python -m hpse_easyedit``, the benchmark runner and its reports) reports these as
-one line on stderr with exit code 2 (``cli.run_cli``); they live here so that a module that checks
-its options needs nothing of the command line itself.
+Every entry point (``python -m hpse_easyedit``, the benchmark runner and its reports) reports these
+as one line on stderr with exit code 2 (``cli.run_cli``); they live here so that a module that
+checks its options needs nothing of the command line itself.
 """
 
 from __future__ import annotations
@@ -27,19 +27,23 @@ __all__ = [
 
 
 class UsageError(ValueError):
-    """A command-line option is out of range or names a file that cannot be used; the message says which and the fix."""
+    """A command-line option is out of range or names a file that cannot be used; the message says
+    which and the fix."""
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C, carrying one line: what was finished and how to go on (``run_cli`` prints it, exit code 130)."""
+    """Ctrl-C, carrying one line: what was finished and how to go on (``run_cli`` prints it, exit
+    code 130)."""
 
 
-#: OSErrors that are the machine's state, not a bug: a full disk, a quota, a read-only file system, no permission
+#: OSErrors that are the machine's state, not a bug: a full disk, a quota, a read-only file system,
+#: no permission
 ENVIRONMENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
 
 
 def check_writable(option: str, directory: str | os.PathLike) -> None:
-    """``UsageError`` unless ``directory`` can be created and written (a probe file, removed again)."""
+    """``UsageError`` unless ``directory`` can be created and written (a probe file, removed
+    again)."""
     path = Path(directory)
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -54,7 +58,8 @@ def check_writable(option: str, directory: str | os.PathLike) -> None:
 
 
 def choice_text(choices: Sequence[str]) -> str:
-    """``["auto", "llm", "lexical"]`` -> ``"auto, llm or lexical"``: the one wording of every choice message."""
+    """``["auto", "llm", "lexical"]`` -> ``"auto, llm or lexical"``: the one wording of every choice
+    message."""
     choices = list(choices)
     return choices[0] if len(choices) == 1 else ", ".join(choices[:-1]) + f" or {choices[-1]}"
 
@@ -82,7 +87,8 @@ def check_text_file(option: str, path: str | os.PathLike) -> Path:
 def check_new_dir(
     option: str, path: str | os.PathLike | None, *, may_hold_files: bool = False
 ) -> None:
-    """``UsageError`` when ``path`` names an existing file (or, unless ``may_hold_files``, a non-empty directory)."""
+    """``UsageError`` when ``path`` names an existing file (or, unless ``may_hold_files``, a
+    non-empty directory)."""
     if path is None:
         return
     p = Path(path)

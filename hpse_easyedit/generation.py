@@ -31,14 +31,15 @@ def generate_answers(
     stop_every: int = 8,
     progress: Callable[[int], Any] | None = None,
 ) -> list[str]:
-    """Answer each question greedily as a one-turn chat; returns the decoded new text, special tokens dropped.
+    """Answer each question greedily as a one-turn chat; returns the decoded new text, special
+    tokens dropped.
 
-    ``system``: a system message for every question (folded into the user turn for chat templates without
-    a system role, e.g. Gemma2's). ``static_decode``: decode on the graph-capturable path
+    ``system``: a system message for every question (folded into the user turn for chat templates
+    without a system role, e.g. Gemma2's). ``static_decode``: decode on the graph-capturable path
     (``static_decode.static_generate``, the stop test every ``stop_every`` tokens) instead of
-    ``model.generate``: the same tokens, unless the model's generation config asks for a logits processor
-    (e.g. a repetition penalty), in which case ``generate`` is used. ``progress``: called with the number of
-    questions answered after each batch (a progress bar's ``update``).
+    ``model.generate``: the same tokens, unless the model's generation config asks for a logits
+    processor (e.g. a repetition penalty), in which case ``generate`` is used. ``progress``: called
+    with the number of questions answered after each batch (a progress bar's ``update``).
     """
     if not questions:
         return []

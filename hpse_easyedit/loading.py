@@ -40,7 +40,8 @@ _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def _dtype_keyword() -> str:
-    """transformers >= 4.56 calls it ``dtype`` (and warns on ``torch_dtype``); older releases need ``torch_dtype``."""
+    """transformers >= 4.56 calls it ``dtype`` (and warns on ``torch_dtype``); older releases need
+    ``torch_dtype``."""
     import transformers
     from packaging.version import Version
 
@@ -49,7 +50,8 @@ def _dtype_keyword() -> str:
     )  # 4.56 dev builds too
 
 
-#: the ``from_pretrained`` / ``from_config`` keyword of the weights dtype in the installed transformers
+#: the ``from_pretrained`` / ``from_config`` keyword of the weights dtype in the installed
+#: transformers
 DTYPE_KEYWORD = _dtype_keyword()
 
 
@@ -58,7 +60,8 @@ class ModelNotFoundError(RuntimeError):
 
 
 def cache_dir() -> Path:
-    """Where converted models are cached: ``$HPSE_CACHE_DIR``, else ``$XDG_CACHE_HOME/hpse_easyedit``."""
+    """Where converted models are cached: ``$HPSE_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/hpse_easyedit``."""
     root = os.environ.get("HPSE_CACHE_DIR")
     if root:
         return Path(root)
@@ -82,7 +85,8 @@ def embedded_gguf_path() -> Path | None:
 
 
 def offline_mode() -> bool:
-    """Hugging Face offline mode is set (``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``): nothing may be downloaded."""
+    """Hugging Face offline mode is set (``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``): nothing may
+    be downloaded."""
     return any(
         os.environ.get(v, "").lower() in ("1", "true", "yes")
         for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
@@ -90,7 +94,8 @@ def offline_mode() -> bool:
 
 
 def download_hint(name: str) -> str:
-    """The command that puts ``name`` into the Hugging Face cache, with the CLI the installed huggingface_hub ships."""
+    """The command that puts ``name`` into the Hugging Face cache, with the CLI the installed
+    huggingface_hub ships."""
     from packaging.version import InvalidVersion, Version
 
     try:
@@ -113,10 +118,11 @@ def _hub_cache() -> str:
 
 
 def resolve_device(device: Any) -> str:
-    """The torch device string of an hparams ``device`` value (an int N is ``cuda:N``, as in EasyEdit).
+    """The torch device string of an hparams ``device`` value (an int N is ``cuda:N``, as in
+    EasyEdit).
 
-    A CUDA device on a machine where torch sees none (or fewer than asked for) is an ``HParamsError``
-    naming the key and the fix, raised before any weights are loaded.
+    A CUDA device on a machine where torch sees none (or fewer than asked for) is an
+    ``HParamsError`` naming the key and the fix, raised before any weights are loaded.
     """
     from .hparams import HParamsError
 
@@ -144,8 +150,9 @@ def resolve_device(device: Any) -> str:
 
 
 def _device_kwargs(hparams: Any) -> tuple[dict, str | None]:
-    """How ``from_pretrained`` places the weights: spread over the GPUs (``model_parallel``), loaded straight onto
-    one card (``device_map={"": device}``: no copy of the model in CPU memory first), or, on CPU, as before."""
+    """How ``from_pretrained`` places the weights: spread over the GPUs (``model_parallel``), loaded
+    straight onto one card (``device_map={"": device}``: no copy of the model in CPU memory first),
+    or, on CPU, as before."""
     if hparams.model_parallel:
         return {"device_map": "auto"}, None
     device = resolve_device(hparams.device)
@@ -155,8 +162,8 @@ def _device_kwargs(hparams: Any) -> tuple[dict, str | None]:
 
 
 def _attention_kwargs(hparams: Any) -> dict:
-    """``attn_implementation`` for ``from_pretrained`` (nothing for ``auto``); flash attention is refused in one line
-    where the installed stack lacks it, before any weights are read."""
+    """``attn_implementation`` for ``from_pretrained`` (nothing for ``auto``); flash attention is
+    refused in one line where the installed stack lacks it, before any weights are read."""
     from .hparams import HParamsError
 
     impl = getattr(hparams, "attn_implementation", "auto")
@@ -175,8 +182,9 @@ def _attention_kwargs(hparams: Any) -> dict:
 
 
 def check_placement(model: Any) -> None:
-    """Refuse a model that ``device_map`` spread partly onto CPU or disk (offloaded weights cannot be edited and run
-    orders of magnitude slower), naming the fix; a model wholly on one device passes."""
+    """Refuse a model that ``device_map`` spread partly onto CPU or disk (offloaded weights cannot
+    be edited and run orders of magnitude slower), naming the fix; a model wholly on one device
+    passes."""
     from .hparams import HParamsError
 
     placed = {
@@ -225,8 +233,9 @@ def _convert_embedded(target: Path) -> None:
         try:
             os.replace(tmp, target)
         except OSError:
-            # Another process (a second torchrun rank, a parallel run) converted the same GGUF meanwhile and
-            # renamed its copy first; the conversion is deterministic, so its finished copy is as good as ours.
+            # Another process (a second torchrun rank, a parallel run) converted the same GGUF
+            # meanwhile and renamed its copy first; the conversion is deterministic, so its finished
+            # copy is as good as ours.
             if not (target / "config.json").is_file():
                 raise
             logger.info("%s was converted by another process meanwhile; using that copy", target)
@@ -236,9 +245,10 @@ def _convert_embedded(target: Path) -> None:
 
 
 def model_source(name: str) -> str:
-    """Where ``from_pretrained`` reads the model ``name`` (hparams ``model_name``) from, without loading it: a local
-    directory, the Hugging Face cache, the hub id itself, or (for the embedded model) its converted GGUF copy.
-    ``ModelNotFoundError`` names the fix when it is none of these."""
+    """Where ``from_pretrained`` reads the model ``name`` (hparams ``model_name``) from, without
+    loading it: a local directory, the Hugging Face cache, the hub id itself, or (for the embedded
+    model) its converted GGUF copy. ``ModelNotFoundError`` names the fix when it is none of
+    these."""
     if os.path.isdir(name):
         if not os.path.isfile(os.path.join(name, "config.json")):
             raise ModelNotFoundError(
@@ -330,9 +340,9 @@ def load_model(hparams: Any) -> tuple[Any, Any]:
 def check_against_model(model: Any, hparams: Any, source: str | None = None) -> None:
     """Refuse settings that do not fit ``model`` (``HParamsError``), before any edit starts.
 
-    ``max_length`` must fit the model's context and ``top_k`` its vocabulary; then the executor the hparams
-    name checks its own keys (``Executor.model_mismatch``: LoRA's ``target_modules`` and ``layers``, FT-M's
-    matrix). Hparams without an ``executor`` field are left alone.
+    ``max_length`` must fit the model's context and ``top_k`` its vocabulary; then the executor the
+    hparams name checks its own keys (``Executor.model_mismatch``: LoRA's ``target_modules`` and
+    ``layers``, FT-M's matrix). Hparams without an ``executor`` field are left alone.
     """
     from .hparams import HParamsError
 

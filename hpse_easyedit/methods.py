@@ -1,24 +1,25 @@
-"""ONE registry of editing methods: an hparams file's ``alg_name`` -> the ``MethodSpec`` that runs it.
+"""ONE registry of editing methods: an hparams file's ``alg_name`` -> the ``MethodSpec`` that runs
+it.
 
 A spec says everything the rest of the project asks about a method: how its hparams file is read
 (its hparams class's ``load``), how its model is loaded, the edit the benchmark runner calls, the
 restore that undoes it, and the ``ALG_DICT`` entry EasyEdit's ``BaseEditor`` calls (with whether
 EasyEdit restores by calling ``weights_copy``). The benchmark runner (``benchmarks.editors``),
-``run_compare``, ``hpse_easyedit.easyedit.load_hparams``/``make_editor`` and ``register`` (EasyEdit's
-``ALG_DICT``, ``CALLABLE_RESTORE_ALGS`` and batchable methods) all read this one table.
+``run_compare``, ``hpse_easyedit.easyedit.load_hparams``/``make_editor`` and ``register``
+(EasyEdit's ``ALG_DICT``, ``CALLABLE_RESTORE_ALGS`` and batchable methods) all read this one table.
 
 This module is the table only and imports no method: the project's own methods are registered by
 ``builtin_methods`` (imported with the package), the benchmark's reference rows (``UNEDITED``,
-``IN_CONTEXT``) by ``benchmarks.editors``, each by the layer it belongs to. A new method is one module
-(its hparams class and its edit) plus one line::
+``IN_CONTEXT``) by ``benchmarks.editors``, each by the layer it belongs to. A new method is one
+module (its hparams class and its edit) plus one line::
 
     register_method(MethodSpec("MYEDIT", MyHParams.load, hparams_dict, load_model, timed_edit(apply_my_edit),
                                restore_weights, easyedit_apply=apply_my_edit))
 
-The runner's ``edit`` returns an object with ``.model``, ``.weights_copy``, ``.rounds`` and ``.seconds``
-(``EditResult``); ``timed_edit`` makes one from the ROME/EasyEdit contract ``apply_X_to_model(model, tok,
-requests, hparams) -> (model, weights_copy)``. The plain LoRA / FT-M baselines are HPSE files with
-``kl_weight: 0``.
+The runner's ``edit`` returns an object with ``.model``, ``.weights_copy``, ``.rounds`` and
+``.seconds`` (``EditResult``); ``timed_edit`` makes one from the ROME/EasyEdit contract
+``apply_X_to_model(model, tok, requests, hparams) -> (model, weights_copy)``. The plain LoRA / FT-M
+baselines are HPSE files with ``kl_weight: 0``.
 """
 
 from __future__ import annotations
@@ -73,8 +74,9 @@ class MethodSpec:
     preflight: Callable[[Any], None] | None = (
         None  # hparams -> raises the user error when it cannot run here (before loading)
     )
-    #: (unedited model, hparams, {name: edited tensor}) -> the model as its edits left it: lets a stopped
-    #: continual sequence resume from a snapshot; None: the runner replays the sequence's edits instead
+    #: (unedited model, hparams, {name: edited tensor}) -> the model as its edits left it: lets a
+    #: stopped continual sequence resume from a snapshot; None: the runner replays the sequence's
+    #: edits instead
     resume: Callable[[Any, Any, dict], Any] | None = None
 
     @property
@@ -88,7 +90,8 @@ _METHODS: dict[str, MethodSpec] = {}
 
 
 def register_method(spec: MethodSpec) -> None:
-    """Make ``spec.name`` (an hparams file's ``alg_name``) a method of the runner, run_compare and EasyEdit."""
+    """Make ``spec.name`` (an hparams file's ``alg_name``) a method of the runner, run_compare and
+    EasyEdit."""
     _METHODS[spec.name] = spec
 
 
@@ -111,7 +114,8 @@ def get_method(alg_name: str) -> MethodSpec:
 
 
 def method_for_file(path: str | os.PathLike) -> MethodSpec:
-    """The spec named by the ``alg_name`` of a YAML hparams file: the one place ``alg_name`` is read from a file."""
+    """The spec named by the ``alg_name`` of a YAML hparams file: the one place ``alg_name`` is read
+    from a file."""
     path = os.fspath(path)
     config = read_hparams_file(path)
     alg = config.get("alg_name")
@@ -128,7 +132,8 @@ def method_for_file(path: str | os.PathLike) -> MethodSpec:
 
 
 def load_hparams(path: str | os.PathLike, overrides: Sequence[str] | Mapping[str, Any] = ()) -> Any:
-    """The hparams object of any method's YAML file (its ``alg_name`` picks the class), overrides applied."""
+    """The hparams object of any method's YAML file (its ``alg_name`` picks the class), overrides
+    applied."""
     return method_for_file(path).load_hparams(os.fspath(path), overrides)
 
 
@@ -140,10 +145,12 @@ def hparams_dict(hparams: Any) -> dict:
 def timed_edit(
     apply: Callable[..., tuple[Any, Any]], *, timer: bool = False
 ) -> Callable[..., EditResult]:
-    """The runner's ``edit`` for an ``apply_X_to_model(model, tok, requests, hparams) -> (model, weights_copy)``.
+    """The runner's ``edit`` for an ``apply_X_to_model(model, tok, requests, hparams) -> (model,
+    weights_copy)``.
 
-    ``timer=True``: ``apply`` takes ``timer=dict`` and puts the seconds of EasyEdit's own algorithm under
-    ``"algorithm_seconds"`` (``EditResult.algorithm_seconds``; the rest of the edit is our integration).
+    ``timer=True``: ``apply`` takes ``timer=dict`` and puts the seconds of EasyEdit's own algorithm
+    under ``"algorithm_seconds"`` (``EditResult.algorithm_seconds``; the rest of the edit is our
+    integration).
     """
 
     @functools.wraps(apply)

@@ -1,8 +1,10 @@
-"""An edit on disk: ``save_edit`` writes what an edit changed, ``load_edit`` puts it back on the model.
+"""An edit on disk: ``save_edit`` writes what an edit changed, ``load_edit`` puts it back on the
+model.
 
-A saved edit is a directory: the executor's weights (``adapter/hpse/`` for LoRA, ``ft_m.safetensors`` for
-FT-M, each executor's ``save_edit``), ``hparams.yaml`` (the edit's hparams, whose ``model_name`` is the
-unedited model) and ``edit.json`` (the weights' path, the executor, the requests and per-round statistics).
+A saved edit is a directory: the executor's weights (``adapter/hpse/`` for LoRA,
+``ft_m.safetensors`` for FT-M, each executor's ``save_edit``), ``hparams.yaml`` (the edit's hparams,
+whose ``model_name`` is the unedited model) and ``edit.json`` (the weights' path, the executor, the
+requests and per-round statistics).
 """
 
 from __future__ import annotations
@@ -55,10 +57,11 @@ def save_edit(
 
 
 def load_edit(directory: str | os.PathLike) -> tuple[Any, Any, HPSEHyperParams]:
-    """The model ``save_edit`` wrote to ``directory``, edited again: ``(model, tokenizer, hparams)``.
+    """The model ``save_edit`` wrote to ``directory``, edited again: ``(model, tokenizer,
+    hparams)``.
 
-    The unedited model is loaded as its ``hparams.yaml`` names it (``load_model``), then the executor puts
-    the saved weights in (a LoRA adapter around it, or the FT-M matrix copied in)."""
+    The unedited model is loaded as its ``hparams.yaml`` names it (``load_model``), then the
+    executor puts the saved weights in (a LoRA adapter around it, or the FT-M matrix copied in)."""
     root = Path(directory)
     manifest = json.loads((root / "edit.json").read_text())
     hparams = HPSEHyperParams.from_hparams(root / "hparams.yaml")

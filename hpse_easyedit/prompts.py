@@ -1,8 +1,9 @@
 """Student and privileged-teacher prompts, as token ids, through the tokenizer's chat template.
 
-The student reads the untargeted editing prompt ``x`` (``Introduce {s}.``). The privileged teacher is
-the same frozen model reading the passage ``c`` in its system prompt (paper Fig. ``teacher_prompt``)
-and asked the privileged question about ``s``. Both then continue the SAME response tokens.
+The student reads the untargeted editing prompt ``x`` (``Introduce {s}.``). The privileged teacher
+is the same frozen model reading the passage ``c`` in its system prompt (paper Fig.
+``teacher_prompt``) and asked the privileged question about ``s``. Both then continue the SAME
+response tokens.
 
 Wording and chat-role handling dispatch on ``model.config.model_type``; families whose chat template
 has no system role get the system text folded into the user turn.
@@ -54,8 +55,8 @@ LLAMA_SYSTEM = (
     "relevant questions."
 )
 
-# Not in the paper: the passage alone, no rules. For small models, where a block of instructions ahead of
-# the facts is more text to get lost in than guidance (see docs/RESULTS.md).
+# Not in the paper: the passage alone, no rules. For small models, where a block of instructions
+# ahead of the facts is more text to get lost in than guidance (see docs/RESULTS.md).
 PLAIN_SYSTEM = "{passage}"
 
 TEACHER_STYLES = {"default": DEFAULT_SYSTEM, "llama": LLAMA_SYSTEM, "plain": PLAIN_SYSTEM}
@@ -83,7 +84,8 @@ _FAMILIES: dict[str, tuple[str, bool]] = {
 
 
 def teacher_style_for(model_type: str, requested: str = "auto") -> str:
-    """The privileged system-prompt wording: explicit choice, else the family's (Llama has its own)."""
+    """The privileged system-prompt wording: explicit choice, else the family's (Llama has its
+    own)."""
     if requested != "auto":
         return requested
     return _FAMILIES.get(model_type, ("default", True))[0]
@@ -92,7 +94,8 @@ def teacher_style_for(model_type: str, requested: str = "auto") -> str:
 def has_system_role(
     tokenizer: Any, model_type: str, template_kwargs: Mapping[str, Any] | None = None
 ) -> bool:
-    """Whether the model's chat template takes a system message (else it is folded into the user turn)."""
+    """Whether the model's chat template takes a system message (else it is folded into the user
+    turn)."""
     template_kwargs = dict(template_kwargs or {})
     if model_type in _FAMILIES:
         return _FAMILIES[model_type][1]
@@ -117,7 +120,8 @@ def _as_ids(out: Any) -> list[int]:
 
 
 def _control_texts(tokenizer: Any) -> list[str]:
-    """The texts a tokenizer turns into special (control) ids wherever they appear, longest first."""
+    """The texts a tokenizer turns into special (control) ids wherever they appear, longest
+    first."""
     found = {
         t.content
         for t in getattr(tokenizer, "added_tokens_decoder", {}).values()
@@ -128,9 +132,9 @@ def _control_texts(tokenizer: Any) -> list[str]:
 
 
 def text_ids(tokenizer: Any, text: str) -> list[int]:
-    """Token ids of user text (a passage, a subject, a question): a special token's text inside it, e.g.
-    ``<|im_end|>``, stays ordinary text instead of becoming a control token (``split_special_tokens``);
-    text without one gets the ids it always had."""
+    """Token ids of user text (a passage, a subject, a question): a special token's text inside it,
+    e.g. ``<|im_end|>``, stays ordinary text instead of becoming a control token
+    (``split_special_tokens``); text without one gets the ids it always had."""
     return _as_ids(
         tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
     )
@@ -150,9 +154,10 @@ def chat_prompt_ids(
 ) -> list[int]:
     """Token ids of a one-turn chat ending with the assistant generation header.
 
-    The messages are user text: where one holds a special token's text (``<|im_end|><|im_start|>user``),
-    the template is rendered around placeholders and each message is tokenized as text into its place,
-    so no message can end a turn or open another; other messages get exactly the template's own ids.
+    The messages are user text: where one holds a special token's text
+    (``<|im_end|><|im_start|>user``), the template is rendered around placeholders and each message
+    is tokenized as text into its place, so no message can end a turn or open another; other
+    messages get exactly the template's own ids.
     """
     template_kwargs = dict(template_kwargs or {})
     if system is not None and not system_role:
@@ -181,7 +186,8 @@ def chat_prompt_ids(
 
 
 def stop_token_ids(model: Any, tokenizer: Any) -> set[int]:
-    """Every token that ends an assistant turn: generation_config's EOS ids plus the tokenizer's EOS."""
+    """Every token that ends an assistant turn: generation_config's EOS ids plus the tokenizer's
+    EOS."""
     ids: set[int] = set()
     gen = getattr(model, "generation_config", None)
     eos = getattr(gen, "eos_token_id", None) if gen is not None else None
@@ -193,7 +199,8 @@ def stop_token_ids(model: Any, tokenizer: Any) -> set[int]:
 
 
 def end_of_turn_id(tokenizer: Any, template_kwargs: Mapping[str, Any] | None = None) -> int | None:
-    """The special token the chat template puts after an assistant message (e.g. <|im_end|>, <end_of_turn>).
+    """The special token the chat template puts after an assistant message (e.g. <|im_end|>,
+    <end_of_turn>).
 
     Found by rendering a probe conversation as text and reading what follows the assistant content;
     this inspects the template once and never touches rollout tokens.
@@ -227,8 +234,8 @@ def end_of_turn_id(tokenizer: Any, template_kwargs: Mapping[str, Any] | None = N
 
 
 def privileged_system(style: str, subject: str, passages: Sequence[str]) -> str:
-    """The privileged teacher's system text in ``style`` (``TEACHER_STYLES``): the paper's wordings (Fig.
-    ``teacher_prompt``, rules then the passages) or ``plain`` (the passages alone)."""
+    """The privileged teacher's system text in ``style`` (``TEACHER_STYLES``): the paper's wordings
+    (Fig. ``teacher_prompt``, rules then the passages) or ``plain`` (the passages alone)."""
     return TEACHER_STYLES[style].format(passage="\n\n".join(passages), subject=subject)
 
 
@@ -257,8 +264,8 @@ def build_edit_prompts(
     system_role = has_system_role(tokenizer, model_type, template_kwargs)
     eot = end_of_turn_id(tokenizer, template_kwargs)
     all_passages = [r["target_new"] for r in requests]
-    # 'labelled' (not in the paper): every passage, each headed by the subject it is about, so a teacher
-    # introducing one subject can tell its facts from the facts of another request
+    # 'labelled' (not in the paper): every passage, each headed by the subject it is about, so a
+    # teacher introducing one subject can tell its facts from the facts of another request
     labelled = [
         PASSAGE_LABEL.format(subject=r["subject"], passage=r["target_new"]) for r in requests
     ]

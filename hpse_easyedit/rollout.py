@@ -36,7 +36,8 @@ __all__ = [
 
 @dataclass
 class Rollout:
-    """One rollout: response token ids, where the teacher stepped in, and the teacher's top-K per position."""
+    """One rollout: response token ids, where the teacher stepped in, and the teacher's top-K per
+    position."""
 
     tokens: torch.Tensor  # [T] long
     stepped_in: torch.Tensor  # [T] bool
@@ -60,7 +61,8 @@ class Rollout:
 
 
 def input_device(model: torch.nn.Module) -> torch.device:
-    """Where input ids must go: the input embedding's device (also right under device_map='auto')."""
+    """Where input ids must go: the input embedding's device (also right under
+    device_map='auto')."""
     try:
         return model.get_input_embeddings().weight.device
     except (AttributeError, NotImplementedError):
@@ -72,7 +74,8 @@ _FORWARD_KEYWORDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def accepts_keyword(model: torch.nn.Module, name: str) -> bool:
-    """Whether ``model``'s forward (or, for a peft wrapper, its base model's) takes the keyword ``name``."""
+    """Whether ``model``'s forward (or, for a peft wrapper, its base model's) takes the keyword
+    ``name``."""
     try:
         keywords = _FORWARD_KEYWORDS.get(model)
     except TypeError:  # an object that cannot be weakly referenced: inspected at every call
@@ -94,13 +97,14 @@ def accepts_keyword(model: torch.nn.Module, name: str) -> bool:
 
 
 def cache_keyword(model: torch.nn.Module) -> str:
-    """The forward keyword of the KV cache: ``cache`` where the model takes it (transformers >= 5.24, which
-    deprecates ``past_key_values``), else ``past_key_values``."""
+    """The forward keyword of the KV cache: ``cache`` where the model takes it (transformers >=
+    5.24, which deprecates ``past_key_values``), else ``past_key_values``."""
     return "cache" if accepts_keyword(model, "cache") else "past_key_values"
 
 
 def output_cache(out: Any) -> Any:
-    """The updated KV cache of a forward's output: ``out.cache`` (transformers >= 5.24) or ``out.past_key_values``."""
+    """The updated KV cache of a forward's output: ``out.cache`` (transformers >= 5.24) or
+    ``out.past_key_values``."""
     cache = getattr(out, "cache", None)
     return cache if cache is not None else out.past_key_values
 
@@ -130,8 +134,8 @@ def _new_cache(model: torch.nn.Module) -> Any:
 
 
 class _Recorder:
-    """The per-token gate and the records kept for the loss, of R requests decoded side by side (row i of every
-    record is request i; R = 1 on the dynamic paths); shared by all rollout drivers."""
+    """The per-token gate and the records kept for the loss, of R requests decoded side by side (row
+    i of every record is request i; R = 1 on the dynamic paths); shared by all rollout drivers."""
 
     def __init__(
         self,
@@ -160,14 +164,14 @@ class _Recorder:
         self.n = 0
 
     def step(self, s_logp: torch.Tensor, t_logp: torch.Tensor) -> tuple[torch.Tensor, bool]:
-        """``record``, and whether to stop (the dynamic paths' one host sync per token): a request's stop token
-        or ``max_new_tokens`` reached. One request only."""
+        """``record``, and whether to stop (the dynamic paths' one host sync per token): a request's
+        stop token or ``max_new_tokens`` reached. One request only."""
         token = self.record(s_logp, t_logp)
         return token, bool(torch.isin(token, self.stop)) or self.n == self.tokens.shape[1]
 
     def record(self, s_logp: torch.Tensor, t_logp: torch.Tensor) -> torch.Tensor:
-        """Record position n of every request from its student and teacher log-probs (``[R, V]`` each); return
-        the emitted tokens ``[R]`` (on the device; nothing is read on the host)."""
+        """Record position n of every request from its student and teacher log-probs (``[R, V]``
+        each); return the emitted tokens ``[R]`` (on the device; nothing is read on the host)."""
         s_logp, t_logp = s_logp.to(self.tokens.device), t_logp.to(self.tokens.device)
         gate, y_star, gap = stepin_decision(t_logp, s_logp, self.tau, self.kappa)
         if not self.hybrid:
@@ -186,8 +190,9 @@ class _Recorder:
         return token
 
     def lengths(self, last: bool) -> list[int] | None:
-        """Each request's rollout length (up to its first stop token, else all positions recorded) once every
-        request has stopped or at the ``last`` test; else None. One host sync, a second to read the lengths."""
+        """Each request's rollout length (up to its first stop token, else all positions recorded)
+        once every request has stopped or at the ``last`` test; else None. One host sync, a second
+        to read the lengths."""
         hits = torch.isin(self.tokens[:, : self.n], self.stop)
         stopped = hits.any(-1)
         if not (bool(stopped.all()) or last):
@@ -197,7 +202,8 @@ class _Recorder:
     def results(
         self, teacher_tokens: Sequence[int], lengths: Sequence[int] | None = None
     ) -> list[Rollout]:
-        """Request i's first ``lengths[i]`` positions (all recorded ones by default) as its ``Rollout``."""
+        """Request i's first ``lengths[i]`` positions (all recorded ones by default) as its
+        ``Rollout``."""
         lengths = [self.n] * len(teacher_tokens) if lengths is None else lengths
         return [
             Rollout(
@@ -227,15 +233,18 @@ def hybrid_rollout(
     hybrid: bool = True,
     teacher_context: Callable[[], ContextManager] = contextlib.nullcontext,
 ) -> Rollout:
-    """Greedy hybrid rollout of one request, student and teacher advanced by separate cached forwards.
+    """Greedy hybrid rollout of one request, student and teacher advanced by separate cached
+    forwards.
 
     Args:
         student: the model being edited (pi_theta).
         teacher: the privileged model; usually the same object, reached through ``teacher_context``
             (adapter disabled, or the original FT-M matrix swapped in).
-        student_prompt_ids / teacher_prompt_ids: chat-templated prompt ids (editing prompt / passage + question).
+        student_prompt_ids / teacher_prompt_ids: chat-templated prompt ids (editing prompt /
+            passage + question).
         tau, kappa: the step-in gates. top_k: teacher ids kept per position for the KL.
-        max_new_tokens: rollout length cap. stop_ids: tokens that end the response (kept in the rollout).
+        max_new_tokens: rollout length cap. stop_ids: tokens that end the response (kept in the
+            rollout).
         hybrid: False for the plain on-policy rollout (the gate never fires).
     """
     device = input_device(student)
@@ -280,18 +289,19 @@ def batched_hybrid_rollout(
     static_decode: bool | str = False,
     stop_every: int = 8,
 ) -> Rollout:
-    """The same rollout with student (row 0) and teacher (row 1) advanced in ONE batched forward per token.
+    """The same rollout with student (row 0) and teacher (row 1) advanced in ONE batched forward per
+    token.
 
-    Prompts are left-padded to a common length with explicit position ids; ``row_switch`` makes row 1
-    compute the frozen base model inside the shared module (adapter output zeroed, or the original
+    Prompts are left-padded to a common length with explicit position ids; ``row_switch`` makes row
+    1 compute the frozen base model inside the shared module (adapter output zeroed, or the original
     FT-M matrix), so one set of weights and one KV cache of batch 2 serve both policies.
 
     ``static_decode``: the graph-capturable decode (``static_decode.StaticDecoder``): a KV cache
-    preallocated for the teacher prompt plus ``max_new_tokens``, masks and positions on the device, and the
-    stop test every ``stop_every`` tokens (the loop's one host sync); the steps decoded past a stop are
-    discarded, and counted in ``teacher_forward_tokens``. Same tokens, step-ins and teacher top-K ids as the
-    dynamic path (``tests/test_static_decode.py``). ``"compile"``: the step under ``torch.compile`` (CUDA
-    graphs on CUDA).
+    preallocated for the teacher prompt plus ``max_new_tokens``, masks and positions on the device,
+    and the stop test every ``stop_every`` tokens (the loop's one host sync); the steps decoded past
+    a stop are discarded, and counted in ``teacher_forward_tokens``. Same tokens, step-ins and
+    teacher top-K ids as the dynamic path (``tests/test_static_decode.py``). ``"compile"``: the step
+    under ``torch.compile`` (CUDA graphs on CUDA).
     """
     if static_decode:
         return batched_hybrid_rollouts(
@@ -367,9 +377,10 @@ def _static_rollouts(
     stop_every: int,
     compiled: bool,
 ) -> list[Rollout]:
-    """The rollouts of ``requests`` (student and teacher prompt ids each) as ONE batch on a ``StaticDecoder``:
-    rows ``0..R-1`` the students, ``R..2R-1`` their teachers; no host sync but the stop test every
-    ``stop_every`` tokens, which ends the decode once every request has stopped."""
+    """The rollouts of ``requests`` (student and teacher prompt ids each) as ONE batch on a
+    ``StaticDecoder``: rows ``0..R-1`` the students, ``R..2R-1`` their teachers; no host sync but
+    the stop test every ``stop_every`` tokens, which ends the decode once every request has
+    stopped."""
     max_new_tokens = rec.tokens.shape[1]
     count = len(requests)
     rows = [list(s) for s, _ in requests] + [list(t) for _, t in requests]
@@ -406,11 +417,12 @@ def batched_hybrid_rollouts(
     compiled: bool = False,
     stop_every: int = 8,
 ) -> list[Rollout]:
-    """The rollouts of all ``requests`` of an edit (``(student_prompt_ids, teacher_prompt_ids)`` each) in ONE
-    batch on the graph-capturable decode: each decode step is one forward of the R students and their R
-    teachers, so a step's kernels serve R tokens. Each request's rollout ends at its own stop token; the batch
-    decodes until every request has stopped (the steps past a request's stop are discarded, and counted in its
-    ``teacher_forward_tokens``). ``compiled``: the step under ``torch.compile`` (CUDA graphs on CUDA)."""
+    """The rollouts of all ``requests`` of an edit (``(student_prompt_ids, teacher_prompt_ids)``
+    each) in ONE batch on the graph-capturable decode: each decode step is one forward of the R
+    students and their R teachers, so a step's kernels serve R tokens. Each request's rollout ends
+    at its own stop token; the batch decodes until every request has stopped (the steps past a
+    request's stop are discarded, and counted in its ``teacher_forward_tokens``). ``compiled``: the
+    step under ``torch.compile`` (CUDA graphs on CUDA)."""
     rec = _Recorder(
         len(requests),
         max_new_tokens,
@@ -430,15 +442,17 @@ def batched_hybrid_rollouts(
 def draw_rollout(
     executor: Any, prompts: Any, hparams: Any, *, stop_ids: Iterable[int], pad_id: int
 ) -> Rollout:
-    """One round's rollout of one request (``prompts``: its student and teacher prompt ids) as ``hparams`` choose.
+    """One round's rollout of one request (``prompts``: its student and teacher prompt ids) as
+    ``hparams`` choose.
 
-    ``batched_rollout`` (default): student and teacher advance in ONE batched forward of ``executor.model``
-    (the executor's ``row_switch``); otherwise two cached forwards, the teacher through ``teacher_context``.
-    Same tokens either way. ``rollout: on_policy`` switches the gate off (the "w/o HP" ablation).
-    ``static_decode`` (off by default): the batched rollout on the graph-capturable decode (whatever
-    ``batched_rollout`` says); ``"compile"`` also compiles its step.
-    ``fast_decode`` computes the decode steps' frozen CPU matmuls as ``W @ x^T`` (``fast_decode.py``; ``auto``, the
-    default: where this machine runs that product clearly faster than ``F.linear``).
+    ``batched_rollout`` (default): student and teacher advance in ONE batched forward of
+    ``executor.model`` (the executor's ``row_switch``); otherwise two cached forwards, the teacher
+    through ``teacher_context``. Same tokens either way. ``rollout: on_policy`` switches the gate
+    off (the "w/o HP" ablation). ``static_decode`` (off by default): the batched rollout on the
+    graph-capturable decode (whatever ``batched_rollout`` says); ``"compile"`` also compiles its
+    step. ``fast_decode`` computes the decode steps' frozen CPU matmuls as ``W @ x^T``
+    (``fast_decode.py``; ``auto``, the default: where this machine runs that product clearly faster
+    than ``F.linear``).
     """
     gate = dict(
         tau=hparams.tau,
@@ -474,9 +488,10 @@ def draw_rollout(
 def draw_rollouts(
     executor: Any, prompts: Sequence[Any], hparams: Any, *, stop_ids: Iterable[int], pad_id: int
 ) -> list[Rollout]:
-    """One round's rollouts of all requests of an edit (``prompts``: each request's student and teacher prompt
-    ids). With ``static_decode`` all requests decode as ONE batch (``batched_hybrid_rollouts``: a step's kernels
-    serve every request's token); otherwise one ``draw_rollout`` per request, as before."""
+    """One round's rollouts of all requests of an edit (``prompts``: each request's student and
+    teacher prompt ids). With ``static_decode`` all requests decode as ONE batch
+    (``batched_hybrid_rollouts``: a step's kernels serve every request's token); otherwise one
+    ``draw_rollout`` per request, as before."""
     if not hparams.static_decode or len(prompts) == 1:
         return [
             draw_rollout(executor, p, hparams, stop_ids=stop_ids, pad_id=pad_id) for p in prompts

@@ -1,5 +1,5 @@
-"""The one training loop of every gradient editor this project owns: HPSE (its ablations and the plain
-executor baselines with ``kl_weight: 0``) and COIN*.
+"""The one training loop of every gradient editor this project owns: HPSE (its ablations and the
+plain executor baselines with ``kl_weight: 0``) and COIN*.
 
 The loop owns what they share: the executor (what trains, ``weights_copy``, Adam, ``finish``), train
 and eval modes, R rounds x M inner steps, ``zero_grad`` / ``step``, the loss history, per-round
@@ -7,10 +7,10 @@ statistics and timing. An ``Objective`` owns what differs:
 
 - ``start_round(student)``: what a round prepares before its inner steps (HPSE: that round's hybrid
   rollout, drawn in eval mode); returns the round's statistics.
-- ``step(student)``: the loss terms of one inner step, as groups ``{name: (weight, value)}``; each group
-  is summed (terms of weight 0 are reported but not trained) and back-propagated on its own, so an
-  objective decides how much activation memory an inner step holds at once (HPSE: one group per term,
-  peak = the larger forward; COIN*: one group, its terms share forwards).
+- ``step(student)``: the loss terms of one inner step, as groups ``{name: (weight, value)}``; each
+  group is summed (terms of weight 0 are reported but not trained) and back-propagated on its own,
+  so an objective decides how much activation memory an inner step holds at once (HPSE: one group
+  per term, peak = the larger forward; COIN*: one group, its terms share forwards).
 
     executor = make_executor(model, hparams)
     result = train_edit(executor, hparams, MyObjective(executor, ...), rounds=R, inner_steps=M)
@@ -59,16 +59,18 @@ class EditResult:
     rollouts: list = field(
         default_factory=list
     )  # per round: that round's Rollout per request, or None (no KL term)
-    #: seconds inside EasyEdit's own algorithm function, for a method whose edit is EasyEdit's code (MEMIT,
-    #: AlphaEdit, UnKE, AnyEdit); the rest of ``seconds`` is what this project's integration adds. None otherwise.
+    #: seconds inside EasyEdit's own algorithm function, for a method whose edit is EasyEdit's code
+    #: (MEMIT, AlphaEdit, UnKE, AnyEdit); the rest of ``seconds`` is what this project's integration
+    #: adds. None otherwise.
     algorithm_seconds: float | None = None
 
 
 class EditDivergedError(RuntimeError):
     """An edit's loss became non-finite or grew past ``max_loss_growth``; the edit was stopped.
 
-    The trained tensors are back at their values before this edit (``model`` is as the edit found it,
-    wrapped as the executor wraps it); ``weights_copy`` is what restores the unedited model from there.
+    The trained tensors are back at their values before this edit (``model`` is as the edit found
+    it, wrapped as the executor wraps it); ``weights_copy`` is what restores the unedited model from
+    there.
     """
 
     def __init__(
@@ -100,9 +102,9 @@ class Objective(Protocol):
 def train_edit(
     executor: Executor, hparams: Any, objective: Objective, *, rounds: int, inner_steps: int
 ) -> EditResult:
-    """Train ``objective`` into ``executor.model`` (``executors.make_executor`` around the caller's model):
-    ``rounds`` x (``start_round``, then ``inner_steps`` Adam steps on ``step``'s terms). Returns the edited
-    model and what restores it."""
+    """Train ``objective`` into ``executor.model`` (``executors.make_executor`` around the caller's
+    model): ``rounds`` x (``start_round``, then ``inner_steps`` Adam steps on ``step``'s terms).
+    Returns the edited model and what restores it."""
     start = time.perf_counter()
     result = EditResult(model=executor.model, weights_copy=executor.weights_copy())
     student = executor.model
@@ -157,7 +159,8 @@ def train_edit(
 
 
 def describe_loss(stats: dict, inner_steps: int) -> str:
-    """A round's loss for a log line: at its first inner step and at its last (each before that step's update)."""
+    """A round's loss for a log line: at its first inner step and at its last (each before that
+    step's update)."""
     if inner_steps == 1:
         return f"loss {stats['loss']:.4f} (one inner step)"
     return f"loss {stats['loss']:.4f} (step 1) -> {stats['loss_last']:.4f} (step {inner_steps})"
@@ -195,8 +198,9 @@ def _stop_diverged(
 
 def inner_step(objective: Objective, student: Any, optimizer: torch.optim.Optimizer) -> dict:
     """One Adam step on ``objective.step``'s terms, each group back-propagated on its own; returns
-    ``{name: (weight, detached loss)}``, which the caller reads on the host when it needs the numbers (once a
-    round in ``train_edit``, so the device never waits for the host inside the inner steps)."""
+    ``{name: (weight, detached loss)}``, which the caller reads on the host when it needs the
+    numbers (once a round in ``train_edit``, so the device never waits for the host inside the inner
+    steps)."""
     optimizer.zero_grad(set_to_none=True)
     terms: dict[str, tuple[float, torch.Tensor]] = {}
     for group in objective.step(student):
@@ -213,8 +217,9 @@ def inner_step(objective: Objective, student: Any, optimizer: torch.optim.Optimi
 
 @contextlib.contextmanager
 def activation_checkpointing(model: Any, enabled: bool) -> Iterator[None]:
-    """Inside: ``model``'s layers recompute their activations in backward (transformers' non-reentrant gradient
-    checkpointing), when ``enabled`` and the model supports it; switched off again on exit."""
+    """Inside: ``model``'s layers recompute their activations in backward (transformers'
+    non-reentrant gradient checkpointing), when ``enabled`` and the model supports it; switched off
+    again on exit."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     if enabled and not getattr(base, "supports_gradient_checkpointing", False):
         logger.warning(
@@ -225,8 +230,9 @@ def activation_checkpointing(model: Any, enabled: bool) -> Iterator[None]:
         yield
         return
     base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    # transformers checkpoints a layer only in training mode; an edit trains in the mode the model came in (eval,
-    # so no dropout): only the checkpointed layers' own flags are set, their submodules keep theirs
+    # transformers checkpoints a layer only in training mode; an edit trains in the mode the model
+    # came in (eval, so no dropout): only the checkpointed layers' own flags are set, their
+    # submodules keep theirs
     layers = [m for m in base.modules() if getattr(m, "gradient_checkpointing", False) is True]
     modes = [m.training for m in layers]
     for m in layers:

@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Edit UnKEBench cases with an hparams file's method and report Jnt / Dmp / Div / Avg / MMLU (paper appendix C).
+"""Edit UnKEBench cases with an hparams file's method and report Jnt / Dmp / Div / Avg / MMLU (paper
+appendix C).
 
     export HPSE_JUDGE_BASE_URL=https://generativelanguage.googleapis.com/v1beta/openai/ HPSE_JUDGE_API_KEY=...
     python run_examples/run_hpse_unkebench.py --hparams hparams/HPSE/smollm2-135m.yaml --set max_new_tokens=128 \

@@ -21,8 +21,8 @@ DATA_DIR = Path(os.environ.get("HPSE_DATA_DIR", DEFAULT_DATA_DIR))
 
 
 class ChatServer:
-    """A local chat-completions endpoint. Actions: ("sleep", seconds), ("status", code), ("text", content),
-    ("raw", body, content type)."""
+    """A local chat-completions endpoint. Actions: ("sleep", seconds), ("status", code), ("text",
+    content), ("raw", body, content type)."""
 
     def __init__(self, responder: Callable[[str], str] | None = None) -> None:
         self.script: list[tuple] = []
@@ -139,7 +139,8 @@ JUDGE_ENV = (
 
 
 def isolate_judge_env(monkeypatch, tmp_path: Path) -> None:
-    """No judge endpoint from the developer's environment, and a cache directory of the test's own."""
+    """No judge endpoint from the developer's environment, and a cache directory of the test's
+    own."""
     for var in JUDGE_ENV:
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("HPSE_CACHE_DIR", str(tmp_path / "cache"))

@@ -10,7 +10,8 @@ from hpse_easyedit.atomic import replacing, writer_tmp
 
 
 def test_two_writers_of_one_json_file_at_once_do_not_collide(tmp_path, another_writer_first):
-    """With one shared ``.tmp`` name the second writer renamed the first one's file away (FileNotFoundError)."""
+    """With one shared ``.tmp`` name the second writer renamed the first one's file away
+    (FileNotFoundError)."""
     path = tmp_path / "summary.json"
     done = another_writer_first(lambda: write_json_atomic(path, {"writer": "b"}))
     write_json_atomic(path, {"writer": "a"})

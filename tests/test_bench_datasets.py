@@ -114,7 +114,8 @@ def test_heuristic_subject_agrees_with_the_written_subjects_mostly():
 
 
 def _cached_client(server, tmp_path, model):
-    """A client with the one response cache the runner gives it (``<cache-dir>/judge_cache.sqlite``)."""
+    """A client with the one response cache the runner gives it
+    (``<cache-dir>/judge_cache.sqlite``)."""
     return ChatClient(
         JudgeSettings(
             base_url=server.url, model=model, cache_path=str(tmp_path / "judge_cache.sqlite")

@@ -1,4 +1,5 @@
-"""The judge: prompts, parsing, the OpenAI-protocol client against a local server, and the lexical fallback."""
+"""The judge: prompts, parsing, the OpenAI-protocol client against a local server, and the lexical
+fallback."""
 
 import logging
 import re
@@ -168,7 +169,8 @@ def test_llm_judge_sends_the_paper_prompts_and_scores_factscore_and_dmp(tmp_path
             "George Rankin is a politician. He served two terms on the city council. He likes tea."
         )
         fs = judge.factscore(answer, "PASSAGE TEXT", "George Rankin")
-        # the responder makes each sentence one fact and marks odd items supported: facts 1 and 3 of 3
+        # the responder makes each sentence one fact and marks odd items supported: facts 1 and 3 of
+        # 3
         assert fs.facts == [
             "George Rankin is a politician.",
             "He served two terms on the city council.",
@@ -249,7 +251,8 @@ def test_lexical_fallback_judge_hand_cases():
     fs = judge.factscore(
         "George Rankin served on the city council. He plays golf every weekend.", passage, "G"
     )
-    # sentence 1 content words: george rankin served city council -> 5/5 in the passage; sentence 2: 0/4
+    # sentence 1 content words: george rankin served city council -> 5/5 in the passage; sentence 2:
+    # 0/4
     assert fs.supported == [True, False] and fs.score == 0.5
     scores, complete = judge.coverage(
         [

@@ -31,7 +31,8 @@ def test_official_mquake_substring_rule_is_case_insensitive_and_uses_aliases():
     assert not answer_matches(
         "It is Zoran Milanović.", ["Kolinda Grabar-Kitarović", "Grabar-Kitarović"]
     )
-    # substring, not word match: the official check accepts "HR" inside "three" (a known quirk we keep)
+    # substring, not word match: the official check accepts "HR" inside "three" (a known quirk we
+    # keep)
     assert answer_matches("three", ["HR"])
     assert not answer_matches("anything", [""])  # an empty alias never matches everything
 
@@ -69,7 +70,8 @@ def test_mquake_case_scores_ind_is_mean_over_hops_cmp_is_any_of_three():
 def test_bleu_hand_computed_with_smoothing_for_empty_orders():
     hyp = "the cat sat on the mat".split()
     ref = "the cat is on the mat".split()
-    # p1 = 5/6 (the x2, cat, on, mat), p2 = 3/5, p3 = 1/4, p4 = 0/3 -> smoothed 0.1/3; equal lengths, BP = 1
+    # p1 = 5/6 (the x2, cat, on, mat), p2 = 3/5, p3 = 1/4, p4 = 0/3 -> smoothed 0.1/3; equal
+    # lengths, BP = 1
     assert bleu(hyp, [ref]) == pytest.approx((5 / 6 * 3 / 5 * 1 / 4 * (0.1 / 3)) ** 0.25)
 
 
@@ -78,7 +80,8 @@ def test_bleu_brevity_penalty_clipping_and_closest_reference_length():
     assert bleu("the cat".split(), ["the cat sat on the mat".split()]) == pytest.approx(
         math.exp(-2) * 0.1**0.5
     )
-    # clipping: "the" counted at most once (the reference has it once): p1 = 1/3, p2 = 0.1/2, p3 = 0.1/1, p4 = 0.1/1
+    # clipping: "the" counted at most once (the reference has it once): p1 = 1/3, p2 = 0.1/2, p3 =
+    # 0.1/1, p4 = 0.1/1
     assert bleu("the the the".split(), ["the cat".split()]) == pytest.approx(
         (1 / 3 * 0.05 * 0.1 * 0.1) ** 0.25
     )
@@ -131,10 +134,11 @@ def test_split_sentences_keeps_initials_and_acronyms():
 # ----------------------------------------------------------------------- SelfBLEU-4 against nltk
 # ``bleu``/``self_bleu`` call nltk's ``sentence_bleu``. Two checks that can each fail:
 # self_bleu equals Texygen's loop written here with nltk (each answer the hypothesis, all the OTHER
-# answers its references, equal 4-gram weights, smoothing method1), and equals, to 1e-12, the plain-Python
-# BLEU the repo used before the switch (kept below as an oracle), on real answer sets (every stored
-# UnKEBench case of docs/study) and on hand-written ones with the edge cases (an empty answer, answers
-# shorter than 4 tokens, repeated n-grams that clipping must cut, duplicated answers).
+# answers its references, equal 4-gram weights, smoothing method1), and equals, to 1e-12, the
+# plain-Python BLEU the repo used before the switch (kept below as an oracle), on real answer sets
+# (every stored UnKEBench case of docs/study) and on hand-written ones with the edge cases (an empty
+# answer, answers shorter than 4 tokens, repeated n-grams that clipping must cut, duplicated
+# answers).
 
 STUDY = Path(__file__).resolve().parents[1] / "docs" / "study"
 
@@ -176,7 +180,8 @@ def _ngram_counts(tokens, n):
 
 
 def _plain_bleu4(hyp, refs):
-    """The repo's hand-written BLEU-4 before it called nltk (clipped precisions, epsilon 0.1, closest-length BP)."""
+    """The repo's hand-written BLEU-4 before it called nltk (clipped precisions, epsilon 0.1,
+    closest-length BP)."""
     if not hyp:
         return 0.0
     log_sum = 0.0
@@ -206,7 +211,8 @@ def _study_answer_sets():
     for path in sorted(glob.glob(str(STUDY / "**" / "results*.jsonl"), recursive=True)):
         with open(path, encoding="utf-8") as f:
             records = [json.loads(line) for line in f if line.strip()]
-        # UnKEBench records (MQuAKE-uns runs are committed beside them; their answers have no sub-questions)
+        # UnKEBench records (MQuAKE-uns runs are committed beside them; their answers have no
+        # sub-questions)
         sets += [r["answers"]["sub_questions"] for r in records if "sub_questions" in r["answers"]]
     return sets
 

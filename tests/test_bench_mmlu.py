@@ -1,4 +1,5 @@
-"""MMLU locality scoring: the prompt format, letter tokens, and batched scoring equal to one-by-one."""
+"""MMLU locality scoring: the prompt format, letter tokens, and batched scoring equal to
+one-by-one."""
 
 import warnings
 
@@ -69,7 +70,8 @@ SHOT2 = ("Which planet is known as the red planet?", ("Venus", "Mars", "Jupiter"
 
 
 def _subject_items():
-    """Several questions per subject (shared header and shots), a subject with one question, one without shots."""
+    """Several questions per subject (shared header and shots), a subject with one question, one
+    without shots."""
     shots = (SHOT, SHOT2)
     return [
         MMLUItem(

@@ -305,7 +305,8 @@ def test_tiny_continual_editing_blocks(tiny, tmp_path):
         and summary["mode"] == "sequential"
         and summary["n_cases"] == 3
     )
-    # block 0: unedited, then the edited model of the first edit; block 1 starts from the unedited model again
+    # block 0: unedited, then the edited model of the first edit; block 1 starts from the unedited
+    # model again
     assert [u for _, u in spy.calls] == [True, False, True]
 
 

@@ -1,5 +1,5 @@
-"""The benchmark run's stages, each alone: the run directory, the scorer, the summary, the options a task
-declares, and the write-aside helper a full disk falls back to. No model is loaded here."""
+"""The benchmark run's stages, each alone: the run directory, the scorer, the summary, the options a
+task declares, and the write-aside helper a full disk falls back to. No model is loaded here."""
 
 import argparse
 import json

@@ -22,7 +22,8 @@ CONFIG = {"benchmark": "mquake-uns", "hparams": {"kl_weight": 1.0, "rounds": 5}}
 
 
 def _runner_store(out_dir, config):
-    """What the runner opens for a run directory: config.json checked (and recorded), then its results file."""
+    """What the runner opens for a run directory: config.json checked (and recorded), then its
+    results file."""
     check_run_config(out_dir, config)
     return ResultFile(out_dir / results_name())
 

@@ -1,5 +1,6 @@
-"""Continual editing with checkpoints: the sequence evaluated part-way, and a sequence stopped in the middle
-resumed from its snapshot or by replaying its recorded edits, ending with the uninterrupted run's records."""
+"""Continual editing with checkpoints: the sequence evaluated part-way, and a sequence stopped in
+the middle resumed from its snapshot or by replaying its recorded edits, ending with the
+uninterrupted run's records."""
 
 import json
 import logging
@@ -212,7 +213,8 @@ def test_the_continual_table_reads_a_run_at_each_checkpoint(tiny, tmp_path, refe
 def test_a_checkpoint_longer_than_one_batch_answers_under_a_progress_bar(
     tiny, tmp_path, capsys, reference
 ):
-    """A checkpoint (and a block's final evaluation) of more than one batch of answers shows how far they got."""
+    """A checkpoint (and a block's final evaluation) of more than one batch of answers shows how far
+    they got."""
     run_benchmark(_opts(tiny, tmp_path / "run", batch_size=1))
     err = capsys.readouterr().err
     assert "block 0: checkpoint after 3 edits" in err and "block 0: answers after 4 edits" in err

@@ -1,4 +1,5 @@
-"""Every analysis entry point of benchmarks/ turns an argparse mistake into one stderr line and exit code 2."""
+"""Every analysis entry point of benchmarks/ turns an argparse mistake into one stderr line and exit
+code 2."""
 
 import importlib
 

@@ -1,4 +1,5 @@
-"""COIN*: sentence chunks, the two regularisers as pure tensor functions, hparams, and the edit on tiny models."""
+"""COIN*: sentence chunks, the two regularisers as pure tensor functions, hparams, and the edit on
+tiny models."""
 
 from pathlib import Path
 
@@ -21,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 PASSAGE = "AJ Lee is a professional wrestler. She speaks Russian fluently. She lives in Moscow."
 
 
-# ---------------------------------------------------------------------------------------------- chunks
+# ------------------------------------------------------------------------------------------- chunks
 def _offsets(words):
     """Character offsets of whitespace-led word tokens, as a byte-level BPE reports them."""
     out, pos = [], 0
@@ -65,7 +66,7 @@ def test_sentence_chunks_with_a_real_tokenizer_decode_to_the_sentences():
     ]
 
 
-# ---------------------------------------------------------------------------------------------- losses
+# ------------------------------------------------------------------------------------------- losses
 def test_context_consistency_kl_matches_hand_computed_value_and_trains_only_the_short_context():
     long_logits = torch.log(torch.tensor([[0.5, 0.25, 0.25]])).requires_grad_(True)
     short_logits = torch.log(torch.tensor([[0.25, 0.5, 0.25]])).requires_grad_(True)
@@ -89,7 +90,7 @@ def test_hidden_alignment_is_one_minus_cosine_summed_with_gradient_through_both(
     assert a.grad is not None and b.grad is not None
 
 
-# ---------------------------------------------------------------------------------------------- hparams
+# ------------------------------------------------------------------------------------------ hparams
 @pytest.mark.parametrize(
     "path", sorted((REPO / "hparams" / "COIN").glob("*.yaml")), ids=lambda p: p.name
 )
@@ -135,7 +136,7 @@ def test_bad_coin_files_name_the_key_and_the_file(tmp_path, text, fragment):
     assert fragment in str(err.value) and str(path) in str(err.value)
 
 
-# ---------------------------------------------------------------------------------------------- the edit
+# ----------------------------------------------------------------------------------------- the edit
 @pytest.mark.parametrize("executor", ["lora", "ft_m"])
 def test_coin_edit_changes_the_model_and_restores_it_exactly(executor):
     model, tok = make_tiny_model_and_tokenizer("llama")
@@ -163,7 +164,8 @@ def test_coin_edit_changes_the_model_and_restores_it_exactly(executor):
 
 
 def _short_nll(model, tok, prompt, sentence):
-    """NLL of one sentence right after the chat-templated editing prompt (no preceding sentences)."""
+    """NLL of one sentence right after the chat-templated editing prompt (no preceding
+    sentences)."""
     p = chat_prompt_ids(tok, prompt)
     s = tok(sentence, add_special_tokens=False)["input_ids"]
     ids = torch.tensor([p + s])
@@ -174,7 +176,8 @@ def _short_nll(model, tok, prompt, sentence):
 
 def test_short_contexts_teach_a_late_sentence_without_the_sentences_before_it():
     """The point of COIN*: after the edit the last fact is recalled from its own sentence alone,
-    better than after the same number of steps of plain next-token prediction on the whole passage."""
+    better than after the same number of steps of plain next-token prediction on the whole
+    passage."""
     model, tok = make_tiny_model_and_tokenizer("llama", init_std=0.05)
     late = " She lives in Moscow."
     request = [{"subject": "AJ Lee", "target_new": PASSAGE}]

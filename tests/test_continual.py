@@ -1,4 +1,5 @@
-"""benchmarks.continual: the continual-editing table and bar chart from finished --sequential runs."""
+"""benchmarks.continual: the continual-editing table and bar chart from finished --sequential
+runs."""
 
 import json
 
@@ -62,7 +63,8 @@ def test_command_line_writes_the_png_and_refuses_bad_pairs(tmp_path, capsys):
 
 
 def test_first_reports_a_pair_on_its_first_cases_only(tmp_path, capsys):
-    # single editing gone on to 3 cases (the base one case further than +HPSE); the sequences cover 2
+    # single editing gone on to 3 cases (the base one case further than +HPSE); the sequences cover
+    # 2
     single = _run(tmp_path / "d", 1, [(1.0, 1.0), (0.0, 0.0), (1.0, 1.0), (1.0, 1.0)])
     single_hpse = _run(tmp_path / "e", 1, [(1.0, 1.0), (1.0, 0.0), (0.0, 0.0)])
     base = _run(tmp_path / "a", 2, [(1.0, 0.0), (0.0, 0.0)])
@@ -142,7 +144,8 @@ def test_recitation_adds_the_cut_differences_of_each_hpse_row(tmp_path, capsys, 
     assert out[0].endswith(
         "| Δ Avg, answers cut to first sentence | Δ Avg, answers cut to first 32 tokens |"
     )
-    # official: level; first sentence: LoRA loses Zagreb (+50 for HPSE); 32 tokens: HPSE loses Croatia (-50)
+    # official: level; first sentence: LoRA loses Zagreb (+50 for HPSE); 32 tokens: HPSE loses
+    # Croatia (-50)
     assert out[2] == "| LoRA | 1 | 1 | 1 | 100.0 | 100.0 | 100.0 | (single editing) |  |  |  |"
     assert out[3].endswith("| +0.0 [+0.0, +0.0] | +50.0 [+50.0, +50.0] | -50.0 [-50.0, -50.0] |")
     assert main([*runs, "--recitation", "--recitation-tokens", "31", "--resamples", "100"]) == 0

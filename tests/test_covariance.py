@@ -1,4 +1,5 @@
-"""Offline second-moment statistics: the numbers, EasyEdit's cache naming and format, corpora, caching."""
+"""Offline second-moment statistics: the numbers, EasyEdit's cache naming and format, corpora,
+caching."""
 
 import json
 import os
@@ -88,8 +89,9 @@ def test_stats_file_name_and_format_are_easyedits(tmp_path):
 
 
 def test_writers_of_the_same_stats_file_at_once_do_not_collide(tmp_path, another_writer_first):
-    """Two processes computing the same statistics into one cache (a run per core) each write their own
-    temporary file; with one shared temporary name the second renamed the first's away (FileNotFoundError)."""
+    """Two processes computing the same statistics into one cache (a run per core) each write their
+    own temporary file; with one shared temporary name the second renamed the first's away
+    (FileNotFoundError)."""
     path = tmp_path / "m" / "editevery_stats" / "layer_float32_mom2_200.npz"
     inner_done = another_writer_first(  # the second writer finishes in between
         lambda: cov.write_stats_file(
@@ -175,7 +177,7 @@ def test_ensure_layer_stats_writes_once_and_recomputes_when_the_corpus_changes(t
         cov.ensure_layer_stats(model, tok, **{**kwargs, "ds_name": "wikipedia"})
 
 
-# ---------------------------------------------------------------------------------------------- against EasyEdit
+# --------------------------------------------------------------------------------- against EasyEdit
 @pytest.fixture(scope="module")
 def easyedit():
     if not os.environ.get("EASYEDIT_SRC"):
@@ -188,7 +190,8 @@ def easyedit():
 
 
 def test_statistics_equal_easyedits_layer_stats_on_the_same_corpus(easyedit, tmp_path, monkeypatch):
-    """EasyEdit's own layer_stats over the same local texts gives our numbers, and reads our cache files."""
+    """EasyEdit's own layer_stats over the same local texts gives our numbers, and reads our cache
+    files."""
     import importlib
 
     ls = importlib.import_module(

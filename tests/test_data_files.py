@@ -1,4 +1,5 @@
-"""hpse_easyedit.data_files: the data directory rule, the layout and the one MMLU CSV reader (no benchmark data needed)."""
+"""hpse_easyedit.data_files: the data directory rule, the layout and the one MMLU CSV reader (no
+benchmark data needed)."""
 
 import pytest
 

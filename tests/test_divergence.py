@@ -1,5 +1,6 @@
-"""A diverging edit stops: the model is as before it, nothing is saved, the CLI says so in one line, and a
-benchmark records the case as failed (no scores, left out of the means) until --retry-failed."""
+"""A diverging edit stops: the model is as before it, nothing is saved, the CLI says so in one line,
+and a benchmark records the case as failed (no scores, left out of the means) until
+--retry-failed."""
 
 import json
 
@@ -21,8 +22,9 @@ REQUEST = [
 ]
 
 
-# FT-M's one matrix sits before RMS norms that absorb its scale: on the tiny model its loss grows only
-# by 0.7% within the round at lr 1e30 (270.33 -> 272.30), so that case runs with a guard just above 1
+# FT-M's one matrix sits before RMS norms that absorb its scale: on the tiny model its loss grows
+# only by 0.7% within the round at lr 1e30 (270.33 -> 272.30), so that case runs with a guard just
+# above 1
 @pytest.mark.parametrize(
     "executor,lr,growth", [("lora", 1e9, 2.0), ("lora", 1e30, 2.0), ("ft_m", 1e30, 1.001)]
 )

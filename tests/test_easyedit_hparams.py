@@ -1,8 +1,8 @@
 """The baselines' hparams files and the parts of the EasyEdit integration that run without EasyEdit.
 
 Every shipped file is checked against the facts it encodes (the backbone's depth, tied embeddings,
-the paper's executor values); the adapters' pure pieces (locality data, EasyEdit's name dispatch, the
-decoder-layer output shim, the restore handle and sequential reuse) run on tiny models.
+the paper's executor values); the adapters' pure pieces (locality data, EasyEdit's name dispatch,
+the decoder-layer output shim, the restore handle and sequential reuse) run on tiny models.
 """
 
 import json
@@ -106,7 +106,8 @@ def test_locate_then_edit_files_keep_easyedits_schema_and_fit_the_backbone(metho
 
 
 def test_alphaedit_projections_are_stored_per_model():
-    """EasyEdit's default P_loc (./null_space_project.pt) would hand one model's projection to another."""
+    """EasyEdit's default P_loc (./null_space_project.pt) would hand one model's projection to
+    another."""
     locs = [
         yaml.safe_load((HP / "AlphaEdit" / f"{stem}.yaml").read_text())["P_loc"]
         for stem in BACKBONES
@@ -181,7 +182,7 @@ def test_hpse_hparams_carry_what_base_editor_reads():
         assert hasattr(hp, attr)
 
 
-# ---------------------------------------------------------------------------------------------- adapter pieces
+# ----------------------------------------------------------------------------------- adapter pieces
 def test_easyedit_name_dispatch_picks_the_branch_that_fits_the_model():
     llama, _ = make_tiny_model_and_tokenizer("llama")
     gemma, _ = make_tiny_model_and_tokenizer("gemma2")
@@ -353,10 +354,11 @@ def test_locate_then_edit_requests_are_chat_templated_with_the_passage_closed(tm
         )
 
 
-# ---------------------------------------------------------------------------------------------- restore handle
+# ----------------------------------------------------------------------------------- restore handle
 @pytest.mark.parametrize("executor", ["lora", "ft_m"])
 def test_sequential_plugin_edits_on_the_bare_model_accumulate_and_handles_restore_exactly(executor):
-    """BaseEditor's sequential edit passes its unwrapped model each time: the LoRA edits must land in one adapter."""
+    """BaseEditor's sequential edit passes its unwrapped model each time: the LoRA edits must land
+    in one adapter."""
     model, tok = make_tiny_model_and_tokenizer("llama")
     snap = weights_snapshot(model)
     hp = tiny_hparams(executor=executor, rounds=1, inner_steps=2)

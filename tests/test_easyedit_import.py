@@ -1,7 +1,8 @@
-"""Finding EasyEdit: the stale PyPI snapshot and old checkouts are refused with the fix; optional packages get placeholders.
+"""Finding EasyEdit: the stale PyPI snapshot and old checkouts are refused with the fix; optional
+packages get placeholders.
 
-Each case imports a small fake ``easyeditor`` package, so no real EasyEdit is needed; the fixture takes
-a real EasyEdit out of ``sys.modules`` for the test and puts it back afterwards.
+Each case imports a small fake ``easyeditor`` package, so no real EasyEdit is needed; the fixture
+takes a real EasyEdit out of ``sys.modules`` for the test and puts it back afterwards.
 """
 
 import importlib
@@ -59,7 +60,8 @@ def _easyedit_modules() -> dict:
 
 @pytest.fixture
 def isolated(monkeypatch):
-    """No EasyEdit importable unless the test provides one; a real one already imported is restored afterwards."""
+    """No EasyEdit importable unless the test provides one; a real one already imported is restored
+    afterwards."""
     saved = _easyedit_modules()
     for name in saved:
         del sys.modules[name]
@@ -154,8 +156,9 @@ def test_a_missing_required_package_is_named_with_its_pip_name(tmp_path, isolate
 def test_a_module_missing_from_an_installed_package_names_the_version_and_the_pin(
     tmp_path, isolated
 ):
-    """transformers 5.24 removed transformers.modeling_attn_mask_utils, which EasyEdit's UnKE imports: the error
-    must not claim transformers is not installed, but name its version and the pin that works."""
+    """transformers 5.24 removed transformers.modeling_attn_mask_utils, which EasyEdit's UnKE
+    imports: the error must not claim transformers is not installed, but name its version and the
+    pin that works."""
     import transformers
 
     extra = "from transformers.hpse_test_removed_module import AttentionMaskConverter\n"

@@ -1,9 +1,11 @@
-"""Against a real EasyEdit checkout ($EASYEDIT_SRC): HPSE and COIN* through BaseEditor, and one real edit of each baseline.
+"""Against a real EasyEdit checkout ($EASYEDIT_SRC): HPSE and COIN* through BaseEditor, and one real
+edit of each baseline.
 
 Skipped, with the reason, when ``EASYEDIT_SRC`` is unset. EasyEdit is imported through
-``hpse_easyedit.easyedit``: on a machine without torchvision, timm, OpenCV, PyAV, scipy or scikit-learn
-(which EasyEdit imports at top level for multimodal editing and some metrics) those get placeholders
-that fail when used; the text-editing chain needs ``higher einops hydra-core nltk rouge`` installed.
+``hpse_easyedit.easyedit``: on a machine without torchvision, timm, OpenCV, PyAV, scipy or
+scikit-learn (which EasyEdit imports at top level for multimodal editing and some metrics) those get
+placeholders that fail when used; the text-editing chain needs ``higher einops hydra-core nltk
+rouge`` installed.
 """
 
 import importlib
@@ -34,7 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 # fixtures he (EasyEdit through $EASYEDIT_SRC, or skip) and workdir: tests/conftest.py
 
 
-# ---------------------------------------------------------------------------------------------- HPSE / COIN*
+# ------------------------------------------------------------------------------------- HPSE / COIN*
 @pytest.mark.parametrize("executor", ["lora", "ft_m"])
 def test_hpse_through_base_editor_edit_batch_sequential_and_restore(he, workdir, executor):
     from easyeditor import BaseEditor
@@ -77,7 +79,8 @@ def test_hpse_through_base_editor_edit_batch_sequential_and_restore(he, workdir,
 
 
 def test_coin_and_hpse_through_make_editor_on_a_model_easyedit_cannot_load_by_name(he, workdir):
-    """Gemma-2 has no branch in EasyEdit's name-based loader (and no system role): make_editor loads it."""
+    """Gemma-2 has no branch in EasyEdit's name-based loader (and no system role): make_editor loads
+    it."""
     from hpse_easyedit.coin import COINHyperParams
 
     model, tok = make_tiny_model_and_tokenizer("gemma2")
@@ -111,7 +114,7 @@ def test_coin_and_hpse_through_make_editor_on_a_model_easyedit_cannot_load_by_na
         assert same_weights(editor.model, snap)
 
 
-# ---------------------------------------------------------------------------------------------- baselines
+# ---------------------------------------------------------------------------------------- baselines
 def _unke_hparams(alg, tmp_path):
     import json
 
@@ -297,7 +300,8 @@ def test_the_benchmark_runner_takes_every_method_by_its_hparams_file(he):
 def test_run_compare_refuses_statistics_it_cannot_have_before_the_first_row(
     he, workdir, data_dir, monkeypatch, caplog
 ):
-    """MEMIT on a dataset EasyEdit downloads, no statistics in stats_dir, offline: one line, exit 2, nothing edited."""
+    """MEMIT on a dataset EasyEdit downloads, no statistics in stats_dir, offline: one line, exit 2,
+    nothing edited."""
     from benchmarks.compare import compare_main
 
     make_tiny_model_and_tokenizer("llama", tmp_path=workdir / "tiny-llama")
@@ -346,7 +350,8 @@ def test_run_compare_refuses_statistics_it_cannot_have_before_the_first_row(
 
 
 def test_side_by_side_comparison_of_every_method_on_a_tiny_model(he, workdir, data_dir, capsys):
-    """run_compare puts LoRA, LoRA+HPSE, FT-M, FT-M+HPSE, MEMIT, AlphaEdit, UnKE, AnyEdit and COIN* in one table."""
+    """run_compare puts LoRA, LoRA+HPSE, FT-M, FT-M+HPSE, MEMIT, AlphaEdit, UnKE, AnyEdit and COIN*
+    in one table."""
     from benchmarks.compare import compare_main
 
     model_dir = workdir / "tiny-llama"
@@ -403,7 +408,8 @@ def test_side_by_side_comparison_of_every_method_on_a_tiny_model(he, workdir, da
     table = (workdir / "compare" / "compare.md").read_text()
     for label, *_ in methods:
         assert f"| {label} |" in table
-    # EasyEdit's own algorithm is timed inside every baseline edit that runs it; the rest is our integration
+    # EasyEdit's own algorithm is timed inside every baseline edit that runs it; the rest is our
+    # integration
     paired = (workdir / "compare" / "paired.md").read_text()
     for label in ("MEMIT", "AlphaEdit", "UnKE", "AnyEdit", "LoRA", "COIN*"):
         rec = json.loads(

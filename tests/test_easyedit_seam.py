@@ -1,6 +1,7 @@
-"""The EasyEdit front door as a newcomer meets it: request mistakes in the project's one-line words before
-EasyEdit's asserts, sequential edits undone in the wrong order said in one line, a weights_copy that prints
-short. Needs EasyEdit (``$EASYEDIT_SRC``; skipped with the reason otherwise)."""
+"""The EasyEdit front door as a newcomer meets it: request mistakes in the project's one-line words
+before EasyEdit's asserts, sequential edits undone in the wrong order said in one line, a
+weights_copy that prints short. Needs EasyEdit (``$EASYEDIT_SRC``; skipped with the reason
+otherwise)."""
 
 import pytest
 import torch

@@ -1,4 +1,5 @@
-"""Full edits on tiny models: the loss falls, only the executor's parameters move, restore is bit-exact."""
+"""Full edits on tiny models: the loss falls, only the executor's parameters move, restore is
+bit-exact."""
 
 import pytest
 import torch
@@ -101,8 +102,9 @@ def test_ablation_switches_change_what_they_should(gate_always_open):
 def test_the_order_of_the_kl_and_nll_passes_leaves_the_trained_bits_unchanged(
     executor, monkeypatch
 ):
-    """The KL pass runs first (the larger one: the NLL pass then fits into the memory it freed); each gradient
-    entry is one sum of the two passes' contributions, so the edit is bit for bit the NLL-first edit."""
+    """The KL pass runs first (the larger one: the NLL pass then fits into the memory it freed);
+    each gradient entry is one sum of the two passes' contributions, so the edit is bit for bit the
+    NLL-first edit."""
     from hpse_easyedit import editor
 
     def edit(model, tok):
@@ -145,7 +147,8 @@ def _record(order, groups):
 
 
 def _reversed(groups):
-    """The passes in the other order: each forward is run when its group is asked for, as the editor runs them."""
+    """The passes in the other order: each forward is run when its group is asked for, as the editor
+    runs them."""
     groups = iter(groups)
     first = next(groups)  # the KL pass's forward (its graph is kept until the caller's backward)
     yield from groups

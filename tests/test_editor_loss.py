@@ -1,4 +1,5 @@
-"""The first inner step's loss of ``hpse_edit``, hand-computed on a tiny model with a hand-set rollout.
+"""The first inner step's loss of ``hpse_edit``, hand-computed on a tiny model with a hand-set
+rollout.
 
 The paper's objective (Eq. ``ours``) for one request is
 
@@ -7,11 +8,12 @@ The paper's objective (Eq. ``ours``) for one request is
 with pi* the frozen model reading the passage (its top-K renormalised, the student's full-vocabulary
 log-probabilities of those K tokens) and c the passage tokens followed by the chat template's
 end-of-turn token. Both terms are SUMS over positions; the editor averages them over the requests of
-one call. Here the rollout is fixed by the test (the editor's rollout function is replaced by one that
-returns chosen tokens and the teacher's top-K the test computes on an untouched copy of the model),
-every term is recomputed with plain ``log_softmax``/``gather`` on unpadded sequences, and compared with
-``EditResult.rounds[0]`` (the first inner step, taken before any Adam update). A second test shows the
-comparison catches an off-by-one in the KL span or the NLL labels and a per-token mean.
+one call. Here the rollout is fixed by the test (the editor's rollout function is replaced by one
+that returns chosen tokens and the teacher's top-K the test computes on an untouched copy of the
+model), every term is recomputed with plain ``log_softmax``/``gather`` on unpadded sequences, and
+compared with ``EditResult.rounds[0]`` (the first inner step, taken before any Adam update). A
+second test shows the comparison catches an off-by-one in the KL span or the NLL labels and a
+per-token mean.
 """
 
 import copy
@@ -61,7 +63,8 @@ def _student_ids(tok, subject):
 
 
 def _setup(executor_name, n_requests, monkeypatch, **overrides):
-    """A tiny model, its untouched copy (= pi_0) and the editor's rollout replaced by a hand-set one."""
+    """A tiny model, its untouched copy (= pi_0) and the editor's rollout replaced by a hand-set
+    one."""
     model, tok = make_tiny_model_and_tokenizer(
         "llama", init_std=0.3
     )  # peaky: positions differ clearly
@@ -80,7 +83,8 @@ def _setup(executor_name, n_requests, monkeypatch, **overrides):
         max_new_tokens=48,
         **overrides,
     )
-    # the privileged prompts as the editor words them (pinned by test_prompts.py); only their top-K matters here
+    # the privileged prompts as the editor words them (pinned by test_prompts.py); only their top-K
+    # matters here
     teacher_ids = [p.teacher_ids for p in editor.edit_prompts(model, tok, requests, hp)]
     seen = []
 
@@ -91,7 +95,8 @@ def _setup(executor_name, n_requests, monkeypatch, **overrides):
         assert list(t_ids) == teacher_ids[i]
         tokens = rollout_ids[i]
         assert len(tokens) <= kw["max_new_tokens"]  # a rollout the real loop could have drawn
-        # teacher = pi_0 reading the teacher prompt; logprobs at position len(t_ids) - 1 + t predict token t
+        # teacher = pi_0 reading the teacher prompt; logprobs at position len(t_ids) - 1 + t predict
+        # token t
         t_lp = _logprobs(reference, list(t_ids) + tokens)[
             len(t_ids) - 1 : len(t_ids) - 1 + len(tokens)
         ]
@@ -157,7 +162,8 @@ def test_first_inner_step_loss_is_the_papers_sum_averaged_over_requests(
     stats = res.rounds[0]
     assert stats["rollout_len"] == sum(map(len, rollout_ids)) / n_requests
     assert _mismatches(stats, expected) == {}
-    # the terms are of a size that a per-token mean or a dropped request could not hide in the tolerance
+    # the terms are of a size that a per-token mean or a dropped request could not hide in the
+    # tolerance
     assert expected[1] > 1.0 and expected[2] > 50.0
 
 
@@ -225,8 +231,9 @@ def test_the_hand_computation_catches_an_off_by_one_or_a_per_token_mean(
 def test_scored_logits_only_trains_the_same_weights_with_the_head_on_fewer_positions(
     family, executor_name
 ):
-    """``scored_logits_only`` (the default) runs the output head only where a loss scores; the edit's rollouts
-    and trained tensors are bit-identical to every position's logits (``false``), which runs the head on all."""
+    """``scored_logits_only`` (the default) runs the output head only where a loss scores; the
+    edit's rollouts and trained tensors are bit-identical to every position's logits (``false``),
+    which runs the head on all."""
     edits = {}
     for scored_only in (True, False):
         model, tok = make_tiny_model_and_tokenizer(family, init_std=0.05)
@@ -250,13 +257,15 @@ def test_scored_logits_only_trains_the_same_weights_with_the_head_on_fewer_posit
     (w_on, ro_on, kept_on), (w_off, ro_off, kept_off) = edits[True], edits[False]
     assert ro_on == ro_off
     assert w_on.keys() == w_off.keys() and all(torch.equal(w_on[n], w_off[n]) for n in w_on)
-    # the training forwards (grad on): every one keeps fewer positions than it feeds when on, all of them when off
+    # the training forwards (grad on): every one keeps fewer positions than it feeds when on, all of
+    # them when off
     assert kept_on and all(keep is not None and 0 < keep < width for width, keep in kept_on)
     assert kept_off and all(keep is None for _, keep in kept_off)
 
 
 def test_scored_logits_only_is_a_kernel_choice_for_the_run_config():
-    """Like ``fast_decode``: a committed run directory resumes with either value (same weights, last-bit losses)."""
+    """Like ``fast_decode``: a committed run directory resumes with either value (same weights,
+    last-bit losses)."""
     from benchmarks.runner import config_policy, default_out_dir
 
     assert config_policy(tiny_hparams()).ignored(("hparams", "scored_logits_only"))

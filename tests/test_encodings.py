@@ -1,5 +1,5 @@
-"""Passage and hparams files: UTF-8 and UTF-8/UTF-16 with a byte-order mark are read; anything else is one line
-naming the file and the encoding it looks like."""
+"""Passage and hparams files: UTF-8 and UTF-8/UTF-16 with a byte-order mark are read; anything else
+is one line naming the file and the encoding it looks like."""
 
 import os
 

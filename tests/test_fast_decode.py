@@ -1,4 +1,5 @@
-"""``fast_decode``: the rollout's few-row matmuls as ``W @ x^T``, the same tokens as ``F.linear`` on every family."""
+"""``fast_decode``: the rollout's few-row matmuls as ``W @ x^T``, the same tokens as ``F.linear`` on
+every family."""
 
 import pytest
 import torch
@@ -126,8 +127,9 @@ def test_layers_under_accelerate_dispatch_hooks_are_switched_and_put_back(tmp_pa
 
 @pytest.mark.parametrize("choice", [True, False])
 def test_auto_switches_every_layer_or_none_as_the_timing_decides(choice, monkeypatch):
-    """``fast_decode: auto`` asks ``pays_off`` (one timing per process and weight shapes) and then switches all
-    frozen float32 layers, or none: the W @ x^T path where it is clearly faster, F.linear elsewhere."""
+    """``fast_decode: auto`` asks ``pays_off`` (one timing per process and weight shapes) and then
+    switches all frozen float32 layers, or none: the W @ x^T path where it is clearly faster,
+    F.linear elsewhere."""
     from hpse_easyedit import fast_decode
 
     model, _ = make_tiny_model_and_tokenizer("llama")

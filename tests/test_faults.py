@@ -1,6 +1,7 @@
-"""Fault injection: SIGKILL at random points, a full disk at every write point, two writers at once, Ctrl-C at
-every stage. After each fault the same command finishes the run: every case exactly once, the records and the
-summary equal to an uninterrupted run's, nothing a user produced lost. docs/BENCHMARKS.md reports the counts."""
+"""Fault injection: SIGKILL at random points, a full disk at every write point, two writers at once,
+Ctrl-C at every stage. After each fault the same command finishes the run: every case exactly once,
+the records and the summary equal to an uninterrupted run's, nothing a user produced lost.
+docs/BENCHMARKS.md reports the counts."""
 
 import errno
 import json
@@ -35,8 +36,8 @@ pytestmark = pytest.mark.skipif(
     not DATA_DIR.is_dir(), reason="needs ../shared/data next to the repository"
 )
 
-# fast_decode false: "auto" times two kernels once per process, and the resumed processes must compute what the
-# uninterrupted one did, bit for bit
+# fast_decode false: "auto" times two kernels once per process, and the resumed processes must
+# compute what the uninterrupted one did, bit for bit
 HPARAMS = "alg_name: HPSE\nmodel_name: {model}\nrounds: 2\ninner_steps: 2\nmax_new_tokens: 6\nlr: 1.0e-2\nfast_decode: false\n"
 MODES = {"single": [], "sequential": ["--sequential", "3", "--checkpoints", "1,2"]}
 
@@ -57,8 +58,9 @@ def _isolated(monkeypatch, tmp_path):
 
 @pytest.fixture(scope="module", autouse=True)
 def _one_thread():
-    """Every run here computes on one thread, in this process as in the ones it starts (``_env``): another thread
-    count sums in another order, and a sequence of edits carries the last bits into its answers."""
+    """Every run here computes on one thread, in this process as in the ones it starts (``_env``):
+    another thread count sums in another order, and a sequence of edits carries the last bits into
+    its answers."""
     import torch
 
     threads = torch.get_num_threads()
@@ -145,10 +147,11 @@ def _cmd(tiny, out, mode):
     ]
 
 
-# ------------------------------------------------------------------------------------------------- SIGKILL
+# ------------------------------------------------------------------------------------------ SIGKILL
 @pytest.mark.parametrize("mode", list(MODES))
 def test_sigkill_at_random_points_then_resume(tiny, tmp_path, reference, mode):
-    """Ten kills per mode, each at a random moment of a process that resumes what the killed one left."""
+    """Ten kills per mode, each at a random moment of a process that resumes what the killed one
+    left."""
     rng = random.Random(f"kill-{mode}")
     out, kills, started = tmp_path / "run", 0, 0
     while kills < 10 and started < 30:
@@ -178,8 +181,9 @@ def test_sigkill_at_random_points_then_resume(tiny, tmp_path, reference, mode):
     assert _outcome(out) == reference[mode]
 
 
-# ------------------------------------------------------------------------------------------------- full disk
-#: where a run writes a whole file (config.json, mmlu_before.json, summary.json, table.md): every module's name
+# ---------------------------------------------------------------------------------------- full disk
+#: where a run writes a whole file (config.json, mmlu_before.json, summary.json, table.md): every
+#: module's name
 WHOLE_FILE_WRITERS = [
     (store_module, "write_json_atomic"),
     (mmlu_module, "write_json_atomic"),
@@ -189,8 +193,8 @@ WHOLE_FILE_WRITERS = [
 
 
 def _full_disk_once(monkeypatch, target, attr, at):
-    """The ``at``-th call of ``target.attr`` (for ``"whole files"``: of any whole-file writer) fails with ENOSPC
-    after writing nothing; returns the call counter."""
+    """The ``at``-th call of ``target.attr`` (for ``"whole files"``: of any whole-file writer) fails
+    with ENOSPC after writing nothing; returns the call counter."""
     calls = [0]
     for tgt, name in WHOLE_FILE_WRITERS if attr == "whole files" else [(target, attr)]:
 
@@ -217,9 +221,9 @@ def _count_calls(monkeypatch, tiny, tmp_path, target, attr, mode):
 def test_a_full_disk_at_every_write_point_loses_no_case(
     tiny, tmp_path, reference, monkeypatch, mode
 ):
-    """Every append (results, sequence, checkpoints) and every whole-file write (config, MMLU, summary) fails
-    once in its own run; the run stops with one line, the finished records are saved whole elsewhere, and the
-    same command finishes the run as if nothing had happened."""
+    """Every append (results, sequence, checkpoints) and every whole-file write (config, MMLU,
+    summary) fails once in its own run; the run stops with one line, the finished records are saved
+    whole elsewhere, and the same command finishes the run as if nothing had happened."""
     points = {(store_module.ResultFile, "append"): 0, (None, "whole files"): 0}
     for target, attr in points:
         points[(target, attr)] = _count_calls(monkeypatch, tiny, tmp_path, target, attr, mode)
@@ -295,7 +299,8 @@ def test_save_on_a_full_disk_keeps_the_edit_whole_elsewhere(
 
 
 def _one_line(caplog, capsys, prefix):
-    """The one line a CLI entry point said (through the run's log handler, or printed when it has none)."""
+    """The one line a CLI entry point said (through the run's log handler, or printed when it has
+    none)."""
     said = [
         f"{r.hpse_one_line}: {r.getMessage()}"
         for r in caplog.records
@@ -319,7 +324,7 @@ def test_an_unwritable_out_is_one_line_before_the_model_loads(
     assert not loaded
 
 
-# ------------------------------------------------------------------------------------------------- two writers
+# -------------------------------------------------------------------------------------- two writers
 def test_a_second_run_into_the_same_directory_stops_at_once(tiny, tmp_path):
     out = tmp_path / "run"
     slow = [
@@ -346,7 +351,7 @@ def test_a_second_run_into_the_same_directory_stops_at_once(tiny, tmp_path):
     )
 
 
-# ------------------------------------------------------------------------------------------------- Ctrl-C
+# ------------------------------------------------------------------------------------------- Ctrl-C
 STAGES = [
     (Editing, "ensure_model", 1),
     (Editing, "edit", 1),

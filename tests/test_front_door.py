@@ -1,4 +1,5 @@
-"""The front door: every bad input a user can give an entry point fails in ONE line, before any edit.
+"""The front door: every bad input a user can give an entry point fails in ONE line, before any
+edit.
 
 Most bad inputs are driven in-process through the real ``main`` functions (the code a user's command
 runs, minus the interpreter start), each asserting exit code 2, exactly one error line naming the
@@ -74,8 +75,9 @@ def _no_model_load(monkeypatch):
 
 
 def _error_lines(caplog, capsys):
-    """The error lines a user saw: ERROR log records (the runner logs its one line) and stderr lines, less
-    transformers' weight-loading progress bar (shown when the check needs the loaded model)."""
+    """The error lines a user saw: ERROR log records (the runner logs its one line) and stderr
+    lines, less transformers' weight-loading progress bar (shown when the check needs the loaded
+    model)."""
     logged = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     err = [
         line
@@ -86,7 +88,8 @@ def _error_lines(caplog, capsys):
     return logged + err
 
 
-# Each entry: (id, argv after the fixed part, fragment of the one line, does the model load before the check?)
+# Each entry: (id, argv after the fixed part, fragment of the one line, does the model load before
+# the check?)
 RUNNER_CASES = [
     ("limit-0", ["--limit", "0"], "--limit must be >= 1", False),
     ("limit-negative", ["--limit", "-3"], "--limit must be >= 1", False),
@@ -230,8 +233,8 @@ def test_runner_bad_input_is_one_line_and_exit_2_before_any_edit(
 def test_fixing_the_hparams_after_a_failed_start_reruns_into_the_same_out(
     tiny, tmp_path, caplog, capsys
 ):
-    """A run that stopped before its first edit (here: a layer the model lacks) recorded nothing; the fixed command
-    into the same --out runs instead of being refused as another configuration."""
+    """A run that stopped before its first edit (here: a layer the model lacks) recorded nothing;
+    the fixed command into the same --out runs instead of being refused as another configuration."""
     out = tmp_path / "run"
     argv = [
         "--hparams",
@@ -379,7 +382,7 @@ def test_edit_cli_refuses_another_methods_file(tiny, monkeypatch, capsys):
     assert len(err) == 1 and "alg_name must be 'HPSE'" in err[0]
 
 
-# ---------------------------------------------------------------------------------------------- subprocesses
+# ------------------------------------------------------------------------------------- subprocesses
 def _run(args, tmp_path, **env):
     full = {
         k: v
@@ -453,9 +456,10 @@ def test_module_entry_points_print_one_line_and_exit_2(tiny, tmp_path):
         assert "Traceback" not in done.stderr
 
 
-# ---------------------------------------------------------------------------------------------- nothing a user produced is lost
+# ------------------------------------------------------------------ nothing a user produced is lost
 def _garbage_coverage(prompt):
-    """Well-formed FActScore answers, but the Dmp coverage prompt answered with text that has no verdicts."""
+    """Well-formed FActScore answers, but the Dmp coverage prompt answered with text that has no
+    verdicts."""
     from bench_helpers import judge_like_responder
 
     if "You are scoring atomic sub-questions" in prompt:
@@ -565,7 +569,7 @@ def test_resuming_a_finished_run_elsewhere_keeps_what_it_recorded_about_its_mach
     assert (out / "table.md").read_text() == table
 
 
-# ---------------------------------------------------------------------------------------------- BaseEditor.from_hparams
+# -------------------------------------------------------------------------- BaseEditor.from_hparams
 # fixtures he (EasyEdit through $EASYEDIT_SRC, or skip) and workdir: tests/conftest.py
 
 
@@ -574,8 +578,9 @@ SHIPPED = sorted(p for p in (REPO / "hparams").rglob("*.yaml") if p.parent.name 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=[f"{p.parent.name}/{p.name}" for p in SHIPPED])
 def test_every_shipped_file_reaches_load_model_through_base_editor(he, workdir, monkeypatch, path):
-    """``BaseEditor.from_hparams(<its class>.from_hparams(path))`` loads the model the project's way: the file's dtype,
-    no remote code, model_parallel as placement. The load is stopped at from_pretrained (no 7B weights here)."""
+    """``BaseEditor.from_hparams(<its class>.from_hparams(path))`` loads the model the project's
+    way: the file's dtype, no remote code, model_parallel as placement. The load is stopped at
+    from_pretrained (no 7B weights here)."""
     import transformers
     from easyeditor import BaseEditor
 
@@ -661,9 +666,10 @@ def _logits(model, ids):
 def test_what_edit_returns_and_how_to_keep_and_undo_an_edit(he, workdir, tiny, executor):
     """The README / docs/EASYEDIT.md statements, one by one.
 
-    sequential_edit=False: EasyEdit restores editor.model before edit() returns, so the returned model
-    answers as the unedited one; the edit is NOT kept. sequential_edit=True: the edit stays in
-    editor.model (the returned model is it, or its peft wrapper); the returned weights_copy undoes it exactly.
+    sequential_edit=False: EasyEdit restores editor.model before edit() returns, so the returned
+    model answers as the unedited one; the edit is NOT kept. sequential_edit=True: the edit stays in
+    editor.model (the returned model is it, or its peft wrapper); the returned weights_copy undoes
+    it exactly.
     """
     from easyeditor import BaseEditor
 

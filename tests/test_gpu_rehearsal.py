@@ -139,9 +139,9 @@ def test_the_card_line_through_base_editor(he, workdir, rehearsal, monkeypatch):
 
 
 def test_three_requests_decode_within_the_kernel_target():
-    """Qwen2.5-7B's file, LoRA, bfloat16: the three requests of a MQuAKE-uns edit decoded as one batch on the
-    static path launch at most 1,200 kernels per decoded token (counted at 2 and 3 layers on the meta
-    device, scaled to 28), with one stop test per ``decode_stop_every`` steps."""
+    """Qwen2.5-7B's file, LoRA, bfloat16: the three requests of a MQuAKE-uns edit decoded as one
+    batch on the static path launch at most 1,200 kernels per decoded token (counted at 2 and 3
+    layers on the meta device, scaled to 28), with one stop test per ``decode_stop_every`` steps."""
     from benchmarks.gpu_path import decode_counts
 
     hp = HPSEHyperParams.from_hparams(HPSE / "qwen2.5-7b.yaml")
@@ -170,8 +170,9 @@ def test_roofline_reads_every_multiplied_weight_once_per_step():
 
 
 def test_the_gpu_script_runs_on_cpu(tmp_path, monkeypatch):
-    """``python -m benchmarks.gpu_path --device ...`` end to end on a 1-layer SmolLM2 architecture on the CPU
-    (its compiled decode traced by dynamo's eager backend here): the figures a lent GPU fills in."""
+    """``python -m benchmarks.gpu_path --device ...`` end to end on a 1-layer SmolLM2 architecture
+    on the CPU (its compiled decode traced by dynamo's eager backend here): the figures a lent GPU
+    fills in."""
     import json
 
     import hpse_easyedit.rollout as rollout_module

@@ -1,7 +1,9 @@
-"""Half-precision models: the trainable tensors train in float32, so bfloat16 edits move and learn like float32 ones.
+"""Half-precision models: the trainable tensors train in float32, so bfloat16 edits move and learn
+like float32 ones.
 
-Measured before the float32 master copy of the FT-M matrix (tiny models, init std 0.05, lr 1e-4, 2 x 8
-steps): only 46% of the bf16 matrix's entries ever moved and the loss fell half as far as in float32.
+Measured before the float32 master copy of the FT-M matrix (tiny models, init std 0.05, lr 1e-4, 2 x
+8 steps): only 46% of the bf16 matrix's entries ever moved and the loss fell half as far as in
+float32.
 """
 
 import pytest
@@ -23,8 +25,8 @@ PASSAGE = (
 )
 REQUEST = [{"subject": "AJ Lee", "target_new": PASSAGE}]
 FTM_KEY = "model.layers.1.mlp.down_proj.weight"
-# The bf16 edit's loss drop (first step of round 1 minus last step of round 2) is within this share of
-# the float32 edit's; measured 0.98-1.02 (FT-M 0.50-0.53 without the master copy).
+# The bf16 edit's loss drop (first step of round 1 minus last step of round 2) is within this share
+# of the float32 edit's; measured 0.98-1.02 (FT-M 0.50-0.53 without the master copy).
 DROP_TOLERANCE = 0.05
 
 
@@ -69,10 +71,10 @@ def test_bf16_edit_moves_and_learns_like_float32(family, executor):
         model = restore_weights(result.model, result.weights_copy)
         assert same_weights(model, snap)  # restore is bit-exact in either dtype
     assert moved[torch.float32] == 1.0
-    # FT-M: an entry whose summed float32 steps stay under half a bf16 spacing keeps its value: allow 1%.
-    # LoRA (float32 adapters): an entry whose gradient, computed from bf16 activations, stays far below
-    # Adam's eps moves less than float32's spacing; seen for 1 of 12,288 entries (qwen2, layer 0 q_proj
-    # lora_A) on one x86-64 CPU and none on another: allow 0.1%
+    # FT-M: an entry whose summed float32 steps stay under half a bf16 spacing keeps its value:
+    # allow 1%. LoRA (float32 adapters): an entry whose gradient, computed from bf16 activations,
+    # stays far below Adam's eps moves less than float32's spacing; seen for 1 of 12,288 entries
+    # (qwen2, layer 0 q_proj lora_A) on one x86-64 CPU and none on another: allow 0.1%
     assert moved[torch.bfloat16] >= (0.99 if executor == "ft_m" else 0.999)
     assert drops[torch.float32] > 0
     assert drops[torch.bfloat16] == pytest.approx(drops[torch.float32], rel=DROP_TOLERANCE)

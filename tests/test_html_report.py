@@ -1,5 +1,6 @@
-"""Stored rollouts and the HTML report: two tiny real runs (one without rollouts), the report's structure
-read back with html.parser, the command line's errors, and a headless-Chromium screenshot when it is installed."""
+"""Stored rollouts and the HTML report: two tiny real runs (one without rollouts), the report's
+structure read back with html.parser, the command line's errors, and a headless-Chromium screenshot
+when it is installed."""
 
 import json
 import shutil
@@ -22,7 +23,8 @@ needs_data = pytest.mark.skipif(
     not DATA_DIR.is_dir(), reason="needs ../shared/data next to the repository"
 )
 
-# tau 0 / kappa 0: on a random tiny model the teacher (reading the passage) steps in on part of the tokens
+# tau 0 / kappa 0: on a random tiny model the teacher (reading the passage) steps in on part of the
+# tokens
 TINY_HPARAMS = """alg_name: HPSE
 model_name: {model}
 rounds: 2
@@ -84,7 +86,8 @@ def test_rollout_html_marks_exactly_the_stepped_in_tokens():
 
 
 class _ReportParser(HTMLParser):
-    """Cases, rollout blocks (their marked token indices, probabilities and text), images and links of a report."""
+    """Cases, rollout blocks (their marked token indices, probabilities and text), images and links
+    of a report."""
 
     def __init__(self):
         super().__init__()
@@ -143,7 +146,8 @@ def _parse(text):
 
 @pytest.fixture(scope="module")
 def tiny_runs(tmp_path_factory):
-    """Two tiny real MQuAKE-uns runs on the same 2 cases: plain LoRA (kl_weight 0, no rollouts) and HPSE."""
+    """Two tiny real MQuAKE-uns runs on the same 2 cases: plain LoRA (kl_weight 0, no rollouts) and
+    HPSE."""
     if not DATA_DIR.is_dir():
         pytest.skip("needs ../shared/data next to the repository")
     root = tmp_path_factory.mktemp("html")
@@ -336,7 +340,8 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 def chromium_screenshot(
     page: Path, png: Path, width: int = 1400, height: int = 2000, fragment: str = "open-all"
 ) -> float:
-    """Screenshot ``page`` with headless Chromium (no network, a throw-away profile); returns the seconds it took."""
+    """Screenshot ``page`` with headless Chromium (no network, a throw-away profile); returns the
+    seconds it took."""
     with tempfile.TemporaryDirectory() as profile:
         t0 = time.perf_counter()
         subprocess.run(

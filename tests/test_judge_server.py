@@ -1,11 +1,12 @@
-"""The judge client against a REAL OpenAI-compatible server: llama.cpp's (``llama-cpp-python[server]``,
-the ``.[judge-server]`` extra) serving the embedded SmolLM2-135M GGUF on 127.0.0.1.
+"""The judge client against a REAL OpenAI-compatible server: llama.cpp's
+(``llama-cpp-python[server]``, the ``.[judge-server]`` extra) serving the embedded SmolLM2-135M GGUF
+on 127.0.0.1.
 
 End to end on two records each: the UnKEBench judge (Jnt's FActScore fact splitting and support
 checking, Dmp's coverage prompt) and the passage generation for the MQuAKE-CF-3k schema, with the
 cache (a rerun asks only what was not answered well), a timeout and a retry. A 135M judge's verdicts
-mean nothing; what this shows is that the protocol, the parsing and the error handling hold against a
-server nobody here wrote.
+mean nothing; what this shows is that the protocol, the parsing and the error handling hold against
+a server nobody here wrote.
 """
 
 import importlib.util
@@ -59,7 +60,8 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def llama_server(tmp_path_factory):
-    """``python -m llama_cpp.server`` on 127.0.0.1 serving the embedded GGUF; yields its /v1 base URL."""
+    """``python -m llama_cpp.server`` on 127.0.0.1 serving the embedded GGUF; yields its /v1 base
+    URL."""
     port = _free_port()
     log = tmp_path_factory.mktemp("llama") / "server.log"
     threads = os.environ.get("HPSE_TEST_SERVER_THREADS", "1")
@@ -144,7 +146,8 @@ class _Recording(ChatClient):
 
 
 def _answers(case):
-    """Answers to score: the passage's first sentence twice (Jnt) and the expected sub-answers (Dmp)."""
+    """Answers to score: the passage's first sentence twice (Jnt) and the expected sub-answers
+    (Dmp)."""
     first = case["passage"].split(". ")[0] + "."
     return [first, first, *case["sub_answers"]]
 
@@ -174,7 +177,8 @@ def test_unkebench_judge_end_to_end_through_llama_cpp_server_with_cache(llama_se
                 assert rec[metric] is None and rec["judge_complete"] is False
             else:
                 assert 0.0 <= rec[metric] <= 1.0
-    # per record: 2 decompositions, up to 2 support checks (none when no fact came back), 1 coverage prompt
+    # per record: 2 decompositions, up to 2 support checks (none when no fact came back), 1 coverage
+    # prompt
     assert 2 * 3 <= len(client.outcomes) <= 2 * 5
     # the same prompt twice (the two joint answers are the same sentence here) is asked once
     assert (
@@ -183,7 +187,8 @@ def test_unkebench_judge_end_to_end_through_llama_cpp_server_with_cache(llama_se
     well_formed = sum(client.outcomes)
     judge.close()
 
-    # the rerun: every well-formed answer comes from the cache; only malformed ones (never cached) are asked again
+    # the rerun: every well-formed answer comes from the cache; only malformed ones (never cached)
+    # are asked again
     again = _Recording(_settings(llama_server, tmp_path))
     rerun = [task.score(c, _answers(c), LLMJudge(again)) for c in cases]
     assert again.stats["cache_hits"] >= well_formed

@@ -51,7 +51,8 @@ def test_missing_model_says_how_to_get_it(monkeypatch):
 
 @pytest.fixture
 def fake_gguf(tmp_path, monkeypatch):
-    """_convert_embedded's GGUF read replaced by a tiny saved model, to test what happens around it."""
+    """_convert_embedded's GGUF read replaced by a tiny saved model, to test what happens around
+    it."""
     import transformers
 
     from hpse_easyedit import loading
@@ -65,8 +66,9 @@ def fake_gguf(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("finished", [True, False])
 def test_concurrent_conversion_keeps_a_finished_copy(tmp_path, fake_gguf, finished):
-    """Two processes converting the embedded GGUF at once (two torchrun ranks): the one renaming second finds the
-    target taken; a finished copy there is used as it is, a partial one is still an error."""
+    """Two processes converting the embedded GGUF at once (two torchrun ranks): the one renaming
+    second finds the target taken; a finished copy there is used as it is, a partial one is still an
+    error."""
     target = tmp_path / "cache" / "converted"
     target.mkdir(parents=True)
     (target / ("config.json" if finished else "partial")).write_text("theirs")

@@ -1,4 +1,5 @@
-"""One writer per directory: a second writer is refused at once naming the holder; a killed holder leaves none."""
+"""One writer per directory: a second writer is refused at once naming the holder; a killed holder
+leaves none."""
 
 import os
 import signal

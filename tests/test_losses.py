@@ -14,7 +14,8 @@ def test_renormalise_topk_sums_to_one():
 
 
 def test_topk_forward_kl_hand_computed():
-    # teacher keeps tokens 0 and 1 with p = 0.5, 0.3 -> renormalised 0.625, 0.375; student uniform over 3.
+    # teacher keeps tokens 0 and 1 with p = 0.5, 0.3 -> renormalised 0.625, 0.375; student uniform
+    # over 3.
     ids = torch.tensor([[0, 1]])
     lp = torch.log(torch.tensor([[0.5, 0.3]]))
     student = torch.zeros(1, 3)
@@ -60,21 +61,23 @@ def test_student_renormalised_topk_kl_hand_computed():
     assert math.isclose(
         topk_forward_kl(student, ids, lp, student="topk").item(), renormalised, rel_tol=1e-6
     )
-    # a uniform student is 1/2, 1/2 over the top-2 once renormalised; the mask drops the second position
+    # a uniform student is 1/2, 1/2 over the top-2 once renormalised; the mask drops the second
+    # position
     two = torch.zeros(2, 3)
     per_pos = 0.625 * math.log(1.25) + 0.375 * math.log(0.75)
     got = topk_forward_kl(
         two, ids.repeat(2, 1), lp.repeat(2, 1), mask=torch.tensor([1, 0]), student="topk"
     )
-    # 0.032 is the difference of float32 terms of 0.14 and 0.11: their rounding (which differs between
-    # CPUs' vector log/exp) is ~1e-8 absolute, 2e-6 relative to the difference
+    # 0.032 is the difference of float32 terms of 0.14 and 0.11: their rounding (which differs
+    # between CPUs' vector log/exp) is ~1e-8 absolute, 2e-6 relative to the difference
     assert math.isclose(got.item(), per_pos, rel_tol=1e-6, abs_tol=1e-7)
 
 
 def test_student_renormalised_topk_kl_ignores_mass_outside_the_topk():
     ids = torch.tensor([[0, 1]])
     lp = torch.log(torch.tensor([[0.5, 0.3]]))
-    # the student matches the teacher's renormalised top-2 in ratio but keeps 90% of its mass on token 2
+    # the student matches the teacher's renormalised top-2 in ratio but keeps 90% of its mass on
+    # token 2
     logits = torch.log(torch.tensor([[0.0625, 0.0375, 0.9]])).requires_grad_(True)
     kl = topk_forward_kl(logits, ids, lp, student="topk")
     assert abs(kl.item()) < 1e-6

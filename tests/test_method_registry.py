@@ -1,5 +1,6 @@
-"""The one method registry: a toy method, registered with one line, runs through the benchmark runner,
-run_compare and EasyEdit's BaseEditor; every hparams file's alg_name is read by one function."""
+"""The one method registry: a toy method, registered with one line, runs through the benchmark
+runner, run_compare and EasyEdit's BaseEditor; every hparams file's alg_name is read by one
+function."""
 
 import json
 import os
@@ -19,7 +20,7 @@ from tiny_models import make_tiny_model_and_tokenizer
 WEIGHT = "model.layers.0.mlp.down_proj.weight"
 
 
-# ---------------------------------------------------------------------------------------------- the toy method
+# ----------------------------------------------------------------------------------- the toy method
 @dataclass
 class ToyHParams(EditorHParams):
     """TOY: add ``delta`` to every entry of one weight matrix."""
@@ -68,7 +69,8 @@ TOY = MethodSpec(
 
 @pytest.fixture
 def toy(monkeypatch, tmp_path):
-    """TOY registered (for this test only) with its one line, a tiny model on disk and a TOY hparams file."""
+    """TOY registered (for this test only) with its one line, a tiny model on disk and a TOY hparams
+    file."""
     monkeypatch.setattr(methods, "_METHODS", dict(methods._METHODS))
     register_method(TOY)
     CALLS.clear()
@@ -149,7 +151,8 @@ def test_toy_method_through_the_benchmark_runner_single_and_continual(toy, tmp_p
 
     CALLS.clear()
     run_benchmark(RunOptions(out_dir=str(tmp_path / "seq"), sequential=2, **opts))
-    # block 0: unedited, then on top of the first edit; block 1 starts from the unedited weight again
+    # block 0: unedited, then on top of the first edit; block 1 starts from the unedited weight
+    # again
     assert [torch.equal(c["start"], original) for c in CALLS] == [True, False, True]
     assert torch.allclose(CALLS[1]["start"], original + 0.25)
 

@@ -1,5 +1,5 @@
-"""Names that say what they are: run labels and the editor column from what ran, --max-answer-tokens (the old
---max-new-tokens a deprecated alias), and the per-round loss line of a one-step round."""
+"""Names that say what they are: run labels and the editor column from what ran, --max-answer-tokens
+(the old --max-new-tokens a deprecated alias), and the per-round loss line of a one-step round."""
 
 import json
 import logging

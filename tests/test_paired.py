@@ -60,7 +60,8 @@ def test_paired_mquake_by_hand(tmp_path):
     assert avg["a"] == pytest.approx(125 / 3) and avg["b"] == pytest.approx(50.0)
     lo, hi = ind["diff_ci95"]
     assert lo <= ind["diff"] <= hi and lo >= 0.0  # every resampled mean of (+50, 0, 0) is >= 0
-    # composition given the hops: A knows every hop of case 2 and chains it; B knows every hop of 1 and 2, chains only 1
+    # composition given the hops: A knows every hop of case 2 and chains it; B knows every hop of 1
+    # and 2, chains only 1
     assert r["composition_given_hops"] == {
         "a": {"cases": 3, "all_hops": 1, "composed": 1},
         "b": {"cases": 3, "all_hops": 2, "composed": 1},
@@ -310,7 +311,8 @@ def test_whole_word_aliases_rescores_stored_answers(tmp_path, capsys):
     if not (data / "akew" / "MQuAKE-CF.json").is_file():
         pytest.skip(f"MQuAKE-uns data not found under {data} (set HPSE_DATA_DIR)")
     case = load_mquake_uns(data, limit=1)[0]
-    # case 1: hop 0 is Croatia (aliases include "HR"), hop 1 and the multi-hop answer Kolinda Grabar-Kitarović
+    # case 1: hop 0 is Croatia (aliases include "HR"), hop 1 and the multi-hop answer Kolinda
+    # Grabar-Kitarović
     assert case["case_id"] == "1" and "HR" in case["single_hop_answers"][0]
     n_multi = len(case["multi_hop_questions"])
     lucky = {
@@ -354,7 +356,7 @@ def test_whole_word_aliases_rescores_stored_answers(tmp_path, capsys):
     assert "keeps no single_hop/multi_hop answers" in capsys.readouterr().err
 
 
-# ------------------------------------------------------------------------------ recitation diagnostics
+# --------------------------------------------------------------------------- recitation diagnostics
 def test_cuts_by_hand():
     from benchmarks.metrics import cut_to_tokens, first_sentence
 
@@ -502,7 +504,8 @@ def test_recitation_report_unkebench_reruns_the_lexical_judge_only(tmp_path):
     assert first[0]["Div"]["mean"] == pytest.approx(
         100 * diversity(["Wise is a music producer."] * 2)
     )
-    # "Wise is a" (3 tokens) answers neither sub-question; a fourth token ("music") would answer the job one
+    # "Wise is a" (3 tokens) answers neither sub-question; a fourth token ("music") would answer the
+    # job one
     assert r["cuts"]["first 3 tokens"][0]["Dmp"]["mean"] == pytest.approx(0.0)
     # an LLM judge cannot be rerun offline: Div alone is rescored, no Avg
     assert set(first[1]) == {"Div"} and "Avg_diff" not in first[1]

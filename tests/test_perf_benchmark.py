@@ -1,4 +1,5 @@
-"""benchmarks/perf.py end to end on a tiny model: every figure present, teacher never runs in inner steps."""
+"""benchmarks/perf.py end to end on a tiny model: every figure present, teacher never runs in inner
+steps."""
 
 import json
 
@@ -67,7 +68,8 @@ def test_perf_report_on_tiny_model(tmp_path, capsys, monkeypatch):
     assert perf_main(args) == 0
     report = json.loads(out.read_text())
     assert KEYS <= set(report)
-    # the GPU path counted without a GPU (meta device): the static decode step is one graph with no host sync
+    # the GPU path counted without a GPU (meta device): the static decode step is one graph with no
+    # host sync
     gpu = report["gpu_path"]
     assert report["decode_ops_per_token"] == gpu["static"]["ops_per_token"] > 0
     assert gpu["static"]["layers"] == 30 and gpu["dynamic"]["host_syncs_per_token"] >= 1
@@ -92,7 +94,8 @@ def test_perf_report_on_tiny_model(tmp_path, capsys, monkeypatch):
     assert report["teacher_forward_tokens_per_edit"] > 0
     assert report["rollout"]["ratio"] > 0 and report["edit"]["ratio"] > 0
     assert len(report["rollout"]["seconds_each"]) == 3  # --rollout-repeats default, median reported
-    # fast_decode (auto by default) is timed against the F.linear path in the same run, with what it changes
+    # fast_decode (auto by default) is timed against the F.linear path in the same run, with what it
+    # changes
     assert report["fast_decode"] == "auto" and len(report["rollout"]["eager_seconds_each"]) == 3
     assert report["rollout"]["fast_decode_resolved"] in (True, False)
     assert (
@@ -108,7 +111,8 @@ def test_perf_report_on_tiny_model(tmp_path, capsys, monkeypatch):
     ]  # each edit again in a fresh process, after the same load and warm-up
     assert report["peak_rss_ratio_isolated"] == iso["ratio"] == iso["hpse"] / iso["nll_only"]
     assert 0 <= iso["hpse_extra"] < iso["hpse"] and 0 <= iso["nll_only_extra"] < iso["nll_only"]
-    # one inner step profiled: the matmuls' share of its self time, their rate, the heaviest operators
+    # one inner step profiled: the matmuls' share of its self time, their rate, the heaviest
+    # operators
     prof = report["train"]["profile"]
     assert 0 < prof["matmul_share"] <= 1 and 0 < prof["matmul_seconds"] <= prof["self_seconds"]
     assert prof["matmul_gflops"] > 0 and prof["matmul_of_floor"] > 0

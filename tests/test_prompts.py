@@ -1,4 +1,5 @@
-"""Student and teacher prompts: chat template, family dispatch on model_type, token ids end to end."""
+"""Student and teacher prompts: chat template, family dispatch on model_type, token ids end to
+end."""
 
 import pytest
 

@@ -1,5 +1,6 @@
-"""The UNEDITED and IN_CONTEXT reference rows: no weight moves, and IN_CONTEXT answers every question of a
-case (or of a continual-editing block) with exactly that case's passages in the teacher's system prompt."""
+"""The UNEDITED and IN_CONTEXT reference rows: no weight moves, and IN_CONTEXT answers every
+question of a case (or of a continual-editing block) with exactly that case's passages in the
+teacher's system prompt."""
 
 import json
 from pathlib import Path
@@ -76,7 +77,8 @@ def test_in_context_answers_each_case_under_its_own_passages(tiny, tmp_path, sys
     for case, (n_questions, system) in zip(cases, systems):
         passages = [r["target_new"] for r in case["requests"]]
         subjects = ", ".join(dict.fromkeys(r["subject"] for r in case["requests"]))
-        # the tiny model is a Llama, so the teacher's Llama wording, with this case's passages and no other
+        # the tiny model is a Llama, so the teacher's Llama wording, with this case's passages and
+        # no other
         assert system == LLAMA_SYSTEM.format(subject=subjects, passage="\n\n".join(passages))
         assert n_questions == len(case["single_hop_questions"]) + len(case["multi_hop_questions"])
     assert (

@@ -1,5 +1,5 @@
-"""Enumerations derive from their registries: a new judge is one class plus one register_judge line, and the
-option check, --help and make_judge follow."""
+"""Enumerations derive from their registries: a new judge is one class plus one register_judge line,
+and the option check, --help and make_judge follow."""
 
 import pytest
 

@@ -1,4 +1,5 @@
-"""The hybrid rollout on tiny random models of each family: gate placement, caches, top-K records."""
+"""The hybrid rollout on tiny random models of each family: gate placement, caches, top-K
+records."""
 
 import pytest
 import torch
@@ -90,7 +91,8 @@ def test_hand_set_teacher_steps_in_everywhere(family):
     )
     assert ro.tokens.tolist() == [target] * 8
     assert ro.stepped_in.all() and ro.stepin_rate == 1.0
-    # the student itself never puts enough mass on it: with the same teacher but a huge tau, no step-in
+    # the student itself never puts enough mass on it: with the same teacher but a huge tau, no
+    # step-in
     ro = hybrid_rollout(
         student, teacher, s_ids, t_ids, tau=1e9, kappa=0.3, top_k=4, max_new_tokens=8, stop_ids=[]
     )
@@ -173,7 +175,8 @@ def test_teacher_context_is_entered_for_every_teacher_pass():
 
 
 def _trained_executor(family, executor):
-    """An executor whose student differs from the teacher (weights moved by hand, not by an edit)."""
+    """An executor whose student differs from the teacher (weights moved by hand, not by an
+    edit)."""
     from hpse_easyedit.executors import make_executor
     from tiny_models import tiny_hparams
 
@@ -237,8 +240,9 @@ def test_teacher_views_compute_the_unedited_model_exactly(executor):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_rollouts_pass_the_cache_under_the_keyword_the_model_takes(family):
-    """transformers 5.24 renamed the forward's past_key_values to cache (the old name warns until its removal in
-    5.40): both rollout drivers use the name the model takes, so neither warns on any transformers."""
+    """transformers 5.24 renamed the forward's past_key_values to cache (the old name warns until
+    its removal in 5.40): both rollout drivers use the name the model takes, so neither warns on any
+    transformers."""
     import warnings
 
     from hpse_easyedit.rollout import batched_hybrid_rollout
@@ -259,8 +263,9 @@ def test_rollouts_pass_the_cache_under_the_keyword_the_model_takes(family):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_lean_lora_row_switch_computes_the_hooked_forward_bit_for_bit(family, monkeypatch):
-    """The LoRA row switch runs plain tensor calls in place of peft's forward and a hook on each lora_B: the same
-    tokens, step-ins and teacher records, bit for bit, as the hooked path it replaces."""
+    """The LoRA row switch runs plain tensor calls in place of peft's forward and a hook on each
+    lora_B: the same tokens, step-ins and teacher records, bit for bit, as the hooked path it
+    replaces."""
     from hpse_easyedit.executors import lora
     from hpse_easyedit.rollout import batched_hybrid_rollout
 
@@ -289,7 +294,8 @@ def test_lean_lora_row_switch_computes_the_hooked_forward_bit_for_bit(family, mo
 
 
 def test_lean_lora_row_switch_only_where_peft_computes_plain_lora():
-    """Dropout (or another adapter active, a DoRA variant, a hook) keeps peft's own forward under the row switch."""
+    """Dropout (or another adapter active, a DoRA variant, a hook) keeps peft's own forward under
+    the row switch."""
     from hpse_easyedit.executors import lora, make_executor
     from tiny_models import tiny_hparams
 

@@ -1,11 +1,12 @@
 """Scale-out: benchmark runs sharded over processes, the merge, resume across process counts, the
 tolerant run-directory identity, and models whose layers sit on several devices.
 
-The multi-process test launches the real script with ``accelerate launch --multi_gpu --num_processes 2``
-(on a machine without GPUs each process falls back to the CPU and gloo; accelerate's ``--cpu`` flag
-starts one process only unless an MPI hostfile is given), kills one process after its first case and
-relaunches. The other shard tests drive the shards of an N-process layout one after another in this
-process with an explicit ``ProcessContext``, which runs exactly the runner's code without a process group.
+The multi-process test launches the real script with ``accelerate launch --multi_gpu --num_processes
+2`` (on a machine without GPUs each process falls back to the CPU and gloo; accelerate's ``--cpu``
+flag starts one process only unless an MPI hostfile is given), kills one process after its first
+case and relaunches. The other shard tests drive the shards of an N-process layout one after another
+in this process with an explicit ``ProcessContext``, which runs exactly the runner's code without a
+process group.
 """
 
 import argparse
@@ -58,7 +59,8 @@ def _isolated_env(monkeypatch, tmp_path):
 
 @pytest.fixture()
 def one_thread():
-    """Same float summation order as the launched processes (OMP_NUM_THREADS=1), so records compare exactly."""
+    """Same float summation order as the launched processes (OMP_NUM_THREADS=1), so records compare
+    exactly."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -87,7 +89,8 @@ def _lines(path):
 
 
 def _strip(obj):
-    """A record or summary without what legitimately differs between runs (timings, output directory)."""
+    """A record or summary without what legitimately differs between runs (timings, output
+    directory)."""
     if isinstance(obj, dict):
         return {k: _strip(v) for k, v in obj.items() if k not in TIMING}
     if isinstance(obj, list):
@@ -101,7 +104,8 @@ def _by_id(records):
 
 @pytest.fixture(scope="module")
 def reference(tiny, tmp_path_factory):
-    """One process, no launcher: today's run (results.jsonl, summary.json, table.md, config.json, environments.jsonl)."""
+    """One process, no launcher: today's run (results.jsonl, summary.json, table.md, config.json,
+    environments.jsonl)."""
     out = tmp_path_factory.mktemp("ref") / "out"
     before = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -119,7 +123,7 @@ def reference(tiny, tmp_path_factory):
     return out, summary, _lines(out / "results.jsonl")
 
 
-# ------------------------------------------------------------------------------------ the real launcher
+# -------------------------------------------------------------------------------- the real launcher
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -144,7 +148,8 @@ def _descendants(root_pid):
 
 
 def _rank_pid(launcher_pid, rank):
-    """The worker process of ``rank`` among the launcher's own descendants (never anybody else's process)."""
+    """The worker process of ``rank`` among the launcher's own descendants (never anybody else's
+    process)."""
     for pid in _descendants(launcher_pid):
         try:
             env = dict(
@@ -308,7 +313,7 @@ def test_two_processes_match_one_and_a_killed_process_resumes(tiny, reference, t
     assert (out / "config.json").read_text() == (ref_out / "config.json").read_text()
 
 
-# ------------------------------------------------------------------------------------ shards by hand
+# ----------------------------------------------------------------------------------- shards by hand
 @needs_data
 def test_continual_editing_shards_whole_blocks_and_merges_exactly(tiny, tmp_path, one_thread):
     ref = run_benchmark(_opts(tiny, tmp_path / "ref", sequential=2))
@@ -348,7 +353,8 @@ def test_rerun_with_another_process_count_and_duplicate_refusal(
     ):  # 2 of 3 shards of a 3-process layout; the third never ran
         with pytest.raises(IncompleteRunError, match=f"{missing} of 6 case"):
             run_benchmark(_opts(tiny, out), ProcessContext(rank=rank, world=3))
-    # rerun as ONE process: only the two missing cases run, into results.jsonl; the old shards are kept
+    # rerun as ONE process: only the two missing cases run, into results.jsonl; the old shards are
+    # kept
     summary = run_benchmark(_opts(tiny, out))
     assert [r["case_id"] for r in _lines(out / "results.jsonl")] == [
         ref_records[2]["case_id"],
@@ -382,7 +388,7 @@ def test_non_main_process_needs_the_main_process_config(tiny, tmp_path):
         run_benchmark(_opts(tiny, tmp_path / "fresh"), ProcessContext(rank=1, world=2))
 
 
-# ------------------------------------------------------------------------------------ run directory identity
+# --------------------------------------------------------------------------- run directory identity
 @needs_data
 def test_old_run_directory_without_a_new_field_resumes_but_real_changes_are_refused(tiny, tmp_path):
     out = tmp_path / "old"
@@ -439,7 +445,7 @@ def test_benchmark_scoped_overrides_of_run_compare():
         parse_method(["HPSE", "x.yaml", "unke:max_new_tokens=128"])
 
 
-# ------------------------------------------------------------------------------------ process layout
+# ----------------------------------------------------------------------------------- process layout
 def test_shards_and_gpu_groups():
     units = list(range(7))
     shards = [ProcessContext(rank=r, world=3).shard(units) for r in range(3)]
@@ -497,7 +503,8 @@ def test_model_parallel_process_claims_its_gpu_group_before_cuda_starts(monkeypa
 # ------------------------------------------------------------------------------------ devices
 @needs_data
 def test_resume_with_model_parallel_on_cpu_is_the_same_run(tiny, reference, tmp_path, one_thread):
-    """model_parallel is placement: a run may be resumed with it switched on (device_map='auto'; the CPU here)."""
+    """model_parallel is placement: a run may be resumed with it switched on (device_map='auto'; the
+    CPU here)."""
     import shutil
 
     ref_out, ref_summary, ref_records = reference
@@ -518,7 +525,8 @@ def test_resume_with_model_parallel_on_cpu_is_the_same_run(tiny, reference, tmp_
 
 
 def test_offloaded_placement_is_refused():
-    """The runner refuses an offloaded placement with the loader's own check (``loading.check_placement``)."""
+    """The runner refuses an offloaded placement with the loader's own check
+    (``loading.check_placement``)."""
     from types import SimpleNamespace
 
     from hpse_easyedit.hparams import HParamsError
@@ -557,7 +565,8 @@ def _edit_trace(model, tok, hp):
 def test_edit_through_accelerate_dispatch_hooks_matches_plain_model(
     tmp_path, executor, batched, one_thread, gate_always_open
 ):
-    """device_map dispatch on the CPU: accelerate's hooks move every layer's inputs and outputs, as across GPUs."""
+    """device_map dispatch on the CPU: accelerate's hooks move every layer's inputs and outputs, as
+    across GPUs."""
     from accelerate import dispatch_model
     from transformers import AutoModelForCausalLM
 

@@ -171,8 +171,8 @@ def test_hpse_edit_with_static_decode_draws_the_same_rollouts():
 
 
 def test_an_edits_requests_decode_as_one_batch_in_each_round(monkeypatch):
-    """With static_decode an HPSE round draws all requests' rollouts in one batched decode, and they are the
-    rollouts the per-request dynamic path draws."""
+    """With static_decode an HPSE round draws all requests' rollouts in one batched decode, and they
+    are the rollouts the per-request dynamic path draws."""
     from hpse_easyedit import hpse_edit
     from hpse_easyedit import rollout as rollout_module
 
@@ -215,8 +215,9 @@ TEACHERS = (
 
 @pytest.mark.parametrize("family,executor", [(f, "lora") for f in FAMILIES] + [("llama", "ft_m")])
 def test_the_requests_of_an_edit_decode_as_one_batch(family, executor):
-    """Three requests in one static decode give each request's own rollout: its tokens, step-ins and teacher
-    top-K, its own length when one request stops before the others, and its teacher's forward tokens."""
+    """Three requests in one static decode give each request's own rollout: its tokens, step-ins and
+    teacher top-K, its own length when one request stops before the others, and its teacher's
+    forward tokens."""
     ex, tok = _edited_executor(family, executor)
     s = tok(STUDENT)["input_ids"]
     requests = [(s, tok(t)["input_ids"]) for t in TEACHERS]
@@ -237,7 +238,8 @@ def test_the_requests_of_an_edit_decode_as_one_batch(family, executor):
             _same(a, b)
         assert sum(ro.stepin_count for ro in together) > 0 or stop != -5
     assert len(together[1]) == alone[1].tokens.tolist().index(stop) + 1 < kw["max_new_tokens"]
-    # the batch runs until its last request stops: the teacher forwards counted are at least each one's own
+    # the batch runs until its last request stops: the teacher forwards counted are at least each
+    # one's own
     assert all(
         b.teacher_forward_tokens >= a.teacher_forward_tokens for a, b in zip(alone, together)
     )
@@ -271,9 +273,10 @@ def test_draw_rollouts_batches_only_with_static_decode(monkeypatch):
 
 
 def test_half_precision_lora_decode_costs_two_kernels_per_projection():
-    """In a bfloat16 model the decode adds each adapter to the student rows in the model's dtype (one cast of
-    the adapters per decode): two kernels per adapted projection, against seven on the float32 adapters'
-    path, and the student rows still get their adapter's output, the teacher rows none."""
+    """In a bfloat16 model the decode adds each adapter to the student rows in the model's dtype
+    (one cast of the adapters per decode): two kernels per adapted projection, against seven on the
+    float32 adapters' path, and the student rows still get their adapter's output, the teacher rows
+    none."""
     from hpse_easyedit.executors.lora import LoRAExecutor
 
     model, tok = make_tiny_model_and_tokenizer("qwen2", init_std=0.2)

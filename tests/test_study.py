@@ -133,7 +133,8 @@ def test_bad_markers_and_roots_are_one_line_errors(tmp_path, capsys):
 
 
 def test_results_md_agrees_with_the_committed_runs(tmp_path):
-    """The real check: every marked table of docs/RESULTS.md, regenerated from docs/study (about a minute)."""
+    """The real check: every marked table of docs/RESULTS.md, regenerated from docs/study (about a
+    minute)."""
     from benchmarks.datasets import default_data_dir
 
     data = Path(default_data_dir())
@@ -171,7 +172,8 @@ def test_results_md_agrees_with_the_committed_runs(tmp_path):
     assert altered != text
     problems = check(altered, find_blocks(altered), generated)
     assert len(problems) == 1 and "+2.1 [-1.1, +5.1]" in problems[0]
-    # made-up numbers, picked among those no committed table holds (fixed ones stop being made up as tables grow)
+    # made-up numbers, picked among those no committed table holds (fixed ones stop being made up as
+    # tables grow)
     known = table_numbers(generated)
     low, high = [f"{i / 10:.1f}" for i in range(21, 1000) if float(f"{i / 10:.1f}") not in known][
         :2
@@ -262,7 +264,8 @@ def test_runs_table_counts_the_answers_an_edit_changed(tmp_path, capsys):
 def test_runs_table_lists_a_continual_runs_mmlu_once_per_block(tmp_path, capsys):
     from benchmarks.study import runs_table
 
-    # two blocks of T = 2: MMLU is measured after each block's last edit and every record of the block carries it
+    # two blocks of T = 2: MMLU is measured after each block's last edit and every record of the
+    # block carries it
     recs = [
         {
             "case_id": str(i),

@@ -1,4 +1,5 @@
-"""hpse_easyedit.text.sentence_spans: the one sentence splitter (COIN's chunks, the benchmarks' sentences)."""
+"""hpse_easyedit.text.sentence_spans: the one sentence splitter (COIN's chunks, the benchmarks'
+sentences)."""
 
 from benchmarks.metrics import first_sentence, split_sentences
 from hpse_easyedit.text import sentence_spans
@@ -27,7 +28,8 @@ def test_no_split_before_lower_case_or_list_markup_and_nothing_for_blank_text():
 
 
 def test_nltk_untrained_punkt_splits_where_the_regex_keeps_one_sentence():
-    """Why ``sentence_spans`` is not nltk's: the untrained Punkt cuts after initials and list numbers."""
+    """Why ``sentence_spans`` is not nltk's: the untrained Punkt cuts after initials and list
+    numbers."""
     from nltk.tokenize.punkt import PunktSentenceTokenizer
 
     text = "A book by J.J. Liu, a philosopher. 1. **Bold** item."

@@ -1,5 +1,5 @@
-"""Passages, subjects and questions are text: a chat control token written inside them stays text, and text
-without one gets the ids it always had."""
+"""Passages, subjects and questions are text: a chat control token written inside them stays text,
+and text without one gets the ids it always had."""
 
 import pytest
 

@@ -119,7 +119,8 @@ def make_tiny_model_and_tokenizer(
 ):
     """A tiny random causal LM of ``family`` and its tokenizer; saved to ``tmp_path`` when given.
 
-    ``init_std`` > 0.02 gives peakier next-token distributions (used where a test needs real gate decisions).
+    ``init_std`` > 0.02 gives peakier next-token distributions (used where a test needs real gate
+    decisions).
     """
     from transformers import AutoModelForCausalLM
 
@@ -158,7 +159,8 @@ def tiny_hparams(**overrides):
 
 
 def weights_snapshot(model):
-    """Every tensor of ``model``'s state dict (cloned), which parameters train, and the model's class."""
+    """Every tensor of ``model``'s state dict (cloned), which parameters train, and the model's
+    class."""
     return (
         {k: v.detach().clone() for k, v in model.state_dict().items()},
         {n: p.requires_grad for n, p in model.named_parameters()},
@@ -167,7 +169,8 @@ def weights_snapshot(model):
 
 
 def same_weights(model, snap) -> bool:
-    """``model`` is exactly as ``weights_snapshot`` saw it: same class, keys, tensors and trainable flags."""
+    """``model`` is exactly as ``weights_snapshot`` saw it: same class, keys, tensors and trainable
+    flags."""
     state, grads, cls = snap
     now = model.state_dict()
     return (

@@ -1,13 +1,15 @@
-"""The one way the benchmarks ask an LLM: one-message chats to any OpenAI-compatible endpoint, with one cache.
+"""The one way the benchmarks ask an LLM: one-message chats to any OpenAI-compatible endpoint, with
+one cache.
 
-``ChatClient`` sends through the ``openai`` package, which itself retries timeouts, connection errors,
-408/409/429 and 5xx answers with its own exponential backoff (its ``max_retries``). What is ours is
-re-asking when an answer arrived but cannot be parsed (or is not a chat completion at all); a library
-client cannot know our answer format. ``--judge-max-attempts`` bounds the requests one question may cost
-in all, transport retries and re-asks together.
+``ChatClient`` sends through the ``openai`` package, which itself retries timeouts, connection
+errors, 408/409/429 and 5xx answers with its own exponential backoff (its ``max_retries``). What is
+ours is re-asking when an answer arrived but cannot be parsed (or is not a chat completion at all);
+a library client cannot know our answer format. ``--judge-max-attempts`` bounds the requests one
+question may cost in all, transport retries and re-asks together.
 
 Every well-formed answer is kept in ``ResponseCache`` (SQLite, keyed by the model and the exact
-request), so a rerun of the same evaluation, or of the same subject or passage generation, sends nothing.
+request), so a rerun of the same evaluation, or of the same subject or passage generation, sends
+nothing.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ class JudgeError(RuntimeError):
 
 
 class JudgeRefusedError(JudgeError):
-    """The endpoint refused the request itself (HTTP 4xx: key, model name): asking again cannot help."""
+    """The endpoint refused the request itself (HTTP 4xx: key, model name): asking again cannot
+    help."""
 
 
 @dataclass
@@ -53,7 +56,8 @@ class Parsed(Generic[T]):
 
 
 class ResponseCache:
-    """Well-formed LLM answers on disk (SQLite), keyed by a hash of the model and the exact request."""
+    """Well-formed LLM answers on disk (SQLite), keyed by a hash of the model and the exact
+    request."""
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
@@ -100,8 +104,9 @@ class JudgeSettings:
     DEFAULT_MODEL = "gemini-2.5-flash"
 
     def resolve(self) -> "JudgeSettings":
-        """Fill unset fields: ``HPSE_JUDGE_BASE_URL`` / ``OPENAI_BASE_URL``, ``HPSE_JUDGE_MODEL`` (default
-        ``gemini-2.5-flash``, the paper's judge), ``HPSE_JUDGE_API_KEY`` / ``OPENAI_API_KEY``."""
+        """Fill unset fields: ``HPSE_JUDGE_BASE_URL`` / ``OPENAI_BASE_URL``, ``HPSE_JUDGE_MODEL``
+        (default ``gemini-2.5-flash``, the paper's judge), ``HPSE_JUDGE_API_KEY`` /
+        ``OPENAI_API_KEY``."""
         env = os.environ
         return JudgeSettings(
             base_url=self.base_url or env.get("HPSE_JUDGE_BASE_URL") or env.get("OPENAI_BASE_URL"),
@@ -121,7 +126,8 @@ class JudgeSettings:
 
 
 class ChatClient:
-    """One-message chat completions: the ``openai`` client's own retries, our re-asking on malformed answers, a cache."""
+    """One-message chat completions: the ``openai`` client's own retries, our re-asking on malformed
+    answers, a cache."""
 
     def __init__(self, settings: JudgeSettings) -> None:
         import openai
@@ -139,8 +145,8 @@ class ChatClient:
         self._openai = openai
         self.stats = {"requests": 0, "cache_hits": 0, "retries": 0, "malformed": 0}
         self._last_status: int | None = None
-        # A local server needs no key, but the client insists on one. The hooks only count and log what the
-        # client's own retry loop sends.
+        # A local server needs no key, but the client insists on one. The hooks only count and log
+        # what the client's own retry loop sends.
         http = openai.DefaultHttpxClient(
             event_hooks={"request": [self._on_request], "response": [self._on_response]}
         )
@@ -184,12 +190,13 @@ class ChatClient:
         return req
 
     def complete(self, prompt: str, parse: Callable[[str], Parsed[T]]) -> Parsed[T]:
-        """Ask ``prompt`` and parse the answer; a cached well-formed answer is reused without a request.
+        """Ask ``prompt`` and parse the answer; a cached well-formed answer is reused without a
+        request.
 
-        At most ``max_attempts`` requests in all: the openai client retries transport errors within that
-        budget, and an answer that does not parse (or is not a chat completion) is asked again while budget
-        is left. After that the last parsed answer is returned with ``complete=False`` (and not cached), or
-        JudgeError is raised when no answer arrived at all.
+        At most ``max_attempts`` requests in all: the openai client retries transport errors within
+        that budget, and an answer that does not parse (or is not a chat completion) is asked again
+        while budget is left. After that the last parsed answer is returned with ``complete=False``
+        (and not cached), or JudgeError is raised when no answer arrived at all.
         """
         request = self._request(prompt)
         key = ResponseCache.key(self.model, request)
@@ -265,9 +272,10 @@ class ChatClient:
         return last
 
     def probe(self) -> None:
-        """One cheap request (``GET {base_url}/models``, no tokens spent) that fails fast when the endpoint is unreachable
-        or refuses the API key, so a run stops before its first edit rather than after it. Any other answer,
-        even an error status of a server without that route, shows the endpoint is there."""
+        """One cheap request (``GET {base_url}/models``, no tokens spent) that fails fast when the
+        endpoint is unreachable or refuses the API key, so a run stops before its first edit rather
+        than after it. Any other answer, even an error status of a server without that route, shows
+        the endpoint is there."""
         o = self._openai
         where = self.settings.base_url or "(OpenAI default)"
         try:
@@ -312,7 +320,8 @@ class _NotACompletion(ValueError):
 
 
 def _completion_text(resp: Any) -> str:
-    """The message text of a chat-completion response; ``_NotACompletion`` for anything else (a string body, HTML)."""
+    """The message text of a chat-completion response; ``_NotACompletion`` for anything else (a
+    string body, HTML)."""
     choices = getattr(resp, "choices", None)
     if choices is None:
         raise _NotACompletion(f"the response body is not a chat completion: {str(resp)[:120]!r}")

@@ -224,7 +224,8 @@ def build_decomposition_prompt(sentences: Sequence[str]) -> str:
 
 
 def build_support_prompt(subject: str, passage: str, facts: Sequence[str]) -> str:
-    """The FActScore support-validation prompt: every fact of one answer against the edit passage."""
+    """The FActScore support-validation prompt: every fact of one answer against the edit
+    passage."""
     items = "".join(SUPPORT_ITEM.format(i=i, fact=f) for i, f in enumerate(facts, 1))
     return SUPPORT_HEAD.format(subject=subject, passage=passage) + items + SUPPORT_TAIL
 
@@ -267,7 +268,8 @@ _FALSE = {"0", "false", "no", "not supported", "unsupported"}
 
 
 def _item_values(text: str, tag: str, n_items: int) -> dict[int, int]:
-    """``ITEM k: ... <tag>v</tag>`` verdicts; the last one per item wins (reasoning may come first)."""
+    """``ITEM k: ... <tag>v</tag>`` verdicts; the last one per item wins (reasoning may come
+    first)."""
     found: dict[int, int] = {}
     pattern = re.compile(rf"ITEM\s*(\d+)\s*:?[^\n<]*<{tag}>\s*([^<]*?)\s*</{tag}>", re.IGNORECASE)
     for m in pattern.finditer(text):

@@ -1,4 +1,5 @@
-"""``python -m benchmarks.report RUN [RUN ...] [--html FILE]``: the paper-layout table, or the HTML report."""
+"""``python -m benchmarks.report RUN [RUN ...] [--html FILE]``: the paper-layout table, or the HTML
+report."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from . import judge_note, paper_table
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The command line; a bad input is one ``error: ...`` line on stderr and exit code 2 (``--debug``: traceback)."""
+    """The command line; a bad input is one ``error: ...`` line on stderr and exit code 2
+    (``--debug``: traceback)."""
     return run_cli(_main, argv, extra=(ValueError, OSError))
 
 

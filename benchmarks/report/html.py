@@ -1,7 +1,9 @@
-"""One self-contained HTML file for one or more benchmark runs: tables, the step-in plot, every case.
+"""One self-contained HTML file for one or more benchmark runs: tables, the step-in plot, every
+case.
 
-``python -m benchmarks.report RUN [RUN ...] --html FILE`` writes it (``benchmarks/report/__main__.py``).
-The file needs no network: styles, the filter script and the plot (a base64 PNG) are inline. It holds
+``python -m benchmarks.report RUN [RUN ...] --html FILE`` writes it
+(``benchmarks/report/__main__.py``). The file needs no network: styles, the filter script and the
+plot (a base64 PNG) are inline. It holds
 
 - the paper-layout table (``report.paper_cells``) and the case-by-case comparison of
   ``benchmarks.paired`` (means with 95% bootstrap intervals; every run against the first: paired
@@ -58,7 +60,8 @@ Decoder = Callable[[Sequence[int]], str]
 
 @dataclass
 class RunData:
-    """One run directory: its label, config, summary (None if not written yet) and ``{case_id: record}``."""
+    """One run directory: its label, config, summary (None if not written yet) and ``{case_id:
+    record}``."""
 
     path: Path
     label: str
@@ -74,7 +77,8 @@ class RunData:
 
 
 def read_run(path: str | os.PathLike, label: str | None = None) -> RunData:
-    """A run directory as ``RunData``; the label defaults to the run's own ``--label``, else its directory name."""
+    """A run directory as ``RunData``; the label defaults to the run's own ``--label``, else its
+    directory name."""
     path = Path(path)
     benchmark, records = load_run(path)
     config = json.loads((path / "config.json").read_text(encoding="utf-8"))
@@ -87,9 +91,11 @@ def read_run(path: str | os.PathLike, label: str | None = None) -> RunData:
 
 
 def load_tokenizer(model_name: str) -> Decoder | None:
-    """A decoder for ``model_name``'s token ids (local directory, HF cache, or the embedded SmolLM2), or None.
+    """A decoder for ``model_name``'s token ids (local directory, HF cache, or the embedded
+    SmolLM2), or None.
 
-    Never runs remote code; a tokenizer that cannot be had offline gives None and the report shows ids.
+    Never runs remote code; a tokenizer that cannot be had offline gives None and the report shows
+    ids.
     """
     try:
         from transformers import AutoTokenizer
@@ -112,17 +118,19 @@ def load_tokenizer(model_name: str) -> Decoder | None:
     )
 
 
-# ---------------------------------------------------------------------------------------------- templates
+# ---------------------------------------------------------------------------------------- templates
 class JoinLines(Extension):
-    """A line break in a template and the indentation after it are not output, so the templates can be
-    indented for reading while the page stays one run of elements (as the report was always written)."""
+    """A line break in a template and the indentation after it are not output, so the templates can
+    be indented for reading while the page stays one run of elements (as the report was always
+    written)."""
 
     def preprocess(self, source: str, name: str | None, filename: str | None = None) -> str:
         return re.sub(r"\n[ \t]*", "", source)
 
 
 def _escape(value: Any) -> Markup:
-    """Every ``{{ value }}`` through ``html.escape`` (quotes as ``&quot;``/``&#x27;``); Markup stays as it is."""
+    """Every ``{{ value }}`` through ``html.escape`` (quotes as ``&quot;``/``&#x27;``); Markup stays
+    as it is."""
     return value if isinstance(value, Markup) else Markup(html.escape(str(value), quote=True))
 
 
@@ -148,7 +156,7 @@ def _static(name: str) -> Markup:
     return Markup("\n" + (_TEMPLATES / name).read_text(encoding="utf-8"))
 
 
-# ---------------------------------------------------------------------------------------------- html pieces
+# -------------------------------------------------------------------------------------- html pieces
 def _paper_table_html(runs: Sequence[RunData]) -> Markup:
     rows = [(r.label, {r.benchmark: r.summary or _summary_from_records(r)}) for r in runs]
     groups, names, body = paper_cells(rows)
@@ -164,7 +172,8 @@ def _summary_from_records(run: RunData) -> dict:
 def _comparison_html(
     runs: Sequence[RunData], resamples: int
 ) -> tuple[Markup, dict[str, list[float | None]], int]:
-    """Means with intervals, paired differences against the first run; also the step-in series and n cases."""
+    """Means with intervals, paired differences against the first run; also the step-in series and n
+    cases."""
     loaded = [(r.benchmark, r.records) for r in runs]
     if len(runs) == 1:
         rep = paired_report(
@@ -192,7 +201,8 @@ def _plot_png(series: Mapping[str, Sequence[float | None]], benchmark: str, n: i
 
 
 def _match(answer: str, aliases: Sequence[str]) -> tuple[tuple[str, str, str] | None, bool]:
-    """The answer cut around the first matching alias (None when none is marked), and the official verdict."""
+    """The answer cut around the first matching alias (None when none is marked), and the official
+    verdict."""
     ok = answer_matches(answer, aliases)
     low = answer.lower()
     if ok and len(low) == len(answer):
@@ -206,7 +216,8 @@ def _match(answer: str, aliases: Sequence[str]) -> tuple[tuple[str, str, str] | 
 
 def _answer_cell(q: Question, rec: Mapping[str, Any] | None) -> dict:
     """One run's answer to ``q`` with its verdict: the alias found (``alias``), the judge's verdict
-    (``coverage``) or the judge's facts (``facts``); ``missing`` when the run has no record of the case."""
+    (``coverage``) or the judge's facts (``facts``); ``missing`` when the run has no record of the
+    case."""
     if rec is None:
         return {"kind": "missing"}
     answer = q.answer(rec)
@@ -226,8 +237,8 @@ def _answer_cell(q: Question, rec: Mapping[str, Any] | None) -> dict:
 
 
 def _questions(questions: Sequence[Question], recs: Sequence[dict | None]) -> list[dict]:
-    """One row per question of a case (``Task.case_questions``): the question, the expected answer (with
-    its aliases; None for a question judged against the passage) and every run's answer."""
+    """One row per question of a case (``Task.case_questions``): the question, the expected answer
+    (with its aliases; None for a question judged against the passage) and every run's answer."""
     return [
         {
             "kind": q.kind,
@@ -240,15 +251,16 @@ def _questions(questions: Sequence[Question], recs: Sequence[dict | None]) -> li
 
 
 def rollout_html(stored: Mapping[str, Any], decode: Decoder | None, attrs: str) -> str:
-    """One stored rollout as a block of text, each stepped-in token in ``<mark data-t=INDEX data-p=P data-g=G>``.
+    """One stored rollout as a block of text, each stepped-in token in ``<mark data-t=INDEX data-p=P
+    data-g=G>``.
 
-    ``P`` is the teacher's probability of the token in percent (``pi*(y*)``, what the gate compares with
-    kappa), ``G`` the gate's margin ``log pi*(y*) - log pi_theta(y*)`` in nats (what it compares with tau;
-    runs stored before the margin was kept have none); the page's script turns it, with the block's tau
-    and kappa, into the hover text, so the file carries a few bytes per step-in instead of a sentence.
-    Runs of student tokens are decoded together (multi-byte characters split over tokens survive); each
-    stepped-in token is decoded alone. Without ``decode`` the ids are shown. ``attrs``: HTML attributes
-    of the block.
+    ``P`` is the teacher's probability of the token in percent (``pi*(y*)``, what the gate compares
+    with kappa), ``G`` the gate's margin ``log pi*(y*) - log pi_theta(y*)`` in nats (what it
+    compares with tau; runs stored before the margin was kept have none); the page's script turns
+    it, with the block's tau and kappa, into the hover text, so the file carries a few bytes per
+    step-in instead of a sentence. Runs of student tokens are decoded together (multi-byte
+    characters split over tokens survive); each stepped-in token is decoded alone. Without
+    ``decode`` the ids are shown. ``attrs``: HTML attributes of the block.
     """
     ids, mask, probs = unpack_rollout(stored)
     gaps = unpack_gaps(stored)
@@ -363,8 +375,8 @@ def _load_cases(
 ) -> dict[str, Mapping[str, Any]] | None:
     """The benchmark's cases by id, from the data file the runs recorded (checked by its sha256).
 
-    None, with a warning, when the file is absent (unless ``strict``: the user named ``--data``) or is
-    not the file a run used: its questions would then not be the ones the run answered.
+    None, with a warning, when the file is absent (unless ``strict``: the user named ``--data``) or
+    is not the file a run used: its questions would then not be the ones the run answered.
     """
     from ..datasets import DataError, default_data_dir, file_sha256
 
@@ -407,10 +419,10 @@ def write_html_report(
 ) -> Path:
     """Write the report of ``run_dirs`` (the first is the baseline) to ``out``; returns its path.
 
-    ``data_dir`` / ``data_file``: where the runs' data file is (default: the default data directory and
-    the benchmark's default file); questions are shown only when its sha256 is the one every run
-    recorded. ``tokenizer``: a model name or directory to decode rollouts with, instead of each run's
-    ``hparams.model_name``. ``rollouts=False`` leaves the rollouts out (a smaller file).
+    ``data_dir`` / ``data_file``: where the runs' data file is (default: the default data directory
+    and the benchmark's default file); questions are shown only when its sha256 is the one every run
+    recorded. ``tokenizer``: a model name or directory to decode rollouts with, instead of each
+    run's ``hparams.model_name``. ``rollouts=False`` leaves the rollouts out (a smaller file).
     """
     labels = list(labels or [])
     runs = [read_run(d, labels[i] if i < len(labels) else None) for i, d in enumerate(run_dirs)]

@@ -1,4 +1,5 @@
-"""FT-M executor: full fine-tuning of one MLP matrix; the teacher pass sees the original matrix (swap, no copy of the model)."""
+"""FT-M executor: full fine-tuning of one MLP matrix; the teacher pass sees the original matrix
+(swap, no copy of the model)."""
 
 from __future__ import annotations
 
@@ -21,9 +22,9 @@ class FTMExecutor(Executor):
     for teacher passes, so in continual editing the teacher stays the unedited pi_0.
 
     In a half-precision model (bfloat16/float16) Adam's steps of about ``lr`` round away against the
-    format's spacing, so most entries would never move: Adam then updates a float32 master copy of the
-    matrix (one extra matrix, its moments in float32) and the model's matrix is its cast after every
-    step; each backward pass's gradient is accumulated into the master's float32 gradient.
+    format's spacing, so most entries would never move: Adam then updates a float32 master copy of
+    the matrix (one extra matrix, its moments in float32) and the model's matrix is its cast after
+    every step; each backward pass's gradient is accumulated into the master's float32 gradient.
     """
 
     name = "ft_m"
@@ -58,7 +59,8 @@ class FTMExecutor(Executor):
 
     @classmethod
     def model_mismatch(cls, model: Any, hparams: Any) -> str | None:
-        """``ftm_module_template.format(ftm_layer) + '.weight'`` must be a parameter of the model."""
+        """``ftm_module_template.format(ftm_layer) + '.weight'`` must be a parameter of the
+        model."""
         name = hparams.ftm_module_template.format(hparams.ftm_layer) + ".weight"
         if name in dict(unwrapped(model).named_parameters()):
             return None
@@ -108,7 +110,8 @@ class FTMExecutor(Executor):
 
     @contextlib.contextmanager
     def _row_switch(self, teacher_rows: torch.Tensor) -> Iterator[None]:
-        """Rows marked True see the original matrix, the rest the edited one (one extra matmul, no model copy)."""
+        """Rows marked True see the original matrix, the rest the edited one (one extra matmul, no
+        model copy)."""
         module = unwrapped(self.model).get_submodule(self.module_name)
         rows = teacher_rows.view(-1, 1, 1).to(
             module.weight.device
@@ -157,7 +160,8 @@ class FTMExecutor(Executor):
 
     @staticmethod
     def release(model: Any) -> Any:
-        """Drop the kept original matrix once the model holds it again, and give back requires_grad flags."""
+        """Drop the kept original matrix once the model holds it again, and give back requires_grad
+        flags."""
         base = unwrapped(model)
         state = edit_state(base)
         if state.ftm_original is None:

@@ -1,4 +1,5 @@
-"""LoRA executor: low-rank adapters through peft; the teacher is the same model with the adapter off."""
+"""LoRA executor: low-rank adapters through peft; the teacher is the same model with the adapter
+off."""
 
 from __future__ import annotations
 
@@ -15,12 +16,14 @@ from .state import edit_state
 __all__ = ["LoRAExecutor", "ADAPTER_NAME"]
 
 ADAPTER_NAME = "hpse"
-#: base-model dtypes whose decode computes the adapters in that dtype (``LoRAExecutor._half_weights``)
+#: base-model dtypes whose decode computes the adapters in that dtype
+#: (``LoRAExecutor._half_weights``)
 HALF = (torch.float16, torch.bfloat16)
 
 
 class LoRAExecutor(Executor):
-    """Adapters on ``target_modules`` of ``layers`` (all by default); base weights frozen and shared."""
+    """Adapters on ``target_modules`` of ``layers`` (all by default); base weights frozen and
+    shared."""
 
     name = "lora"
 
@@ -88,7 +91,8 @@ class LoRAExecutor(Executor):
 
     @classmethod
     def model_mismatch(cls, model: Any, hparams: Any) -> str | None:
-        """Every ``target_modules`` name must end some module name, and every ``layers`` index be a layer."""
+        """Every ``target_modules`` name must end some module name, and every ``layers`` index be a
+        layer."""
         leaves = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
         missing = [m for m in hparams.target_modules if m not in leaves]
         if missing:
@@ -110,9 +114,10 @@ class LoRAExecutor(Executor):
 
     @contextlib.contextmanager
     def _adapters_off(self) -> Iterator[None]:
-        # peft's PeftModel.disable_adapter() walks every module and builds a layer-status report on each
-        # call (~80 ms on SmolLM2, as long as a decode step); the rollout enters the teacher once per
-        # token, so flip the flag LoRA layers read in forward() on the layers collected once.
+        # peft's PeftModel.disable_adapter() walks every module and builds a layer-status report on
+        # each call (~80 ms on SmolLM2, as long as a decode step); the rollout enters the teacher
+        # once per token, so flip the flag LoRA layers read in forward() on the layers collected
+        # once.
         saved = [layer._disable_adapters for layer in self._lora_layers]
         for layer in self._lora_layers:
             layer._disable_adapters = True
@@ -124,7 +129,8 @@ class LoRAExecutor(Executor):
 
     @contextlib.contextmanager
     def _row_switch(self, teacher_rows: torch.Tensor) -> Iterator[None]:
-        """Rows marked True compute the frozen base model (their adapter output is zeroed), the rest the student."""
+        """Rows marked True compute the frozen base model (their adapter output is zeroed), the rest
+        the student."""
         keep = (~teacher_rows).view(-1, 1, 1)
         if self._lora_layers and all(_plain_lora_linear(layer) for layer in self._lora_layers):
             half = self._lora_layers[0].base_layer.weight.dtype in HALF
@@ -154,10 +160,11 @@ class LoRAExecutor(Executor):
                 handle.remove()
 
     def _half_weights(self) -> list[torch.Tensor]:
-        """Every adapter matrix (``lora_A``, ``lora_B`` per layer) cast to the base model's half dtype: one cast of
-        the float32 adapters per decode (a rollout is no-grad, so they cannot change inside it) instead of a cast
-        of each projection's input on every call. The copies are kept (one rank-r pair per projection) and
-        refreshed in place, so a captured decode step reads the same tensors in every round."""
+        """Every adapter matrix (``lora_A``, ``lora_B`` per layer) cast to the base model's half
+        dtype: one cast of the float32 adapters per decode (a rollout is no-grad, so they cannot
+        change inside it) instead of a cast of each projection's input on every call. The copies are
+        kept (one rank-r pair per projection) and refreshed in place, so a captured decode step
+        reads the same tensors in every round."""
         masters = [
             w
             for layer in self._lora_layers
@@ -185,20 +192,23 @@ class LoRAExecutor(Executor):
 
     @staticmethod
     def save_edit(model: Any, hparams: Any, out_dir: Path) -> str:
-        """The adapter; load it with ``PeftModel.from_pretrained(base_model, out_dir / "adapter/hpse")``."""
+        """The adapter; load it with ``PeftModel.from_pretrained(base_model, out_dir /
+        "adapter/hpse")``."""
         model.save_pretrained(str(out_dir / "adapter"), selected_adapters=[ADAPTER_NAME])
         return f"adapter/{ADAPTER_NAME}"
 
     @staticmethod
     def load_edit(model: Any, weights: Path) -> Any:
-        """The saved adapter around ``model`` (a peft ``PeftModel``, frozen), which later edits continue in."""
+        """The saved adapter around ``model`` (a peft ``PeftModel``, frozen), which later edits
+        continue in."""
         from peft import PeftModel
 
         return PeftModel.from_pretrained(model, str(weights), adapter_name=ADAPTER_NAME)
 
     @staticmethod
     def release(model: Any) -> Any:
-        """Unload an adapter this package created once it adds nothing again; returns the model to use."""
+        """Unload an adapter this package created once it adds nothing again; returns the model to
+        use."""
         state = edit_state(model)
         if state.adapter_model is not model or not state.adapter_created:
             return model
@@ -217,9 +227,10 @@ class LoRAExecutor(Executor):
 
 
 def _plain_lora_linear(layer: Any) -> bool:
-    """Whether ``layer`` is a peft LoRA ``Linear`` whose forward is exactly base + ``lora_B(lora_A(x)) * scaling``
-    for our one adapter (no dropout, variant such as DoRA, merge, bias or hook in the way), so that
-    ``_lean_forwards`` can compute it without peft's per-call dispatch."""
+    """Whether ``layer`` is a peft LoRA ``Linear`` whose forward is exactly base +
+    ``lora_B(lora_A(x)) * scaling`` for our one adapter (no dropout, variant such as DoRA, merge,
+    bias or hook in the way), so that ``_lean_forwards`` can compute it without peft's per-call
+    dispatch."""
     from peft.tuners.lora.layer import Linear
 
     if (
@@ -249,10 +260,11 @@ def _plain_lora_linear(layer: Any) -> bool:
 
 @contextlib.contextmanager
 def _lean_forwards(layers: list, keep: torch.Tensor) -> Iterator[None]:
-    """The row switch as plain tensor calls: each LoRA layer computes ``base(x) + (lora_B(lora_A(x)) * keep) *
-    scaling``, the very operations (and so the very bits) of peft's forward under the ``lora_B`` forward hook
-    that zeroes the teacher rows, without peft's per-call dispatch, the two adapter modules' calls and the hook:
-    210 layers per decode step of SmolLM2, about 1.1x on a CPU rollout."""
+    """The row switch as plain tensor calls: each LoRA layer computes ``base(x) +
+    (lora_B(lora_A(x)) * keep) * scaling``, the very operations (and so the very bits) of peft's
+    forward under the ``lora_B`` forward hook that zeroes the teacher rows, without peft's per-call
+    dispatch, the two adapter modules' calls and the hook: 210 layers per decode step of SmolLM2,
+    about 1.1x on a CPU rollout."""
     keep_as: dict = {}
 
     def make(layer: Any) -> Any:
@@ -286,8 +298,8 @@ def _lean_forwards(layers: list, keep: torch.Tensor) -> Iterator[None]:
 
 
 def _leading_students(teacher_rows: torch.Tensor) -> int:
-    """How many student rows lead the batch when its rows are ``[student] * n + [teacher] * m`` (the rollouts'
-    layout), else 0; one host read per decode, not per token."""
+    """How many student rows lead the batch when its rows are ``[student] * n + [teacher] * m`` (the
+    rollouts' layout), else 0; one host read per decode, not per token."""
     flags = teacher_rows.tolist()
     students = flags.index(True) if True in flags else len(flags)
     return students if not any(flags[:students]) and all(flags[students:]) else 0
@@ -295,11 +307,11 @@ def _leading_students(teacher_rows: torch.Tensor) -> int:
 
 @contextlib.contextmanager
 def _half_forwards(layers: list, students: int, half: list[torch.Tensor]) -> Iterator[None]:
-    """The row switch of a half-precision model: each LoRA layer adds ``scaling * x B^T A^T`` to its base output
-    for the leading ``students`` rows only, in the model's dtype (``half``: the adapters cast once per decode),
-    the teacher rows keep the base output. Two kernels per adapted projection (the rank-r product and one
-    ``addmm_`` into the base output) instead of peft's input cast, two products, mask, scale, add and cast
-    back."""
+    """The row switch of a half-precision model: each LoRA layer adds ``scaling * x B^T A^T`` to its
+    base output for the leading ``students`` rows only, in the model's dtype (``half``: the adapters
+    cast once per decode), the teacher rows keep the base output. Two kernels per adapted projection
+    (the rank-r product and one ``addmm_`` into the base output) instead of peft's input cast, two
+    products, mask, scale, add and cast back."""
 
     def make(layer: Any, weight_a: torch.Tensor, weight_b: torch.Tensor) -> Any:
         base, scaling = layer.base_layer, layer.scaling[ADAPTER_NAME]

@@ -17,7 +17,8 @@ Everything mirrors ``layer_stats`` so that, on the same corpus, the numbers are 
 - cache file: ``{stats_dir}/{model}/{mom2_dataset}_stats/{layer}_{dtype}_mom2_{sample_size}.npz``.
 
 A JSON file next to each cache file records the corpus (sources, sha256, documents, tokens), so that
-stale statistics are recomputed when the corpus behind a name changes, and every number can be traced.
+stale statistics are recomputed when the corpus behind a name changes, and every number can be
+traced.
 
 Corpora (``load_corpus``): built-in names read from the benchmark data directory
 (``data_files.data_dir()``: ``$HPSE_DATA_DIR``, else ``../shared/data`` next to the repository; the
@@ -101,8 +102,9 @@ def _mquake_uns(root: Path) -> list[str]:
     return [rw["fact_new_uns"] for case in cases for rw in case["requested_rewrite"]]
 
 
-#: Built-in corpora: name -> (reader, what it is). The benchmark passages are offered for completeness;
-#: statistics meant to PRESERVE knowledge should not be taken over the passages being edited.
+#: Built-in corpora: name -> (reader, what it is). The benchmark passages are offered for
+#: completeness; statistics meant to PRESERVE knowledge should not be taken over the passages being
+#: edited.
 BUILTIN_CORPORA: dict[str, tuple[Callable[[Path], list[str]], str]] = {
     "editevery": (
         _editevery,
@@ -157,7 +159,8 @@ def _read_file(path: Path) -> list[str]:
 def load_corpus(
     sources: str | os.PathLike | Sequence[str | os.PathLike], root: str | os.PathLike | None = None
 ) -> list[str]:
-    """Texts of every source, in order: built-in names (see ``BUILTIN_CORPORA``), files or directories."""
+    """Texts of every source, in order: built-in names (see ``BUILTIN_CORPORA``), files or
+    directories."""
     if isinstance(sources, (str, os.PathLike)):
         sources = [sources]
     if not sources:
@@ -209,7 +212,8 @@ def corpus_sha256(texts: Iterable[str]) -> str:
 
 
 def select_documents(n_documents: int, sample_size: int | None, seed: int = 1) -> list[int]:
-    """The documents ``layer_stats`` reads: a ``random.Random(seed)`` shuffle, first ``sample_size``."""
+    """The documents ``layer_stats`` reads: a ``random.Random(seed)`` shuffle, first
+    ``sample_size``."""
     order = list(range(n_documents))
     if sample_size is None:
         return order
@@ -250,7 +254,8 @@ def stats_file(
     precision: str,
     sample_size: int | None,
 ) -> Path:
-    """Where ``layer_stats`` caches ``mom2`` of ``layer_name`` (it re-reads the file when it exists)."""
+    """Where ``layer_stats`` caches ``mom2`` of ``layer_name`` (it re-reads the file when it
+    exists)."""
     return (
         Path(stats_dir)
         / easyedit_model_name(model)
@@ -259,7 +264,8 @@ def stats_file(
 
 
 def stats_relpath(layer_name: str, ds_name: str, precision: str, sample_size: int | None) -> str:
-    """``stats_file`` below the model's folder: ``{ds_name}_stats/{layer}_{precision}_mom2[_{sample_size}].npz``."""
+    """``stats_file`` below the model's folder:
+    ``{ds_name}_stats/{layer}_{precision}_mom2[_{sample_size}].npz``."""
     suffix = "" if sample_size is None else f"_{sample_size}"
     return f"{ds_name}_stats/{layer_name}_{precision}_mom2{suffix}.npz"
 
@@ -271,15 +277,16 @@ def write_stats_file(
     sample_size: int | None,
     provenance: Mapping[str, Any] | None = None,
 ) -> None:
-    """Write ``mom2``/``count`` as ``runningstats.tally`` saves a ``CombinedStat(mom2=SecondMoment())``."""
+    """Write ``mom2``/``count`` as ``runningstats.tally`` saves a
+    ``CombinedStat(mom2=SecondMoment())``."""
     if sample_size is None:
         raise ValueError(
             "sample_size must be an int (mom2_n_samples); EasyEdit names and checks its cache by it"
         )
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    # Runs that compute the same statistics at once (one per core, sharing a cache) each write their own
-    # temporary file (``replacing``), so neither renames the other's half-written one away.
+    # Runs that compute the same statistics at once (one per core, sharing a cache) each write their
+    # own temporary file (``replacing``), so neither renames the other's half-written one away.
     with replacing(path, ".tmp.npz") as tmp:
         np.savez(
             tmp,
@@ -302,7 +309,8 @@ def read_stats_file(path: str | os.PathLike) -> tuple[torch.Tensor, int]:
 
 
 class _Stop(Exception):
-    """Raised by the last feature hook: nothing after the deepest statistics layer needs computing."""
+    """Raised by the last feature hook: nothing after the deepest statistics layer needs
+    computing."""
 
 
 @torch.no_grad()
@@ -316,11 +324,12 @@ def second_moments(
     max_length: int | None = None,
     batch_tokens: int = 4096,
 ) -> dict[str, tuple[torch.Tensor, int]]:
-    """``{module: (sum k k^T, number of rows)}`` of each module's first input over ``texts``, in one pass.
+    """``{module: (sum k k^T, number of rows)}`` of each module's first input over ``texts``, in one
+    pass.
 
-    Sequences are truncated to ``max_length`` (default ``context_length(model)``), sorted by length and
-    right-padded into batches of at most ``batch_tokens`` tokens; only attended positions count, so the
-    result does not depend on the batching (up to float summation order).
+    Sequences are truncated to ``max_length`` (default ``context_length(model)``), sorted by length
+    and right-padded into batches of at most ``batch_tokens`` tokens; only attended positions count,
+    so the result does not depend on the batching (up to float summation order).
     """
     if not module_names:
         raise ValueError(
@@ -401,7 +410,8 @@ def ensure_layer_stats(
     root: str | os.PathLike | None = None,
     batch_tokens: int = 4096,
 ) -> list[Path]:
-    """Make sure EasyEdit finds ``mom2`` of every edited layer in its cache, computed from ``sources``.
+    """Make sure EasyEdit finds ``mom2`` of every edited layer in its cache, computed from
+    ``sources``.
 
     Files that exist and were computed from the same documents are kept; missing or stale ones are
     computed in one pass over the corpus. Returns the cache files, one per layer.

@@ -1,16 +1,18 @@
 """Find and import EasyEdit from its GitHub source, and refuse versions the integration cannot hook.
 
-EasyEdit is not a pip-installable package: users clone https://github.com/zjunlp/EasyEdit and put the
-checkout on ``sys.path``; ``$EASYEDIT_SRC`` names that checkout. The PyPI ``easyeditor==0.0.1.dev0``
-is a 2023 snapshot (torch 2.0 / transformers 4.30, no Qwen, no AlphaEdit, no UnKE) and is refused.
+EasyEdit is not a pip-installable package: users clone https://github.com/zjunlp/EasyEdit and put
+the checkout on ``sys.path``; ``$EASYEDIT_SRC`` names that checkout. The PyPI
+``easyeditor==0.0.1.dev0`` is a 2023 snapshot (torch 2.0 / transformers 4.30, no Qwen, no AlphaEdit,
+no UnKE) and is refused.
 
-``import easyeditor`` imports all of EasyEdit, multimodal editors and trainers included, and with them
-packages that text editing never calls and that cannot be installed on every machine (torchvision and
-timm are binaries tied to one torch build; OpenCV and PyAV are native media libraries). When one of the
-packages in ``OPTIONAL_MODULES`` is missing, the import stands in a placeholder for it that raises an
-``ImportError`` naming the package the moment anything of it is used (called or instantiated). The
-placeholders are served only to EasyEdit's own modules, are taken out of ``sys.modules`` once EasyEdit is
-imported, and each one is logged. Any other missing package is an error naming the package to install.
+``import easyeditor`` imports all of EasyEdit, multimodal editors and trainers included, and with
+them packages that text editing never calls and that cannot be installed on every machine
+(torchvision and timm are binaries tied to one torch build; OpenCV and PyAV are native media
+libraries). When one of the packages in ``OPTIONAL_MODULES`` is missing, the import stands in a
+placeholder for it that raises an ``ImportError`` naming the package the moment anything of it is
+used (called or instantiated). The placeholders are served only to EasyEdit's own modules, are taken
+out of ``sys.modules`` once EasyEdit is imported, and each one is logged. Any other missing package
+is an error naming the package to install.
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ INSTALL_HINT = (
 )
 STALE_PYPI_VERSION = "0.0.1.dev0"
 
-#: Packages EasyEdit imports at top level for features text editing never uses -> why they may be absent.
+#: Packages EasyEdit imports at top level for features text editing never uses -> why they may be
+#: absent.
 OPTIONAL_MODULES: dict[str, str] = {
     "torchvision": "vision transforms of the multimodal editors and BLIP-2 trainers; a binary built for one torch version",
     "timm": "vision backbones of the BLIP-2/MiniGPT-4 trainers; needs torchvision",
@@ -74,8 +77,9 @@ _PIP_NAMES = {
     "antlr4": "antlr4-python3-runtime",
 }
 
-#: Upper bounds on packages whose newer releases dropped a module EasyEdit imports (setup.py's ``easyedit`` extra
-#: carries the same pins): transformers 5.24 removed ``transformers.modeling_attn_mask_utils`` (EasyEdit's UnKE).
+#: Upper bounds on packages whose newer releases dropped a module EasyEdit imports (setup.py's
+#: ``easyedit`` extra carries the same pins): transformers 5.24 removed
+#: ``transformers.modeling_attn_mask_utils`` (EasyEdit's UnKE).
 EASYEDIT_PINS = {"transformers": "<5.24"}
 
 
@@ -84,10 +88,11 @@ class EasyEditNotFoundError(ImportError):
 
 
 class EasyEditVersionError(ImportError):
-    """The importable EasyEdit is the stale PyPI snapshot or lacks what the integration hooks into."""
+    """The importable EasyEdit is the stale PyPI snapshot or lacks what the integration hooks
+    into."""
 
 
-# ---------------------------------------------------------------------------------------------- placeholders
+# ------------------------------------------------------------------------------------- placeholders
 class _AbsentMeta(type):
     def __getattr__(cls, name: str) -> Any:
         if name.startswith("__"):
@@ -131,7 +136,8 @@ def _importer_is_easyedit() -> bool:
 
 
 class _PlaceholderFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Serves ``_AbsentModule``s for missing optional packages, to easyeditor's imports only (last on meta_path)."""
+    """Serves ``_AbsentModule``s for missing optional packages, to easyeditor's imports only (last
+    on meta_path)."""
 
     def __init__(self, roots: set[str]) -> None:
         self.roots = roots
@@ -153,7 +159,8 @@ class _PlaceholderFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 def _settle_transformers_checks() -> None:
-    """Answer transformers' cached ``is_*_available`` checks before placeholders exist, so none is fooled."""
+    """Answer transformers' cached ``is_*_available`` checks before placeholders exist, so none is
+    fooled."""
     try:
         from transformers.utils import import_utils
     except ImportError:  # pragma: no cover - transformers is a hard dependency
@@ -180,7 +187,7 @@ def _placeholders(roots: set[str]) -> Iterator[_PlaceholderFinder]:
                 del sys.modules[name]
 
 
-# ---------------------------------------------------------------------------------------------- import
+# ------------------------------------------------------------------------------------------- import
 def _source_dir() -> Path | None:
     value = os.environ.get(ENV_VAR)
     if not value:
@@ -207,7 +214,8 @@ def _installed_distribution_version() -> str | None:
 
 
 def check_easyedit(module: types.ModuleType | None = None) -> None:
-    """Raise ``EasyEditVersionError`` unless the imported EasyEdit has every hook the integration uses."""
+    """Raise ``EasyEditVersionError`` unless the imported EasyEdit has every hook the integration
+    uses."""
     ee = module or sys.modules.get("easyeditor")
     where = getattr(ee, "__file__", "?")
     missing = []
@@ -303,8 +311,9 @@ def import_easyedit() -> types.ModuleType:
         root = (err.name or "").split(".")[0]
         pip_name = _PIP_NAMES.get(root, root)
         if root and err.name != root and importlib.util.find_spec(root) is not None:
-            # The package is there but a module EasyEdit imports from it is not: a newer release removed it
-            # (transformers 5.24 dropped transformers.modeling_attn_mask_utils, which EasyEdit's UnKE imports).
+            # The package is there but a module EasyEdit imports from it is not: a newer release
+            # removed it (transformers 5.24 dropped transformers.modeling_attn_mask_utils, which
+            # EasyEdit's UnKE imports).
             installed = _distribution_version(pip_name)
             pinned = EASYEDIT_PINS.get(pip_name)
             fix = (

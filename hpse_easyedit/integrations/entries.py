@@ -1,16 +1,17 @@
 """The editor contract EasyEdit calls, ``apply_X_to_model(model, tok, requests, hparams, copy=False,
-return_orig_weights=False, keep_original_weight=False, **kwargs) -> (edited_model, weights_copy)``, for the
-registry's methods (their ``ALG_DICT`` entries), over the engine's own edits (``hpse_edit``, ``coin_edit``:
-an ``EditResult``), and the ``EditHandle`` HPSE and COIN* return as ``weights_copy``: a dict of the changed
-tensors that, called, restores the edited model exactly (copies the tensors back, unloads a LoRA adapter
-this package created, gives back ``requires_grad`` flags). UnKE and AnyEdit change the weights of whole
-decoder layers in place and are restored by EasyEdit's own copy-back.
+return_orig_weights=False, keep_original_weight=False, **kwargs) -> (edited_model, weights_copy)``,
+for the registry's methods (their ``ALG_DICT`` entries), over the engine's own edits (``hpse_edit``,
+``coin_edit``: an ``EditResult``), and the ``EditHandle`` HPSE and COIN* return as ``weights_copy``:
+a dict of the changed tensors that, called, restores the edited model exactly (copies the tensors
+back, unloads a LoRA adapter this package created, gives back ``requires_grad`` flags). UnKE and
+AnyEdit change the weights of whole decoder layers in place and are restored by EasyEdit's own
+copy-back.
 
 Sequential editing with the LoRA executor: ``BaseEditor.edit(..., sequential_edit=True)`` passes its
-unwrapped ``editor.model`` to every edit, while the adapter of the previous edit lives inside it (peft
-injects LoRA layers in place). The edit therefore starts from the ``PeftModel`` the model's edit state
-remembers (``executors.edit_state``), so the edits accumulate in one adapter as they do when the
-``PeftModel`` is passed in.
+unwrapped ``editor.model`` to every edit, while the adapter of the previous edit lives inside it
+(peft injects LoRA layers in place). The edit therefore starts from the ``PeftModel`` the model's
+edit state remembers (``executors.edit_state``), so the edits accumulate in one adapter as they do
+when the ``PeftModel`` is passed in.
 """
 
 from __future__ import annotations
@@ -39,11 +40,13 @@ class UndoOrderError(RuntimeError):
 
 
 class EditHandle(dict):
-    """``weights_copy`` for EasyEdit: the pre-edit tensors (a dict) that, called, restore the edited model.
+    """``weights_copy`` for EasyEdit: the pre-edit tensors (a dict) that, called, restore the edited
+    model.
 
     ``restore_weights(model, handle)`` works as with the plain dict; ``handle()`` restores the model
-    the edit returned (EasyEdit calls it for methods in ``CALLABLE_RESTORE_ALGS``). ``handle.result`` is
-    the edit's ``EditResult``: per-round statistics (``.rounds``), ``.seconds``, the rollouts.
+    the edit returned (EasyEdit calls it for methods in ``CALLABLE_RESTORE_ALGS``).
+    ``handle.result`` is the edit's ``EditResult``: per-round statistics (``.rounds``),
+    ``.seconds``, the rollouts.
     """
 
     def __init__(self, result: EditResult) -> None:
@@ -89,7 +92,8 @@ def _has_injected_adapter(model: Any) -> bool:
 
 
 def _live_model(model: Any) -> Any:
-    """The model an edit must start from: the remembered ``PeftModel`` when ``model`` carries its adapter."""
+    """The model an edit must start from: the remembered ``PeftModel`` when ``model`` carries its
+    adapter."""
     from peft import PeftModel
 
     if isinstance(model, PeftModel):
@@ -113,13 +117,15 @@ def easyedit_entry(
 ) -> Callable[..., tuple[Any, EditHandle]]:
     """EasyEdit's editor contract around an engine edit ``edit(model, tok, requests, hparams,
     keep_original_weight=...) -> EditResult``: ``apply(model, tok, requests, hparams, copy=False,
-    return_orig_weights=False, keep_original_weight=False, **kwargs)`` returns ``(edited_model, EditHandle)``.
+    return_orig_weights=False, keep_original_weight=False, **kwargs)`` returns ``(edited_model,
+    EditHandle)``.
 
-    ``weights_copy`` (the ``EditHandle``) holds, for the tensors the edit changed only (LoRA adapter weights or
-    the one FT-M matrix), their values before the edit; ``restore_weights(edited_model, weights_copy)`` or
-    ``weights_copy()`` brings back the unedited model bit for bit. It is returned whatever
-    ``return_orig_weights`` says, since it costs only those tensors. ``weights_copy.result`` is the edit's
-    ``EditResult`` (per-round statistics in ``.rounds``). Other keywords EasyEdit passes are not used.
+    ``weights_copy`` (the ``EditHandle``) holds, for the tensors the edit changed only (LoRA adapter
+    weights or the one FT-M matrix), their values before the edit; ``restore_weights(edited_model,
+    weights_copy)`` or ``weights_copy()`` brings back the unedited model bit for bit. It is returned
+    whatever ``return_orig_weights`` says, since it costs only those tensors.
+    ``weights_copy.result`` is the edit's ``EditResult`` (per-round statistics in ``.rounds``).
+    Other keywords EasyEdit passes are not used.
     """
 
     def apply(
@@ -163,8 +169,8 @@ def apply_unke_family_to_model(
     **kwargs: Any,
 ) -> tuple[Any, dict]:
     """UnKE and AnyEdit (EasyEdit's own code, through the adapter) under EasyEdit's editor contract:
-    ``(model, weights_copy)``. ``timer``: a dict that receives ``"algorithm_seconds"``, the time inside
-    EasyEdit's function (the benchmark runner's ``timed_edit``)."""
+    ``(model, weights_copy)``. ``timer``: a dict that receives ``"algorithm_seconds"``, the time
+    inside EasyEdit's function (the benchmark runner's ``timed_edit``)."""
     from .baselines import apply_unke_family
 
     return apply_unke_family(model, tok, requests, hparams, copy=copy, timer=timer)

@@ -36,7 +36,8 @@ _LLAMA_LAYOUT = (
 
 
 def easyedit_model_name(model_name: str, model: Any, method: str) -> str:
-    """The ``model_name`` EasyEdit's ``method`` code must see to take the branch that fits ``model``."""
+    """The ``model_name`` EasyEdit's ``method`` code must see to take the branch that fits
+    ``model``."""
     model_type = getattr(getattr(model, "config", None), "model_type", "") or ""
     if method == "AlphaEdit":
         if any(s in model_name.lower() for s in _ALPHAEDIT_NAMES):
@@ -58,7 +59,8 @@ def easyedit_model_name(model_name: str, model: Any, method: str) -> str:
 
 @contextlib.contextmanager
 def padding_side(tok: Any, side: str) -> Iterator[None]:
-    """The tokenizer pads on ``side`` inside the block (EasyEdit's code assumes it), as before after."""
+    """The tokenizer pads on ``side`` inside the block (EasyEdit's code assumes it), as before
+    after."""
     before = tok.padding_side
     tok.padding_side = side
     try:
@@ -69,7 +71,8 @@ def padding_side(tok: Any, side: str) -> Iterator[None]:
 
 @contextlib.contextmanager
 def grad_flags_kept(model: Any) -> Iterator[None]:
-    """Every parameter's ``requires_grad`` after the block as before it (EasyEdit's code changes them)."""
+    """Every parameter's ``requires_grad`` after the block as before it (EasyEdit's code changes
+    them)."""
     flags = {n: p.requires_grad for n, p in model.named_parameters()}
     try:
         yield
@@ -79,7 +82,8 @@ def grad_flags_kept(model: Any) -> Iterator[None]:
 
 
 def check_depth(model: Any, layers: Sequence[int], extra: Sequence[int], source: str) -> None:
-    """``HParamsError`` naming ``source`` when the edited or loss layers exceed the model's depth."""
+    """``HParamsError`` naming ``source`` when the edited or loss layers exceed the model's
+    depth."""
     n = getattr(getattr(model, "config", None), "num_hidden_layers", None)
     if n is not None and max(list(layers) + list(extra)) >= n:
         raise HParamsError(
@@ -90,7 +94,8 @@ def check_depth(model: Any, layers: Sequence[int], extra: Sequence[int], source:
 
 @contextlib.contextmanager
 def algorithm_timer(timer: dict | None) -> Iterator[None]:
-    """Put the seconds of the block (EasyEdit's own function) under ``timer["algorithm_seconds"]``."""
+    """Put the seconds of the block (EasyEdit's own function) under
+    ``timer["algorithm_seconds"]``."""
     start = time.perf_counter()
     yield
     if timer is not None:

@@ -73,7 +73,8 @@ def load_instruction_texts(
     template_kwargs: Mapping[str, Any] | None = None,
     root: str | os.PathLike | None = None,
 ) -> list[str]:
-    """Locality texts for UnKE/AnyEdit: instruction/answer pairs rendered as chat turns (plain texts as they are)."""
+    """Locality texts for UnKE/AnyEdit: instruction/answer pairs rendered as chat turns (plain texts
+    as they are)."""
     base = Path(root) if root is not None else data_dir()
     texts = []
     for source in sources:
@@ -103,7 +104,8 @@ def load_instruction_texts(
 
 
 def check_locality_data(hp: Any) -> None:
-    """Before any model is loaded: every UnKE/AnyEdit locality source (``ex_data``) can be read on this machine."""
+    """Before any model is loaded: every UnKE/AnyEdit locality source (``ex_data``) can be read on
+    this machine."""
     where = f"{getattr(hp, '_source', f'<{hp.alg_name} hparams>')}: key 'ex_data'"
     for source in hp.ex_data:
         try:
@@ -138,8 +140,9 @@ def _cut(tok: Any, text: str, max_tokens: int) -> str:
 class LocalityTexts:
     """A cache of loaded locality texts, owned by whoever edits many times with the same sources.
 
-    Keyed by the data directory, the sources and the tokenizer's chat template with its arguments, so
-    one object serves any hparams; without one, each edit reads its sources again (the same texts).
+    Keyed by the data directory, the sources and the tokenizer's chat template with its arguments,
+    so one object serves any hparams; without one, each edit reads its sources again (the same
+    texts).
     """
 
     def __init__(self) -> None:

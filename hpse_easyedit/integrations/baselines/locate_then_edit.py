@@ -1,6 +1,6 @@
-"""MEMIT and AlphaEdit through EasyEdit's own ``ALG_DICT`` entries and hparams classes: our YAML files
-(EasyEdit's schema plus adapter keys), offline covariance statistics, AlphaEdit's projection, and the
-bookkeeping of EasyEdit's per-process caches (``EasyEditCaches``)."""
+"""MEMIT and AlphaEdit through EasyEdit's own ``ALG_DICT`` entries and hparams classes: our YAML
+files (EasyEdit's schema plus adapter keys), offline covariance statistics, AlphaEdit's projection,
+and the bookkeeping of EasyEdit's per-process caches (``EasyEditCaches``)."""
 
 from __future__ import annotations
 
@@ -64,7 +64,8 @@ _ALPHAEDIT_MAIN = "easyeditor.models.alphaedit.AlphaEdit_main"
 
 @dataclass
 class AdapterOptions(YamlHParams):
-    """Options of the MEMIT/AlphaEdit adapters that are not EasyEdit fields (optional top-level YAML keys)."""
+    """Options of the MEMIT/AlphaEdit adapters that are not EasyEdit fields (optional top-level YAML
+    keys)."""
 
     stats_corpus: Any = hp_field(
         None,
@@ -132,7 +133,8 @@ class LocateThenEditHParams:
     def load(
         cls, path: str | os.PathLike, overrides: Sequence[str] | Mapping[str, Any] = ()
     ) -> "LocateThenEditHParams":
-        """A MEMIT/AlphaEdit file with ``key=value`` overrides (applied before EasyEdit's class reads the keys)."""
+        """A MEMIT/AlphaEdit file with ``key=value`` overrides (applied before EasyEdit's class
+        reads the keys)."""
         return load_locate_then_edit_hparams(path, overrides)
 
     def to_dict(self) -> dict:
@@ -152,7 +154,8 @@ class LocateThenEditHParams:
 
 
 def easyedit_locate_then_edit_classes() -> tuple[type, ...]:
-    """EasyEdit's own ``MEMITHyperParams`` and ``AlphaEditHyperParams`` when EasyEdit is imported (else ``()``)."""
+    """EasyEdit's own ``MEMITHyperParams`` and ``AlphaEditHyperParams`` when EasyEdit is imported
+    (else ``()``)."""
     out = []
     for modname, cls in (
         ("easyeditor.models.memit.memit_hparams", "MEMITHyperParams"),
@@ -165,7 +168,8 @@ def easyedit_locate_then_edit_classes() -> tuple[type, ...]:
 
 
 def as_locate_then_edit(hparams: Any) -> Any:
-    """EasyEdit's own MEMIT/AlphaEdit hparams object wrapped with the adapter's default options; anything else as is."""
+    """EasyEdit's own MEMIT/AlphaEdit hparams object wrapped with the adapter's default options;
+    anything else as is."""
     classes = easyedit_locate_then_edit_classes()
     if classes and isinstance(hparams, classes):
         return LocateThenEditHParams(
@@ -226,13 +230,14 @@ def load_locate_then_edit_hparams(
 
 
 class EasyEditCaches:
-    """What EasyEdit's per-process MEMIT/AlphaEdit caches were filled for, and the resets that keep them right.
+    """What EasyEdit's per-process MEMIT/AlphaEdit caches were filled for, and the resets that keep
+    them right.
 
-    EasyEdit keeps module globals that assume one model: ``COV_CACHE`` (MEMIT's and AlphaEdit's, keyed by
-    model name and layer only), AlphaEdit's ``P`` (``P_loaded``) and ``cache_c`` (``cache_c_new``). The
-    object that knows what they hold is kept on EasyEdit's AlphaEdit module (``for_easyedit``), so it
-    lives exactly as long as the state it describes; pass another to the functions below only to edit
-    with a separately imported EasyEdit.
+    EasyEdit keeps module globals that assume one model: ``COV_CACHE`` (MEMIT's and AlphaEdit's,
+    keyed by model name and layer only), AlphaEdit's ``P`` (``P_loaded``) and ``cache_c``
+    (``cache_c_new``). The object that knows what they hold is kept on EasyEdit's AlphaEdit module
+    (``for_easyedit``), so it lives exactly as long as the state it describes; pass another to the
+    functions below only to edit with a separately imported EasyEdit.
     """
 
     _ATTRIBUTE = "_hpse_easyedit_caches"
@@ -248,7 +253,8 @@ class EasyEditCaches:
 
     @classmethod
     def for_easyedit(cls) -> "EasyEditCaches":
-        """The object kept with the imported EasyEdit's MEMIT/AlphaEdit modules (made on first use)."""
+        """The object kept with the imported EasyEdit's MEMIT/AlphaEdit modules (made on first
+        use)."""
         memit = importlib.import_module(_MEMIT_MAIN)
         alpha = importlib.import_module(_ALPHAEDIT_MAIN)
         caches = getattr(alpha, cls._ATTRIBUTE, None)
@@ -259,7 +265,8 @@ class EasyEditCaches:
 
     @classmethod
     def if_imported(cls) -> "EasyEditCaches | None":
-        """The object kept with EasyEdit's AlphaEdit module when that module is imported, else None."""
+        """The object kept with EasyEdit's AlphaEdit module when that module is imported, else
+        None."""
         return getattr(sys.modules.get(_ALPHAEDIT_MAIN), cls._ATTRIBUTE, None)
 
     def clear_covariances(self) -> None:
@@ -279,13 +286,15 @@ class EasyEditCaches:
             self.alphaedit_fresh = True
 
     def use_projection(self, p_loc: str) -> None:
-        """AlphaEdit reloads ``P`` (and sizes ``cache_c`` again) when ``p_loc`` is not the one loaded."""
+        """AlphaEdit reloads ``P`` (and sizes ``cache_c`` again) when ``p_loc`` is not the one
+        loaded."""
         if self.p_loc != p_loc:
             self.alpha.P_loaded = self.alpha.cache_c_new = False
             self.p_loc = p_loc
 
     def take_fresh(self) -> bool:
-        """Whether this AlphaEdit edit resets ``cache_c``; the edits after it (until a restore) do not."""
+        """Whether this AlphaEdit edit resets ``cache_c``; the edits after it (until a restore) do
+        not."""
         fresh, self.alphaedit_fresh = self.alphaedit_fresh, False
         return fresh
 
@@ -293,7 +302,8 @@ class EasyEditCaches:
 def _projection(
     model: Any, tok: Any, hp: LocateThenEditHParams, call_hparams: Any, alpha: Any
 ) -> None:
-    """AlphaEdit's ``P`` at ``P_loc``, computed once with EasyEdit's ``get_project`` (it would save it to the cwd)."""
+    """AlphaEdit's ``P`` at ``P_loc``, computed once with EasyEdit's ``get_project`` (it would save
+    it to the cwd)."""
     ee = hp.easyedit
     p_loc = Path(ee.P_loc)
     meta = {
@@ -345,7 +355,8 @@ def _statistics_corpus(hp: LocateThenEditHParams) -> list | None:
 
 
 def _hub_reachable(timeout: float = 5.0) -> bool:
-    """Whether EasyEdit could download its statistics dataset now: not in offline mode, and the Hub answers."""
+    """Whether EasyEdit could download its statistics dataset now: not in offline mode, and the Hub
+    answers."""
     if offline_mode() or os.environ.get("HF_DATASETS_OFFLINE", "").lower() in ("1", "true", "yes"):
         return False
     import socket
@@ -358,11 +369,13 @@ def _hub_reachable(timeout: float = 5.0) -> bool:
 
 
 def check_statistics_obtainable(hp: LocateThenEditHParams) -> None:
-    """Before any model is loaded: MEMIT's / AlphaEdit's covariance statistics can be had on this machine.
+    """Before any model is loaded: MEMIT's / AlphaEdit's covariance statistics can be had on this
+    machine.
 
-    A local corpus (``stats_corpus``, or a built-in ``mom2_dataset``) must be readable; a dataset EasyEdit
-    downloads needs either statistics already in ``stats_dir`` (for every edited layer, any model folder)
-    or a reachable Hub. Otherwise ``HParamsError`` names the file, the key and the fix.
+    A local corpus (``stats_corpus``, or a built-in ``mom2_dataset``) must be readable; a dataset
+    EasyEdit downloads needs either statistics already in ``stats_dir`` (for every edited layer, any
+    model folder) or a reachable Hub. Otherwise ``HParamsError`` names the file, the key and the
+    fix.
     """
     ee = hp.easyedit
     corpus = _statistics_corpus(hp)
@@ -400,7 +413,8 @@ def check_statistics_obtainable(hp: LocateThenEditHParams) -> None:
 def prepare_locate_then_edit(
     model: Any, tok: Any, hp: LocateThenEditHParams, caches: EasyEditCaches | None = None
 ) -> Any:
-    """Offline statistics, AlphaEdit's projection and fresh caches for ``model``; returns the hparams EasyEdit gets.
+    """Offline statistics, AlphaEdit's projection and fresh caches for ``model``; returns the
+    hparams EasyEdit gets.
 
     ``caches``: EasyEdit's caches to keep right (default: those of the imported EasyEdit).
     """
@@ -438,7 +452,8 @@ def prepare_locate_then_edit(
 
 
 def easyedit_requests(tok: Any, requests: Any, hp: LocateThenEditHParams) -> list[dict]:
-    """``{prompt, subject, target_new}`` for EasyEdit: chat-templated editing prompt, passage + end of turn."""
+    """``{prompt, subject, target_new}`` for EasyEdit: chat-templated editing prompt, passage + end
+    of turn."""
     reqs = normalize_requests(requests, hp.options)
     eot_text = end_of_turn_text(tok, hp.options.chat_template_kwargs)
     out = []
@@ -473,11 +488,13 @@ def apply_locate_then_edit(
     timer: dict | None = None,
     caches: EasyEditCaches | None = None,
 ) -> tuple[Any, dict]:
-    """One MEMIT/AlphaEdit edit through EasyEdit's own ``ALG_DICT`` entry; returns ``(model, weights_copy)``.
+    """One MEMIT/AlphaEdit edit through EasyEdit's own ``ALG_DICT`` entry; returns ``(model,
+    weights_copy)``.
 
-    ``timer``: a dict that receives ``"algorithm_seconds"``, the time spent inside EasyEdit's function (the
-    statistics and AlphaEdit's projection, computed once per model by ``prepare_locate_then_edit``, are not in it).
-    ``caches``: EasyEdit's caches to keep right (default: those of the imported EasyEdit).
+    ``timer``: a dict that receives ``"algorithm_seconds"``, the time spent inside EasyEdit's
+    function (the statistics and AlphaEdit's projection, computed once per model by
+    ``prepare_locate_then_edit``, are not in it). ``caches``: EasyEdit's caches to keep right
+    (default: those of the imported EasyEdit).
     """
     call = prepare_locate_then_edit(model, tok, hp, caches)
     caches = caches or EasyEditCaches.for_easyedit()
@@ -503,7 +520,8 @@ def apply_locate_then_edit(
 def restore_copied_weights(
     model: Any, weights_copy: Mapping[str, torch.Tensor], caches: EasyEditCaches | None = None
 ) -> Any:
-    """Copy ``weights_copy`` back by parameter name (``restore_weights``), and let AlphaEdit start its next edit fresh.
+    """Copy ``weights_copy`` back by parameter name (``restore_weights``), and let AlphaEdit start
+    its next edit fresh.
 
     ``caches``: EasyEdit's caches (default: those of the imported EasyEdit, if it is imported).
     """

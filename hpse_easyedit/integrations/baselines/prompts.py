@@ -1,5 +1,5 @@
-"""The requests EasyEdit's baselines get: a one-turn chat-templated prompt, the passage closed by the
-template's end-of-turn token (as in AnyEdit's and UnKE's own data)."""
+"""The requests EasyEdit's baselines get: a one-turn chat-templated prompt, the passage closed by
+the template's end-of-turn token (as in AnyEdit's and UnKE's own data)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""UnKE and AnyEdit through EasyEdit's own ``models/unke`` and ``models/unke_ARE`` (outside ``ALG_DICT``):
-their hparams classes, and the adapter that calls EasyEdit's ``apply_unke*_to_model``."""
+"""UnKE and AnyEdit through EasyEdit's own ``models/unke`` and ``models/unke_ARE`` (outside
+``ALG_DICT``): their hparams classes, and the adapter that calls EasyEdit's
+``apply_unke*_to_model``."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ __all__ = ["AnyEditHyperParams", "UnKEHyperParams", "apply_unke_family"]
 
 @dataclass
 class UnKEHyperParams(EditorHParams):
-    """EasyEdit's UnKE fields (``models/unke/unke_hparams.py``), the fields BaseEditor reads, and the locality data."""
+    """EasyEdit's UnKE fields (``models/unke/unke_hparams.py``), the fields BaseEditor reads, and
+    the locality data."""
 
     ALG_NAME = "UnKE"
 
@@ -94,7 +96,8 @@ class UnKEHyperParams(EditorHParams):
 
 @dataclass
 class AnyEditHyperParams(UnKEHyperParams):
-    """AnyEdit = EasyEdit's ``unke_ARE``: UnKE with the passage edited autoregressively in token windows."""
+    """AnyEdit = EasyEdit's ``unke_ARE``: UnKE with the passage edited autoregressively in token
+    windows."""
 
     ALG_NAME = "AnyEdit"
 
@@ -121,7 +124,8 @@ def _easyedit_unke(alg_name: str) -> tuple[type, Any]:
 
 @contextlib.contextmanager
 def _tuple_layer_outputs(model: Any, layer_names: Sequence[str]) -> Iterator[None]:
-    """Direct calls of these layers return ``(hidden,)``, as UnKE's code expects; calls inside the model's forward don't."""
+    """Direct calls of these layers return ``(hidden,)``, as UnKE's code expects; calls inside the
+    model's forward don't."""
     inner = getattr(model, "model", model)
     depth = [0]
 
@@ -157,10 +161,12 @@ def apply_unke_family(
     timer: dict | None = None,
     locality: LocalityTexts | None = None,
 ) -> tuple[Any, dict]:
-    """Edit with EasyEdit's ``apply_unke_to_model`` / ``apply_unke_ARE_to_model``; returns ``(model, weights_copy)``.
+    """Edit with EasyEdit's ``apply_unke_to_model`` / ``apply_unke_ARE_to_model``; returns ``(model,
+    weights_copy)``.
 
-    ``timer``: a dict that receives ``"algorithm_seconds"``, the time spent inside EasyEdit's function.
-    ``locality``: the cache of loaded locality texts to draw from (without one they are read for this edit).
+    ``timer``: a dict that receives ``"algorithm_seconds"``, the time spent inside EasyEdit's
+    function. ``locality``: the cache of loaded locality texts to draw from (without one they are
+    read for this edit).
     """
     if copy:
         import copy as copy_module
