@@ -3,7 +3,8 @@ from setuptools import find_packages, setup
 setup(
     name="hpse-easyedit",
     version="0.1.0",
-    description="Hybrid-Policy Self-Editing (HPSE) for unstructured knowledge editing, as an EasyEdit plugin",
+    description="Hybrid-Policy Self-Editing (HPSE) for unstructured "
+    "knowledge editing, as an EasyEdit plugin",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",

@@ -278,8 +278,8 @@ class SequentialLoop(CaseLoop):
             results += [res] if res is not None else []
             if not same_edit(edits[j], replayed):
                 log.warning(
-                    "block %d: edit %d computes other values than recorded (another machine or kernels?); "
-                    "its record and every later one of the block are redone",
+                    "block %d: edit %d computes other values than recorded (another machine or "
+                    "kernels?); its record and every later one of the block are redone",
                     b,
                     j + 1,
                 )

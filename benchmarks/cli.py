@@ -62,8 +62,8 @@ def add_run_arguments(parser: argparse.ArgumentParser, benchmark: str | None) ->
         "--cases",
         type=lambda v: v.split(","),
         metavar="ID,ID,...",
-        help="only the cases with these case_id values, in data order (with --limit: among the first N); "
-        "a later run into the same --out may pick others or more; not with --sequential",
+        help="only the cases with these case_id values, in data order (with --limit: among the "
+        "first N); a later run into the same --out may pick others or more; not with --sequential",
     )
     g.add_argument(
         "--sequential",
@@ -75,8 +75,9 @@ def add_run_arguments(parser: argparse.ArgumentParser, benchmark: str | None) ->
         "--checkpoints",
         type=parse_checkpoints,
         metavar="N,N,...",
-        help="with --sequential T: also evaluate the cases edited so far after these many edits of each "
-        "sequence, e.g. 10,20,50 with T=100 (checkpoints.jsonl; summary.json's 'checkpoints')",
+        help="with --sequential T: also evaluate the cases edited so far after these many edits "
+        "of each sequence, e.g. 10,20,50 with T=100 "
+        "(checkpoints.jsonl; summary.json's 'checkpoints')",
     )
     g.add_argument("--batch-size", type=int, default=8, help="generation batch size (default 8)")
     g.add_argument(
@@ -85,7 +86,8 @@ def add_run_arguments(parser: argparse.ArgumentParser, benchmark: str | None) ->
         metavar="N",
         help="new tokens per answer (default "
         + ", ".join(f"{t.default_max_new_tokens} {t.title}" for t in TASKS.values())
-        + "); the rollout length of an edit is the hparams' max_new_tokens (--set max_new_tokens=N)",
+        + "); the rollout length of an edit is the "
+        "hparams' max_new_tokens (--set max_new_tokens=N)",
     )
     g.add_argument(
         "--max-new-tokens", type=int, dest="max_new_tokens_deprecated", help=argparse.SUPPRESS
@@ -93,7 +95,8 @@ def add_run_arguments(parser: argparse.ArgumentParser, benchmark: str | None) ->
     g.add_argument(
         "--cache-dir",
         metavar="DIR",
-        help="judge answers and generated data (default: $HPSE_CACHE_DIR, else $XDG_CACHE_HOME/hpse_easyedit, i.e. ~/.cache/hpse_easyedit)",
+        help="judge answers and generated data (default: $HPSE_CACHE_DIR, else "
+        "$XDG_CACHE_HOME/hpse_easyedit, i.e. ~/.cache/hpse_easyedit)",
     )
     g.add_argument(
         "--log-level",
@@ -108,14 +111,14 @@ def add_run_arguments(parser: argparse.ArgumentParser, benchmark: str | None) ->
         type=float,
         default=DEFAULT_TIMEOUT.total_seconds() / 3600,
         metavar="H",
-        help="under accelerate launch: how long a process that finished its cases waits for the others "
-        f"(default {DEFAULT_TIMEOUT.total_seconds() / 3600:.0f})",
+        help="under accelerate launch: how long a process that finished its cases waits for the "
+        f"others (default {DEFAULT_TIMEOUT.total_seconds() / 3600:.0f})",
     )
     g.add_argument(
         "--retry-failed",
         action="store_true",
-        help="edit again the cases whose edits diverged in an earlier run (recorded as failed; in continual "
-        "mode their whole sequences)",
+        help="edit again the cases whose edits diverged in an earlier run (recorded as failed; in "
+        "continual mode their whole sequences)",
     )
     g.add_argument(
         "--no-rollouts",
@@ -132,7 +135,8 @@ def add_run_arguments(parser: argparse.ArgumentParser, benchmark: str | None) ->
         "--judge",
         default="auto",
         choices=JUDGE_KINDS,
-        help="llm = the endpoint below; lexical = offline fallback; auto = llm when an endpoint is configured",
+        help="llm = the endpoint below; lexical = offline "
+        "fallback; auto = llm when an endpoint is configured",
     )
     j.add_argument(
         "--judge-base-url", metavar="URL", help="default: $HPSE_JUDGE_BASE_URL or $OPENAI_BASE_URL"
@@ -143,7 +147,8 @@ def add_run_arguments(parser: argparse.ArgumentParser, benchmark: str | None) ->
     j.add_argument(
         "--judge-api-key",
         metavar="KEY",
-        help="prefer the environment: $HPSE_JUDGE_API_KEY or $OPENAI_API_KEY (a key on the command line is visible to other users)",
+        help="prefer the environment: $HPSE_JUDGE_API_KEY or $OPENAI_API_KEY (a key on the "
+        "command line is visible to other users)",
     )
     j.add_argument(
         "--judge-timeout", type=float, default=120.0, help="seconds per judge request (default 120)"
@@ -152,7 +157,8 @@ def add_run_arguments(parser: argparse.ArgumentParser, benchmark: str | None) ->
         "--judge-max-attempts",
         type=int,
         default=6,
-        help="most requests per judge question: the openai client's own retries of timeouts/429/5xx and our re-asks of unparsable answers together (default 6)",
+        help="most requests per judge question: the openai client's own retries of "
+        "timeouts/429/5xx and our re-asks of unparsable answers together (default 6)",
     )
 
 
@@ -195,8 +201,8 @@ def options_from_args(
     if args.max_new_tokens_deprecated is not None:  # the old name of --max-answer-tokens
         check_positive("--max-new-tokens", args.max_new_tokens_deprecated, 1, "answer length cap")
         log.warning(
-            "--max-new-tokens is deprecated: it caps the answers, so it is --max-answer-tokens now (the "
-            "hparams' max_new_tokens is the rollout length)"
+            "--max-new-tokens is deprecated: it caps the answers, so it is --max-answer-tokens "
+            "now (the hparams' max_new_tokens is the rollout length)"
         )
         answer_tokens = (
             answer_tokens if answer_tokens is not None else args.max_new_tokens_deprecated
@@ -262,10 +268,11 @@ def user_errors() -> tuple[type[BaseException], ...]:
 def _cli(benchmark: str, argv: Sequence[str]) -> int:
     title = TASKS[benchmark].title
     parser = OneLineParser(
-        description=f"Edit with the method of an hparams file over {title} and score it as the HPSE paper does. "
-        "Rerunning with the same --out resumes. Exit code 0: done; 1: done, but some cases are still "
-        "unjudged (rerun to judge them) or their edits diverged (see --retry-failed); 2: a bad input, "
-        "reported in one line before any edit; 130: stopped by Ctrl-C (rerun to resume).",
+        description=f"Edit with the method of an hparams file over {title} and score it as the "
+        "HPSE paper does. Rerunning with the same --out resumes. Exit code 0: done; 1: done, but "
+        "some cases are still unjudged (rerun to judge them) or their edits diverged (see "
+        "--retry-failed); 2: a bad input, reported in one line "
+        "before any edit; 130: stopped by Ctrl-C (rerun to resume).",
     )
     parser.add_argument(
         "--hparams",
@@ -278,7 +285,8 @@ def _cli(benchmark: str, argv: Sequence[str]) -> int:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override an hparams field, repeatable (e.g. --set kl_weight=0 for the plain LoRA baseline)",
+        help="override an hparams field, repeatable (e.g. "
+        "--set kl_weight=0 for the plain LoRA baseline)",
     )
     parser.add_argument(
         "--out",

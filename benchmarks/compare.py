@@ -56,7 +56,8 @@ def parse_method(spec: Sequence[str]) -> tuple[str, str, list[str]]:
     """
     if len(spec) < 2:
         raise argparse.ArgumentTypeError(
-            f"--method {' '.join(spec)}: expected LABEL FILE [KEY=VALUE ...], e.g. --method LoRA hparams/HPSE/x.yaml kl_weight=0"
+            f"--method {' '.join(spec)}: expected LABEL FILE [KEY=VALUE ...], e.g. --method LoRA "
+            "hparams/HPSE/x.yaml kl_weight=0"
         )
     label, path, *overrides = spec
     bad = [o for o in overrides if "=" not in o]
@@ -69,8 +70,8 @@ def parse_method(spec: Sequence[str]) -> tuple[str, str, list[str]]:
     ]
     if scoped:
         raise argparse.ArgumentTypeError(
-            f"--method {label}: {scoped[0]!r} names no benchmark; a scoped override is BENCHMARK:KEY=VALUE with "
-            f"BENCHMARK one of {list(BENCHMARKS)}"
+            f"--method {label}: {scoped[0]!r} names no benchmark; a scoped override is "
+            f"BENCHMARK:KEY=VALUE with BENCHMARK one of {list(BENCHMARKS)}"
         )
     return label, path, overrides
 
@@ -176,8 +177,8 @@ def paired_tables(
 
 def _compare(argv: Sequence[str]) -> int:
     parser = OneLineParser(
-        description="Run several hparams files (with overrides) over the same cases; print one table in the "
-        "paper's layout and plot the step-in rate per round.",
+        description="Run several hparams files (with overrides) over the same cases; print one "
+        "table in the paper's layout and plot the step-in rate per round.",
     )
     parser.add_argument(
         "--method",
@@ -205,8 +206,8 @@ def _compare(argv: Sequence[str]) -> int:
     parser.add_argument(
         "--reference",
         metavar="LABEL",
-        help="the row every other row is paired with (Avg difference, 95%% interval, wins/ties/losses); "
-        "default the first --method",
+        help="the row every other row is paired with (Avg difference, 95%% interval, "
+        "wins/ties/losses); default the first --method",
     )
     parser.add_argument(
         "--resamples",
@@ -288,8 +289,8 @@ def _compare(argv: Sequence[str]) -> int:
     plot_stepin_rates(series, out / "stepin_by_round.png")
     print(table + "\n" + details, end="")
     print(
-        f"\ntables: {out / 'compare.md'} (paper layout), {out / 'paired.md'} (times, intervals, paired with "
-        f"{reference}); step-in plot: {out / 'stepin_by_round.png'}"
+        f"\ntables: {out / 'compare.md'} (paper layout), {out / 'paired.md'} (times, intervals, "
+        f"paired with {reference}); step-in plot: {out / 'stepin_by_round.png'}"
     )
     return 1 if any(s.get("unjudged_cases") for s in every) else 0
 

@@ -83,13 +83,14 @@ def continual_rows(
         (b_bench, b_T, b_recs), (h_bench, h_T, h_recs) = _run(base), _run(hpse)
         if (b_bench, b_T) != (h_bench, h_T):
             raise UsageError(
-                f"{base} ({b_bench}, T={b_T}) and {hpse} ({h_bench}, T={h_T}) differ; a pair is one "
-                "benchmark at one T"
+                f"{base} ({b_bench}, T={b_T}) and {hpse} ({h_bench}, T={h_T}) differ; a pair is "
+                "one benchmark at one T"
             )
         if n is not None:
             if n % b_T:
                 raise UsageError(
-                    f"--first {n} cuts a sequence of {b_T} cases of {base}; give a multiple of {b_T}"
+                    f"--first {n} cuts a sequence of {b_T} "
+                    f"cases of {base}; give a multiple of {b_T}"
                 )
             if min(len(b_recs), len(h_recs)) < n:
                 raise UsageError(
@@ -286,8 +287,9 @@ def _main(argv: Sequence[str]) -> int:
         "runs",
         nargs="+",
         metavar="RUN",
-        help="run directories in pairs: the executor alone, then the same executor with HPSE (same T, "
-        "cases); DIR@N is a run's checkpoint after N edits of each sequence (--checkpoints)",
+        help="run directories in pairs: the executor alone, then the same executor with HPSE "
+        "(same T, cases); DIR@N is a run's checkpoint "
+        "after N edits of each sequence (--checkpoints)",
     )
     parser.add_argument(
         "--name",
@@ -306,9 +308,9 @@ def _main(argv: Sequence[str]) -> int:
     parser.add_argument(
         "--recitation",
         action="store_true",
-        help="add each +HPSE row's paired difference with every answer cut to its first sentence and "
-        "to its first --recitation-tokens tokens (benchmarks.paired --recitation; reads --data and "
-        "the runs' tokenizer)",
+        help="add each +HPSE row's paired difference with every answer cut to its first sentence "
+        "and to its first --recitation-tokens tokens (benchmarks.paired --recitation; reads "
+        "--data and the runs' tokenizer)",
     )
     parser.add_argument(
         "--recitation-tokens",
@@ -331,7 +333,8 @@ def _main(argv: Sequence[str]) -> int:
     check_positive("--resamples", args.resamples)
     if len(args.runs) % 2:
         raise UsageError(
-            f"{len(args.runs)} run directories; give them in pairs (executor alone, executor + HPSE)"
+            f"{len(args.runs)} run directories; give them "
+            "in pairs (executor alone, executor + HPSE)"
         )
     pairs = list(zip(args.runs[::2], args.runs[1::2]))
     names = args.name or ["LoRA"] * len(pairs)
@@ -339,7 +342,8 @@ def _main(argv: Sequence[str]) -> int:
         raise UsageError(f"{len(names)} --name for {len(pairs)} pairs; give one per pair or none")
     if args.first and len(args.first) != len(pairs):
         raise UsageError(
-            f"{len(args.first)} --first for {len(pairs)} pairs; give one per pair (N or all) or none"
+            f"{len(args.first)} --first for {len(pairs)} "
+            "pairs; give one per pair (N or all) or none"
         )
     first = [_parse_first(v) for v in args.first] if args.first else None
     check_positive("--recitation-tokens", args.recitation_tokens)

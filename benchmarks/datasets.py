@@ -68,10 +68,10 @@ SUBJECT_PROMPT = (
 # AKEW's own generation prompt is not published with its data; this one asks for the same kind of
 # passage (a short natural-language paragraph that asserts the new fact in context).
 PASSAGE_PROMPT = (
-    "Write a short, natural paragraph of about 80 words, in the style of an encyclopedia or news text, "
-    "that states the following fact as true and places it in context. Treat the fact as true even if it "
-    "contradicts what you know, state it explicitly, and do not mention that it is hypothetical.\n\n"
-    "FACT: {fact}\n\nAnswer with the paragraph only."
+    "Write a short, natural paragraph of about 80 words, in the style of an encyclopedia or news "
+    "text, that states the following fact as true and places it in context. Treat the fact as "
+    "true even if it contradicts what you know, state it explicitly, and do not mention that it "
+    "is hypothetical.\n\nFACT: {fact}\n\nAnswer with the paragraph only."
 )
 
 #: where ``s`` of ``Introduce {s}.`` comes from for records without a subject (``--subjects``): the
@@ -94,8 +94,8 @@ def _resolve(data_dir: str | os.PathLike | None, name: str | os.PathLike) -> Pat
         path = Path(data_dir if data_dir is not None else default_data_dir()) / path
     if not path.is_file():
         raise DataError(
-            f"{path}: no such file; pass the data directory with --data DIR (or set HPSE_DATA_DIR), "
-            f"default is ../shared/data next to the repository"
+            f"{path}: no such file; pass the data directory with --data DIR (or set "
+            "HPSE_DATA_DIR), default is ../shared/data next to the repository"
         )
     return path
 
@@ -122,7 +122,8 @@ def _read_list(path: Path, what: str, limit: int | None) -> list:
 def _require(record: dict, key: str, kind: type | tuple, path: Path, where: str) -> Any:
     if key not in record:
         raise DataError(
-            f"{path}: {where} has no field '{key}'; this is not the expected schema (see data/SOURCES.md)"
+            f"{path}: {where} has no field '{key}'; this is "
+            "not the expected schema (see data/SOURCES.md)"
         )
     value = record[key]
     if not isinstance(value, kind):
@@ -273,13 +274,15 @@ def _subjects_for(
                     subjects[i], source[i] = table[i].strip(), "file"
         elif mode == "file":
             raise DataError(
-                f"{subjects_file}: no subject file; pass --subjects-file FILE or use --subjects llm/heuristic"
+                f"{subjects_file}: no subject file; pass "
+                "--subjects-file FILE or use --subjects llm/heuristic"
             )
         missing = [i for i in ids if i not in subjects]
         if missing and mode == "file":
             raise DataError(
-                f"{subjects_file}: no subject for {len(missing)} record(s) of {path} (ids {missing[:10]}...); "
-                "use --subjects auto to generate them with the judge model (or the heuristic offline)"
+                f"{subjects_file}: no subject for {len(missing)} record(s) of {path} (ids "
+                f"{missing[:10]}...); use --subjects auto to generate "
+                "them with the judge model (or the heuristic offline)"
             )
     missing = [i for i in ids if i not in subjects]
     if missing and (mode == "llm" or (mode == "auto" and client is not None)):
@@ -293,8 +296,9 @@ def _subjects_for(
     if missing:
         if mode == "auto":
             log.warning(
-                "HEURISTIC SUBJECT FALLBACK for %d UnKEBench record(s) (ids %s...): no subject in %s and no judge "
-                "endpoint; the phrase is taken from the question. Configure a judge to generate real ones.",
+                "HEURISTIC SUBJECT FALLBACK for %d UnKEBench record(s) (ids %s...): no subject in "
+                "%s and no judge endpoint; the phrase is taken from "
+                "the question. Configure a judge to generate real ones.",
                 len(missing),
                 missing[:10],
                 subjects_file,
@@ -349,7 +353,8 @@ def load_unkebench(
         sq, sa = _str_list(r, "sub_question", path, where), _str_list(r, "sub_answer", path, where)
         if len(sq) != len(sa) or not sq:
             raise DataError(
-                f"{path}: {where} has {len(sq)} sub_question(s) but {len(sa)} sub_answer(s); they must pair up"
+                f"{path}: {where} has {len(sq)} sub_question(s) "
+                f"but {len(sa)} sub_answer(s); they must pair up"
             )
         if is_v3:
             mq = _str_list(r, "mmlu_questions", path, where)
@@ -359,7 +364,8 @@ def load_unkebench(
                 isinstance(c, list) and len(c) == 4 for c in mc
             ):
                 raise DataError(
-                    f"{path}: {where} mmlu_questions/mmlu_choices/mmlu_answer must pair up, 4 choices each"
+                    f"{path}: {where} mmlu_questions/mmlu_choices/mmlu_answer "
+                    "must pair up, 4 choices each"
                 )
     if subjects_file is None:
         subjects_file = (
@@ -475,9 +481,9 @@ def load_mquake_uns(
     if need_passage:
         if client is None:
             raise DataError(
-                f"{path}: {len(need_passage)} rewrite(s) have no 'fact_new_uns' passage; configure a judge endpoint "
-                "(--judge-base-url / HPSE_JUDGE_BASE_URL) so passages are generated from 'fact_new', or use AKEW's "
-                "MQuAKE-CF.json"
+                f"{path}: {len(need_passage)} rewrite(s) have no 'fact_new_uns' passage; "
+                "configure a judge endpoint (--judge-base-url / HPSE_JUDGE_BASE_URL) so passages "
+                "are generated from 'fact_new', or use AKEW's MQuAKE-CF.json"
             )
         generated = _generated_passages(
             need_passage, client, Path(cache_dir or default_cache_dir())
@@ -553,7 +559,8 @@ def load_mmlu_subset(
     test_dir, dev_dir = root / "test", root / "dev"
     if not test_dir.is_dir() or not dev_dir.is_dir():
         raise DataError(
-            f"{root}: expected test/ and dev/ folders of MMLU csv files; pass --data DIR or --mmlu-n 0"
+            f"{root}: expected test/ and dev/ folders of "
+            "MMLU csv files; pass --data DIR or --mmlu-n 0"
         )
     subjects = sorted(p.name[: -len("_test.csv")] for p in mmlu_test_files(base, subdir))
     if not subjects:

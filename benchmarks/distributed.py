@@ -136,9 +136,10 @@ def gpu_group(visible: Sequence[str], local_rank: int, local_world: int) -> list
     k, rest = divmod(len(visible), local_world)
     if k == 0 or rest:
         raise LaunchError(
-            f"model_parallel: the {len(visible)} visible GPU(s) of this host cannot be split evenly among its "
-            f"{local_world} processes; launch a number of processes per host that divides the GPUs "
-            "(8 GPUs: --num_processes 8, 4 or 2 per host for 1, 2 or 4 GPUs per model)"
+            f"model_parallel: the {len(visible)} visible GPU(s) of this host cannot be split "
+            f"evenly among its {local_world} processes; launch a number of processes per host "
+            "that divides the GPUs (8 GPUs: --num_processes "
+            "8, 4 or 2 per host for 1, 2 or 4 GPUs per model)"
         )
     return list(visible[local_rank * k : (local_rank + 1) * k])
 
@@ -149,8 +150,9 @@ def _claim_gpu_group() -> tuple[str, ...]:
 
     if torch.cuda.is_initialized():
         raise LaunchError(
-            "model_parallel with several processes: CUDA was already started in this process, so it can no "
-            "longer be limited to its own GPUs; run the benchmark scripts directly under accelerate launch"
+            "model_parallel with several processes: CUDA was already started in this process, so "
+            "it can no longer be limited to its own GPUs; run the "
+            "benchmark scripts directly under accelerate launch"
         )
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
     # Before CUDA starts, torch counts GPUs through NVML, which does not pin the visible set.
@@ -164,9 +166,10 @@ def _claim_gpu_group() -> tuple[str, ...]:
     torch.cuda.init()  # the driver reads CUDA_VISIBLE_DEVICES once; see whether it still could
     if torch.cuda.device_count() != len(group):
         raise LaunchError(
-            f"model_parallel: this process was limited to GPUs {group} but CUDA still sees {torch.cuda.device_count()}; "
-            "something queried CUDA in this process before the runner could set the limit (e.g. torch.cuda.is_available() "
-            "while importing a method's code). Give each process its GPUs yourself, or use one process per host"
+            f"model_parallel: this process was limited to GPUs {group} but CUDA still sees "
+            f"{torch.cuda.device_count()}; something queried CUDA in this process before the "
+            "runner could set the limit (e.g. torch.cuda.is_available() while importing a "
+            "method's code). Give each process its GPUs yourself, or use one process per host"
         )
     return tuple(group)
 
@@ -188,9 +191,10 @@ def process_context(
     if _CONTEXT is not None:
         if _CONTEXT.world > 1 and _CONTEXT.model_parallel != model_parallel:
             raise LaunchError(
-                f"model_parallel is {model_parallel} here but {_CONTEXT.model_parallel} for an earlier run of this "
-                f"{_CONTEXT.world}-process launch; GPUs are shared out once per launch, so give every method the "
-                "same model_parallel (--set model_parallel=...) or launch them separately"
+                f"model_parallel is {model_parallel} here but {_CONTEXT.model_parallel} for an "
+                f"earlier run of this {_CONTEXT.world}-process launch; GPUs are shared out once "
+                "per launch, so give every method the same model_parallel (--set "
+                "model_parallel=...) or launch them separately"
             )
         return _CONTEXT
     launched = _env_int("WORLD_SIZE", 1)
@@ -210,8 +214,9 @@ def process_context(
     state = PartialState(cpu=cpu, timeout=timeout)
     if state.num_processes != launched and launched > 1:
         raise LaunchError(
-            f"the launcher started {launched} processes (WORLD_SIZE) but accelerate's process group has "
-            f"{state.num_processes}; launch with `accelerate launch --num_processes N` or torchrun"
+            f"the launcher started {launched} processes (WORLD_SIZE) but accelerate's process "
+            f"group has {state.num_processes}; launch with "
+            "`accelerate launch --num_processes N` or torchrun"
         )
     device: int | str | None = None
     if state.num_processes > 1 and not model_parallel:

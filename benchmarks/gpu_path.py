@@ -490,9 +490,10 @@ def _cpu_figures(path: Path, compiled: bool) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.gpu_path",
-        description="The GPU path's figures: on CPU (the default) kernels and host syncs per decoded token, graph "
-        "breaks and the H100 roofline of every shipped 7B-9B HPSE file, counted on the meta device; with "
-        "--device cuda, rollout tokens/s, one edit's seconds and reserved memory on that GPU.",
+        description="The GPU path's figures: on CPU (the default) kernels and host syncs per "
+        "decoded token, graph breaks and the H100 roofline of every shipped 7B-9B HPSE file, "
+        "counted on the meta device; with --device cuda, rollout "
+        "tokens/s, one edit's seconds and reserved memory on that GPU.",
     )
     parser.add_argument(
         "--hparams", nargs="+", help="HPSE files (default: every shipped 7B-9B file)"
@@ -509,7 +510,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--compiled",
         action="store_true",
-        help="on CPU, also count the kernels of the compiled static step (inductor; minutes per file)",
+        help="on CPU, also count the kernels of the compiled "
+        "static step (inductor; minutes per file)",
     )
     parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="hparams overrides"

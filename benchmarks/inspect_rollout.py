@@ -125,7 +125,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="append",
         default=[],
         metavar="K=V[,K=V]",
-        help="a group of overrides to compare, e.g. tau=1,kappa=0.1 (repeat; default: the file as it is)",
+        help="a group of overrides to compare, e.g. "
+        "tau=1,kappa=0.1 (repeat; default: the file as it is)",
     )
     parser.add_argument("--benchmark", default=MQuAKEUns.name, choices=sorted(TASKS))
     parser.add_argument("--data", help="data directory (default: $HPSE_DATA_DIR or ../shared/data)")
@@ -135,7 +136,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--cases",
         metavar="ID,ID,...",
-        help="inspect only these case ids (comma-separated), e.g. the MQuAKE-uns cases with two edits",
+        help="inspect only these case ids (comma-separated), "
+        "e.g. the MQuAKE-uns cases with two edits",
     )
     parser.add_argument(
         "--print",
@@ -169,8 +171,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if missing:
             within = f" among the first {limit} cases (--limit)" if limit else ""
             parser.error(
-                f"--cases: no case_id {', '.join(missing)}{within} in the {args.benchmark} data under {data}; "
-                "use ids from the data's case_id field (the runs' results.jsonl lists them)"
+                f"--cases: no case_id {', '.join(missing)}{within} in the {args.benchmark} data "
+                f"under {data}; use ids from the data's case_id "
+                "field (the runs' results.jsonl lists them)"
             )
         cases = [by_id[c] for c in wanted]
     base = HPSEHyperParams.from_hparams(args.hparams)
@@ -190,12 +193,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         report["settings"][label] = {"summary": summary, "cases": per_case}
         share = summary["content_words_in_passage_share"]
         print(
-            f"## {label} (tau {hp.tau}, kappa {hp.kappa}): {summary['stepins']} step-ins in {summary['rollout_tokens']} "
-            f"rollout tokens ({100 * summary['stepin_rate']:.1f}%); {summary['content_word_stepins']} are content words, "
+            f"## {label} (tau {hp.tau}, kappa {hp.kappa}): {summary['stepins']} step-ins in "
+            f"{summary['rollout_tokens']} rollout tokens ({100 * summary['stepin_rate']:.1f}%); "
+            f"{summary['content_word_stepins']} are content words, "
             f"{summary['content_words_in_passage']} of them in the passage"
             + ("" if share is None else f" ({100 * share:.0f}%)")
             + (
-                f", {summary['content_words_only_in_other_passage']} only in another request's passage"
+                f", {summary['content_words_only_in_other_passage']} "
+                "only in another request's passage"
                 if any(len(c["requests"]) > 1 for c in per_case)
                 else ""
             )

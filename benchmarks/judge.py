@@ -77,10 +77,11 @@ LEXICAL_JUDGE_NAME = "lexical-fallback"
 
 _STOPWORDS = frozenset(
     "a an the and or but if of to in on at by for with from as into about over under after before "
-    "between through during is are was were be been being has have had do does did will would shall "
-    "should can could may might must it its this that these those there here he she they them his her "
-    "their we our you your i me my not no yes so than then also very just what which who whom whose "
-    "when where why how all any each both more most other some such only own same too s".split()
+    "between through during is are was were be been being has have had do does did will would "
+    "shall should can could may might must it its this that these those there here he she they "
+    "them his her their we our you your i me my not no yes so than then also very just what which "
+    "who whom whose when where why how all any each "
+    "both more most other some such only own same too s".split()
 )
 
 
@@ -216,8 +217,9 @@ def make_judge(kind: str, settings: JudgeSettings, warn: bool = True) -> Judge:
         kind = "llm" if settings.resolve().configured else "lexical"
         if kind == "lexical" and warn:
             log.warning(
-                "no judge endpoint configured (--judge-base-url / HPSE_JUDGE_BASE_URL / OPENAI_BASE_URL or an API "
-                "key): scoring UnKEBench with the offline LEXICAL FALLBACK judge; its Jnt/Dmp are not the paper's"
+                "no judge endpoint configured (--judge-base-url / HPSE_JUDGE_BASE_URL / "
+                "OPENAI_BASE_URL or an API key): scoring UnKEBench with the offline LEXICAL "
+                "FALLBACK judge; its Jnt/Dmp are not the paper's"
             )
     judge = JUDGES[kind](settings)
     if warn and isinstance(judge, LLMJudge):

@@ -78,7 +78,8 @@ def mquake_case_scores(
     """
     if len(single_hop_generations) != len(single_hop_answers):
         raise ValueError(
-            f"{len(single_hop_generations)} single-hop generations for {len(single_hop_answers)} single-hop questions"
+            f"{len(single_hop_generations)} single-hop generations "
+            f"for {len(single_hop_answers)} single-hop questions"
         )
     if not single_hop_answers or not multi_hop_generations:
         raise ValueError("a MQuAKE case needs at least one single-hop and one multi-hop question")

@@ -34,7 +34,10 @@ def _example(question: str, choices: Sequence[str], answer: int | None) -> str:
 
 def format_mmlu_prompt(item: MMLUItem) -> str:
     """Hendrycks' few-shot MMLU prompt for one test item."""
-    head = f"The following are multiple choice questions (with answers) about {item.subject.replace('_', ' ')}.\n\n"
+    head = (
+        "The following are multiple choice questions (with answers) about "
+        f"{item.subject.replace('_', ' ')}.\n\n"
+    )
     return (
         head
         + "".join(_example(q, c, a) for q, c, a in item.shots)

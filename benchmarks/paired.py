@@ -90,8 +90,8 @@ def load_run(run_dir: str | Path) -> tuple[str, dict[str, dict]]:
         found = checkpoint_records(run_dir)
         if checkpoint not in found:
             raise ValueError(
-                f"{run_dir}@{checkpoint}: {run_dir} has no checkpoint after {checkpoint} edits (it has "
-                f"{sorted(found) or 'none'}); give DIR@N with one of them"
+                f"{run_dir}@{checkpoint}: {run_dir} has no checkpoint after {checkpoint} edits "
+                f"(it has {sorted(found) or 'none'}); give DIR@N with one of them"
             )
         records = found[checkpoint]
     else:
@@ -171,7 +171,8 @@ def paired_report(
     (bench_a, recs_a), (bench_b, recs_b) = runs or (load_run(dir_a), load_run(dir_b))
     if bench_a != bench_b:
         raise ValueError(
-            f"{dir_a} is a {bench_a} run but {dir_b} is a {bench_b} run; compare runs of one benchmark"
+            f"{dir_a} is a {bench_a} run but {dir_b} is a "
+            f"{bench_b} run; compare runs of one benchmark"
         )
     common = sorted(set(recs_a) & set(recs_b), key=lambda c: (len(c), c))
     if not common:
@@ -234,10 +235,11 @@ def paired_table(report: Mapping[str, Any], label_a: str = "A", label_b: str = "
     """Markdown: one row per metric, means with 95% intervals, the paired difference and
     win/tie/loss."""
     lines = [
-        f"{report['benchmark']}, {report['n_cases']} cases in both runs (A = {report['a']}, B = {report['b']})"
-        + _scoring_note(report),
+        f"{report['benchmark']}, {report['n_cases']} cases "
+        f"in both runs (A = {report['a']}, B = {report['b']})" + _scoring_note(report),
         "",
-        f"| metric | {label_a} | {label_b} | {label_b} - {label_a} (95% CI) | {label_b} wins / ties / losses |",
+        f"| metric | {label_a} | {label_b} | {label_b} - "
+        f"{label_a} (95% CI) | {label_b} wins / ties / losses |",
         "|---|---:|---:|---:|---:|",
     ]
     for m, r in report["metrics"].items():
@@ -249,8 +251,9 @@ def paired_table(report: Mapping[str, Any], label_a: str = "A", label_b: str = "
         )
     if ANSWER_DIVERSITY in report["metrics"]:
         lines.append(
-            f"\n{ANSWER_DIVERSITY} is a diagnostic, not a paper metric: 1 - SelfBLEU-4 among all answers of a case "
-            "(near 0 when every question is answered by reciting the same passage)."
+            f"\n{ANSWER_DIVERSITY} is a diagnostic, not a paper metric: 1 - SelfBLEU-4 among all "
+            "answers of a case (near 0 when every question "
+            "is answered by reciting the same passage)."
         )
     for key, label in (("a", label_a), ("b", label_b)):
         rates = report.get("stepin_rate_by_round", {}).get(key) or []
@@ -381,7 +384,8 @@ def model_token_spans(model_name: str) -> tuple[Callable[[str], list[tuple[int, 
             raise ValueError("not a fast tokenizer, so no character offsets")
     except Exception as err:  # any failure leaves the documented fallback, named in the table
         logging.getLogger(__name__).warning(
-            "the tokenizer of %s could not be loaded (%s); counting words and punctuation marks instead",
+            "the tokenizer of %s could not be loaded (%s); "
+            "counting words and punctuation marks instead",
             model_name,
             (str(err).splitlines() or [""])[0][:160],
         )
@@ -501,9 +505,10 @@ def recitation_table(report: Mapping[str, Any], labels: Sequence[str]) -> str:
     metrics = [*METRICS[report["benchmark"]], "Avg"]
     base = labels[0]
     lines = [
-        f"Recitation diagnostics (not the paper's metrics), {report['benchmark']}, {report['n_cases']} cases of all "
-        f"{len(labels)} runs: every answer rescored as it is (official), cut to its first sentence, and cut to its "
-        f"first {report['tokens']} {report['token_kind']}; in brackets the share of the official score kept"
+        f"Recitation diagnostics (not the paper's metrics), {report['benchmark']}, "
+        f"{report['n_cases']} cases of all {len(labels)} runs: every answer rescored as it is "
+        f"(official), cut to its first sentence, and cut to its first {report['tokens']} "
+        f"{report['token_kind']}; in brackets the share of the official score kept"
         + _scoring_note(report),
         "",
         "| run | answers | "
@@ -526,7 +531,8 @@ def recitation_table(report: Mapping[str, Any], labels: Sequence[str]) -> str:
             diff = (
                 ""
                 if d is None
-                else f" {d['diff']:+.1f} [{d['ci95'][0]:+.1f}, {d['ci95'][1]:+.1f}] | {d['wins']} / {d['ties']} / {d['losses']} "
+                else f" {d['diff']:+.1f} [{d['ci95'][0]:+.1f}, {d['ci95'][1]:+.1f}] | {d['wins']} "
+                f"/ {d['ties']} / {d['losses']} "
             )
             lines.append(f"| {label} | {name} | " + " | ".join(cells) + f" |{diff or ' | '}|")
     note = TASKS[report["benchmark"]].recitation_note
@@ -589,14 +595,15 @@ def case_studies(
         case = by_id.get(cid)
         if case is None:
             raise ValueError(
-                f"case {cid} of {report['a']} is not in the {benchmark} data under {data_dir}; pass the "
-                "--data directory the runs used"
+                f"case {cid} of {report['a']} is not in the {benchmark} data under {data_dir}; "
+                "pass the --data directory the runs used"
             )
         recs = [recs_a[cid], recs_b[cid]]
         if before:
             if cid not in before[1]:
                 raise ValueError(
-                    f"case {cid} has no result in the --before run; finish it on the same cases first"
+                    f"case {cid} has no result in the --before "
+                    "run; finish it on the same cases first"
                 )
             recs.insert(0, before[1][cid])
         scores = " ".join(
@@ -627,8 +634,8 @@ def _rescored(
     if any(not TASKS[bench].rescores_aliases for bench, _ in loaded):
         able = [t for t in TASKS.values() if t.rescores_aliases]
         raise ValueError(
-            f"--whole-word-aliases rescores {' / '.join(t.title for t in able)} answers; these runs are not "
-            f"all {' / '.join(t.name for t in able)} runs"
+            f"--whole-word-aliases rescores {' / '.join(t.title for t in able)} answers; these "
+            f"runs are not all {' / '.join(t.name for t in able)} runs"
         )
     task = TASKS[loaded[0][0]]
     try:
@@ -669,8 +676,8 @@ def run_model_name(run_dirs: Sequence[str | Path]) -> str:
     names.discard(None)
     if len(names) != 1:
         raise ValueError(
-            f"the runs name {len(names)} models ({', '.join(sorted(names)) or 'none'}) in config.json "
-            "hparams.model_name; --recitation cuts tokens with one model's tokenizer"
+            f"the runs name {len(names)} models ({', '.join(sorted(names)) or 'none'}) in "
+            "config.json hparams.model_name; --recitation cuts tokens with one model's tokenizer"
         )
     return names.pop()
 
@@ -697,7 +704,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "runs",
         nargs="+",
         metavar="RUN",
-        help="run directories: the baseline first (e.g. runs/mq-lora), then one or more runs compared with it",
+        help="run directories: the baseline first (e.g. "
+        "runs/mq-lora), then one or more runs compared with it",
     )
     parser.add_argument(
         "--label",
@@ -726,12 +734,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=int,
         default=0,
         metavar="N",
-        help="two runs only: also print the N cases where they differ most: questions, expected and both answers",
+        help="two runs only: also print the N cases where they "
+        "differ most: questions, expected and both answers",
     )
     parser.add_argument(
         "--before",
         metavar="RUN",
-        help="with --show: a third run (e.g. the UNEDITED reference) whose answers form the first column",
+        help="with --show: a third run (e.g. the UNEDITED "
+        "reference) whose answers form the first column",
     )
     parser.add_argument(
         "--before-label", default="before", help="column label of --before (default: before)"
@@ -745,24 +755,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--cases",
         type=lambda v: [c.strip() for c in v.split(",") if c.strip()],
         metavar="ID,ID,...",
-        help="compare on these case ids only (those every run finished), e.g. the MQuAKE-uns cases with "
-        "two or more edits",
+        help="compare on these case ids only (those every run finished), e.g. the MQuAKE-uns "
+        "cases with two or more edits",
     )
     parser.add_argument(
         "--whole-word-aliases",
         type=int,
         default=0,
         metavar="N",
-        help="MQuAKE-uns: rescore the stored answers so that aliases of at most N characters must match "
-        "as whole words (3 stops 'de' matching inside 'despite'); a diagnostic, default 0 = the "
-        "official substring check",
+        help="MQuAKE-uns: rescore the stored answers so that aliases of at most N characters must "
+        "match as whole words (3 stops 'de' matching inside 'despite'); a diagnostic, default 0 = "
+        "the official substring check",
     )
     parser.add_argument(
         "--recitation",
         action="store_true",
-        help="also print the recitation diagnostics: every stored answer rescored cut to its first sentence "
-        "and to its first --recitation-tokens tokens, with the share of each official score kept "
-        "(needs --data; no model time)",
+        help="also print the recitation diagnostics: every stored answer rescored cut to its "
+        "first sentence and to its first --recitation-tokens tokens, with the share of each "
+        "official score kept (needs --data; no model time)",
     )
     parser.add_argument(
         "--recitation-tokens",
@@ -796,7 +806,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--out {args.out} exists; choose a new file")
     if args.whole_word_aliases < 0:
         parser.error(
-            f"--whole-word-aliases {args.whole_word_aliases}: give a length >= 0 (0 = the official check)"
+            f"--whole-word-aliases {args.whole_word_aliases}: "
+            "give a length >= 0 (0 = the official check)"
         )
     try:
         loaded = [load_run(r) for r in args.runs]

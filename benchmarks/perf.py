@@ -68,8 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--random-config",
         choices=sorted(shipped_backbones()),
-        help="build a random-weight model of this real architecture (its published config, shipped in "
-        "hpse_easyedit/backbones/; GPU timing without a hub)",
+        help="build a random-weight model of this real architecture (its published config, "
+        "shipped in hpse_easyedit/backbones/; GPU timing without a hub)",
     )
     parser.add_argument(
         "--passage",
@@ -102,7 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--sequential-set",
         nargs="*",
         default=["rounds=1", "inner_steps=1", "max_new_tokens=8"],
-        help="overrides for the sequential-memory edits (default: cut down; memory growth is measured)",
+        help="overrides for the sequential-memory edits "
+        "(default: cut down; memory growth is measured)",
     )
     parser.add_argument(
         "--mmlu-data",
@@ -136,7 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--coin",
         metavar="FILE",
-        help="COIN* hparams to time on the same passage (default: hparams/COIN/<the --hparams file's name>)",
+        help="COIN* hparams to time on the same passage "
+        "(default: hparams/COIN/<the --hparams file's name>)",
     )
     parser.add_argument("--no-coin", action="store_true", help="skip timing COIN*")
     parser.add_argument(
@@ -149,9 +151,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help=f"same keys in minutes: --set {' --set '.join(QUICK['overrides'])}, one rollout repeat, "
-        f"sequential {QUICK['sequential']}, MMLU of {QUICK['mmlu_subjects']} subjects, EasyEdit "
-        f"LoRA {QUICK['easyedit_lora_steps']} steps",
+        help=f"same keys in minutes: --set {' --set '.join(QUICK['overrides'])}, one rollout "
+        f"repeat, sequential {QUICK['sequential']}, MMLU of {QUICK['mmlu_subjects']} subjects, "
+        f"EasyEdit LoRA {QUICK['easyedit_lora_steps']} steps",
     )
     parser.add_argument(
         "--out", help="write the JSON report here (refuses to overwrite an existing file)"

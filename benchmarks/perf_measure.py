@@ -135,7 +135,8 @@ def _isolated_memory(args: argparse.Namespace, passage: str) -> dict[str, Any]:
                 isolated_edit_peak, (args.hparams, list(args.set), extra, passage)
             )
     return {
-        "kind": "peak RSS of the edit in a fresh process (model loaded, warm-up edit, mark reset), bytes",
+        "kind": "peak RSS of the edit in a fresh process "
+        "(model loaded, warm-up edit, mark reset), bytes",
         "hpse": peaks["hpse"]["peak"],
         "nll_only": peaks["nll_only"]["peak"],
         "hpse_extra": peaks["hpse"]["peak"] - peaks["hpse"]["base"],
@@ -319,7 +320,8 @@ def _easyedit_lora(model: Any, tok: Any, hp: Any, passage: str, steps: int | Non
         # isort: on
     except Exception as exc:  # EasyEdit absent or broken: the key stays null
         return {
-            "skipped": f"EasyEdit not importable ({type(exc).__name__}); set EASYEDIT_SRC to its source"
+            "skipped": f"EasyEdit not importable ({type(exc).__name__}); "
+            "set EASYEDIT_SRC to its source"
         }
     config = yaml.safe_load(EASYEDIT_LORA_HPARAMS.read_text())
     config.update(model_name=hp.model_name, device=str(input_device(model)))
@@ -474,7 +476,8 @@ def measure(args: argparse.Namespace) -> dict:
     if on_gpu or can_reset:
         kind = "CUDA peak allocated" if on_gpu else "peak RSS (VmHWM reset before each edit)"
         report["memory"] = {
-            "kind": f"{kind} during the edit, model included (bytes); *_extra = above the loaded model",
+            "kind": f"{kind} during the edit, model included "
+            "(bytes); *_extra = above the loaded model",
             "hpse": peaks["hpse_total"],
             "nll_only": peaks["nll_only_total"],
             "hpse_extra": peaks["hpse"],

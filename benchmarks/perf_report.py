@@ -46,14 +46,16 @@ def table(report: dict) -> str:
     rows = [
         (
             "machine",
-            f"{report['device']}, {report['machine']['gpu'] or str(report['machine']['cpus']) + ' CPUs'}, "
-            f"torch {report['machine']['torch']}, {report['machine']['torch_threads']} threads"
+            f"{report['device']}, "
+            f"{report['machine']['gpu'] or str(report['machine']['cpus']) + ' CPUs'}, torch "
+            f"{report['machine']['torch']}, {report['machine']['torch_threads']} threads"
             + "".join(f", {k}={v}" for k, v in report["machine"].get("allocator", {}).items()),
         ),
         (
             "model",
-            f"{report['random_config'] or report['model_name']} ({report['n_params'] / 1e6:.0f}M, {report['dtype']}), "
-            f"executor {report['executor']}, R={report['rounds']} M={report['inner_steps']}",
+            f"{report['random_config'] or report['model_name']} ({report['n_params'] / 1e6:.0f}M, "
+            f"{report['dtype']}), executor {report['executor']}, "
+            f"R={report['rounds']} M={report['inner_steps']}",
         ),
         (
             "memory bandwidth / matmul",
@@ -128,23 +130,25 @@ def table(report: dict) -> str:
             "HPSE edit / EasyEdit LoRA",
             report["easyedit_lora"],
             lambda p: (
-                f"{hpse / p['seconds']:.2f}  ({p['seconds']:.1f} s, {p['num_steps']} steps, r{p['rank']} on "
-                f"{'/'.join(p['target_modules'])})"
+                f"{hpse / p['seconds']:.2f}  ({p['seconds']:.1f} s, {p['num_steps']} steps, "
+                f"r{p['rank']} on {'/'.join(p['target_modules'])})"
             ),
         ),
         (
             "COIN* edit / HPSE edit",
             report.get("coin", {"skipped": "not measured in this report"}),
             lambda p: (
-                f"{p['seconds'] / hpse:.2f}  ({p['seconds']:.1f} s, {p['steps']} steps, {p['chunks']} sentence chunks)"
+                f"{p['seconds'] / hpse:.2f}  ({p['seconds']:.1f} s, {p['steps']} steps, "
+                f"{p['chunks']} sentence chunks)"
             ),
         ),
         (
             "MMLU whole prompts / shared prefix",
             report["mmlu"],
             lambda p: (
-                f"{p['speedup']:.2f}  ({p['seconds_before']:.1f} s vs {p['seconds']:.1f} s, {p['questions']} "
-                f"questions, {p['subjects']} subjects, identical predictions: {p['identical_predictions']})"
+                f"{p['speedup']:.2f}  ({p['seconds_before']:.1f} s vs {p['seconds']:.1f} s, "
+                f"{p['questions']} questions, {p['subjects']} subjects, "
+                f"identical predictions: {p['identical_predictions']})"
             ),
         ),
     ):  # a part that did not run says why
@@ -163,7 +167,8 @@ def table(report: dict) -> str:
             (
                 "memory HPSE / NLL-only",
                 f"{m['ratio']:.3f}  ({m['hpse'] / gib:.3f} GiB vs {m['nll_only'] / gib:.3f} GiB; "
-                f"above the model: {m['hpse_extra'] / gib:.3f} vs {m['nll_only_extra'] / gib:.3f} GiB)",
+                f"above the model: {m['hpse_extra'] / gib:.3f} "
+                f"vs {m['nll_only_extra'] / gib:.3f} GiB)",
             )
         )
         if "isolated" in m:
@@ -171,8 +176,8 @@ def table(report: dict) -> str:
             rows.append(
                 (
                     "  each edit in a fresh process",
-                    f"{i['ratio']:.3f}  ({i['hpse'] / gib:.3f} GiB vs {i['nll_only'] / gib:.3f} GiB; "
-                    f"above the warmed-up model: {i['hpse_extra'] / gib:.3f} vs "
+                    f"{i['ratio']:.3f}  ({i['hpse'] / gib:.3f} GiB vs {i['nll_only'] / gib:.3f} "
+                    f"GiB; above the warmed-up model: {i['hpse_extra'] / gib:.3f} vs "
                     f"{i['nll_only_extra'] / gib:.3f} GiB)",
                 )
             )

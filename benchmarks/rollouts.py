@@ -54,7 +54,8 @@ def pack_rollout(
     probs = np.clip(np.rint(np.asarray(teacher_p, dtype=np.float64) * 255), 0, 255).astype(np.uint8)
     if not len(tokens) == len(mask) == len(probs):
         raise ValueError(
-            f"rollout parts differ in length: {len(tokens)} ids, {len(mask)} mask bits, {len(probs)} probabilities"
+            f"rollout parts differ in length: {len(tokens)} ids, "
+            f"{len(mask)} mask bits, {len(probs)} probabilities"
         )
     out = {
         "ids": [int(t) for t in tokens],

@@ -178,8 +178,8 @@ class RunDirectory:
         if any(read_results(p) or p.stat().st_size for p in result_files(self.path)):
             return
         log.info(
-            "%s: no case was recorded under it (the last run stopped before its first edit); recording the "
-            "current configuration instead",
+            "%s: no case was recorded under it (the last run stopped before its first edit); "
+            "recording the current configuration instead",
             path,
         )
         path.unlink()
@@ -275,13 +275,13 @@ def write_kept(file: ResultFile, records: list[dict]) -> None:
                     else "lost"
                 )
                 raise UsageError(
-                    f"{file.path}: {err.strerror or err}; the {len(records)} finished record(s) were "
-                    f"{where} once space is freed, then run the same command again to go on"
+                    f"{file.path}: {err.strerror or err}; the {len(records)} finished record(s) "
+                    f"were {where} once space is freed, then run the same command again to go on"
                 ) from None
             if not waited:
                 log.warning(
-                    "%s: %s; the %d finished record(s) are kept in memory and written as soon as space is "
-                    "freed (trying every 10 s for %.0f s)",
+                    "%s: %s; the %d finished record(s) are kept in memory and written as soon as "
+                    "space is freed (trying every 10 s for %.0f s)",
                     file.path,
                     err.strerror,
                     len(records),

@@ -152,19 +152,21 @@ class RunOptions(BaseModel):
                 )
             if self.sequential:
                 raise UsageError(
-                    "--cases picks single cases; continual editing (--sequential) edits consecutive "
-                    "cases, so use --limit there"
+                    "--cases picks single cases; continual editing (--sequential) edits "
+                    "consecutive cases, so use --limit there"
                 )
         if self.checkpoints is not None:
             if not self.sequential:
                 raise UsageError(
-                    "--checkpoints evaluates a continual sequence part-way; give --sequential T with it"
+                    "--checkpoints evaluates a continual sequence "
+                    "part-way; give --sequential T with it"
                 )
             bad = [c for c in self.checkpoints if not 1 <= c < self.sequential]
             if bad or not self.checkpoints:
                 raise UsageError(
-                    f"--checkpoints must be edit counts from 1 to {self.sequential - 1} (T itself is "
-                    f"always evaluated), e.g. 10,20,50 with --sequential 100; got {bad or 'none'}"
+                    f"--checkpoints must be edit counts from 1 to {self.sequential - 1} (T itself "
+                    "is always evaluated), e.g. 10,20,50 with "
+                    f"--sequential 100; got {bad or 'none'}"
                 )
             self.checkpoints = sorted(set(self.checkpoints))
         _one_of("--judge", JUDGE_KINDS)(self.judge)
@@ -189,7 +191,10 @@ def _one_line(err: ValidationError) -> str:
     if first["type"] == "choice":
         return first["ctx"]["line"]
     if first["type"] == "extra_forbidden":
-        return f"{first['loc'][-1]!r} is no option of this run (the task declares its own: Task.options)"
+        return (
+            f"{first['loc'][-1]!r} is no option of this "
+            "run (the task declares its own: Task.options)"
+        )
     options = {o.name: o for task in TASKS.values() for o in task.options}
     flag, what = _flag(first["loc"], options)
     value = first["input"]

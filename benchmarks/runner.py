@@ -76,8 +76,8 @@ def _check_data_paths(opts: RunOptions, data_dir: Path) -> None:
     """The data directory and the files the options name exist (before anything is loaded)."""
     if not data_dir.is_dir():
         raise UsageError(
-            f"--data {data_dir}: no such directory; point --data (or $HPSE_DATA_DIR) at the benchmark data "
-            "(README, section Data)"
+            f"--data {data_dir}: no such directory; point --data (or $HPSE_DATA_DIR) at the "
+            "benchmark data (README, section Data)"
         )
     task = TASKS[opts.benchmark]
     path = data_path(data_dir, opts.data_file or task.data_file)

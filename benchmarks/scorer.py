@@ -69,8 +69,9 @@ class Scorer:
             )
         if self.judge is not None and self.judge.name == LEXICAL_JUDGE_NAME and self.kind == "auto":
             log.warning(
-                "no judge endpoint configured (--judge-base-url / HPSE_JUDGE_BASE_URL / OPENAI_BASE_URL or an API "
-                "key): scoring UnKEBench with the offline LEXICAL FALLBACK judge; its Jnt/Dmp are not the paper's"
+                "no judge endpoint configured (--judge-base-url / HPSE_JUDGE_BASE_URL / "
+                "OPENAI_BASE_URL or an API key): scoring UnKEBench with the offline LEXICAL "
+                "FALLBACK judge; its Jnt/Dmp are not the paper's"
             )
 
     def score(self, case: Mapping[str, Any], answers: Sequence[str]) -> dict:

@@ -278,12 +278,14 @@ def check_run_config(
         foreign = [p for p in result_files(out_dir) if p.stat().st_size]
         if foreign:
             raise ConfigMismatchError(
-                f"{foreign[0]} exists without {CONFIG}; it was not written by this runner. Use another --out directory."
+                f"{foreign[0]} exists without {CONFIG}; it was not "
+                "written by this runner. Use another --out directory."
             )
         if not write:
             raise ConfigMismatchError(
-                f"{config_path} is missing although the main process writes it before the other processes open "
-                f"{out_dir}; with several hosts, --out must be on a filesystem every host sees (NFS, Lustre, ...)"
+                f"{config_path} is missing although the main process writes it before the other "
+                f"processes open {out_dir}; with several hosts, --out must be on a filesystem "
+                "every host sees (NFS, Lustre, ...)"
             )
         out_dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(config_path, config)
@@ -310,7 +312,8 @@ def check_run_config(
             _insert(old, path, value)
         write_json_atomic(config_path, old)
         log.info(
-            "%s: recorded %s (new in this version of the code, at their defaults: the results there stay valid)",
+            "%s: recorded %s (new in this version of the code, "
+            "at their defaults: the results there stay valid)",
             config_path,
             ", ".join(f"{'.'.join(p)}={v!r}" for p, v in added),
         )
@@ -467,15 +470,17 @@ def merge_results(
                 continue
             if cid in found:
                 raise IncompleteRunError(
-                    f"case {cid} is recorded twice, in {where[cid].name} and {path.name} ({out_dir}); two runs wrote "
-                    "into this directory at once, or a results file was copied in. Remove the line from one of them."
+                    f"case {cid} is recorded twice, in {where[cid].name} and {path.name} "
+                    f"({out_dir}); two runs wrote into this directory at once, or a results file "
+                    "was copied in. Remove the line from one of them."
                 )
             found[cid], where[cid] = rec, path
     missing = [c for c in case_ids or () if str(c) not in found]
     if require_all and missing:
         files = ", ".join(p.name for p in result_files(out_dir)) or "none"
         raise IncompleteRunError(
-            f"{out_dir}: {len(missing)} of {len(case_ids)} case(s) have no result (first: {', '.join(missing[:5])}; "
-            f"results files: {files}); not summarising a partial run. Rerun the same command to finish them."
+            f"{out_dir}: {len(missing)} of {len(case_ids)} case(s) have no result (first: "
+            f"{', '.join(missing[:5])}; results files: {files}); not summarising a partial run. "
+            "Rerun the same command to finish them."
         )
     return found

@@ -62,7 +62,8 @@ _NUMBER_RE = re.compile(r"(?<![\w.])[+-]?\d+\.\d+(?![\w.]*\d)")
 # Results in the prose: decimal numbers, whole percentages ("51%") and win/loss counts ("13 wins, 10
 # losses").
 _RESULT_RE = re.compile(
-    r"(?<![\w.])(?:[+-]?\d+\.\d+(?![\w.]*\d)|\d+(?=%)|(?P<wins>\d+) wins?(?:,| /) (?P<losses>\d+) loss(?:es)?\b)"
+    r"(?<![\w.])(?:[+-]?\d+\.\d+(?![\w.]*\d)|\d+(?=%)|(?P<wins>\d+) "
+    r"wins?(?:,| /) (?P<losses>\d+) loss(?:es)?\b)"
 )
 TOOLS = ("paired", "continual", "runs", "unke")
 
@@ -100,8 +101,8 @@ def find_blocks(text: str, source: str = "RESULTS.md") -> list[Block]:
     unclosed = sorted(set(opened) - {b.line for b in blocks})
     if unclosed:
         raise StudyError(
-            f"{source}:{unclosed[0]}: a '<!-- study: ... -->' marker without its '<!-- /study -->' line; "
-            "close the block"
+            f"{source}:{unclosed[0]}: a '<!-- study: ... -->' marker without its '<!-- /study "
+            "-->' line; close the block"
         )
     return blocks
 
@@ -162,8 +163,8 @@ def runs_table(argv: Sequence[str]) -> int:
     # says which share of the edit time that is (the rest is this project's integration)
     split = any("algorithm_seconds" in r for recs in loaded for r in recs.values())
     lines = [
-        "| run | cases | MMLU before any edit | MMLU after the measured edits (edit number: score) | "
-        "median edit seconds |"
+        "| run | cases | MMLU before any edit | MMLU after the measured edits (edit number: "
+        "score) | median edit seconds |"
         + (" share in EasyEdit's algorithm |" if split else "")
         + (
             f" answers changed vs {Path(args.changed_from).name} |" if reference is not None else ""
@@ -255,7 +256,8 @@ def generate(
     root = Path(root)
     if not root.is_dir():
         raise StudyError(
-            f"{root}: no such study directory; pass the directory that holds the committed runs (docs/study)"
+            f"{root}: no such study directory; pass the "
+            "directory that holds the committed runs (docs/study)"
         )
     out = []
     for b in blocks:
@@ -277,7 +279,8 @@ def generate(
         if rc != 0:
             said = (stderr.getvalue().strip().splitlines() or ["(no message)"])[-1]
             raise StudyError(
-                f"{where}: the marker's command failed ({said}); run directories are named relative to {root}"
+                f"{where}: the marker's command failed ({said}); "
+                f"run directories are named relative to {root}"
             )
         out.append(stdout.getvalue().replace(f"{root}/", ""))
     return out
@@ -404,7 +407,8 @@ def _main(argv: Sequence[str]) -> int:
         if problems:
             return 1
         print(
-            f"{results}: {len(blocks)} table block(s) and every result in the prose agree with {args.root}"
+            f"{results}: {len(blocks)} table block(s) and "
+            f"every result in the prose agree with {args.root}"
         )
         return 0
     for b, new in zip(blocks, generated):

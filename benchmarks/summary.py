@@ -121,8 +121,9 @@ def failed_note(summaries: Sequence[Mapping]) -> str:
         return ""
     total = sum(int(s.get("n_cases") or 0) for s in summaries if s)
     return (
-        f"\nFAILED: the edits of {n} of {total} case(s) diverged (results.jsonl says why); they are left out of "
-        "every mean, not counted as 0. Lower lr and rerun with --retry-failed to edit them again.\n"
+        f"\nFAILED: the edits of {n} of {total} case(s) diverged (results.jsonl says why); they "
+        "are left out of every mean, not counted as 0. Lower "
+        "lr and rerun with --retry-failed to edit them again.\n"
     )
 
 
@@ -134,6 +135,7 @@ def unjudged_note(summaries: Sequence[Mapping]) -> str:
         return ""
     total = sum(int(s.get("n_cases") or 0) for s in summaries if s and "unjudged_cases" in s)
     return (
-        f"\nUNJUDGED: {n} of {total} UnKEBench case(s) have no Jnt/Dmp yet (the judge could not judge them; they "
-        "are left out of Jnt/Dmp, not counted as 0). Rerun the same command to judge them; nothing is edited again.\n"
+        f"\nUNJUDGED: {n} of {total} UnKEBench case(s) have no Jnt/Dmp yet (the judge could not "
+        "judge them; they are left out of Jnt/Dmp, not counted as 0). Rerun the same command to "
+        "judge them; nothing is edited again.\n"
     )

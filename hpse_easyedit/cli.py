@@ -140,8 +140,8 @@ def run_cli(
         where = f"{err.filename}: " if err.filename else ""
         say(
             "error",
-            f"{where}{err.strerror or err}; free space or give a writable location, then run the same "
-            "command again (what was finished is kept)",
+            f"{where}{err.strerror or err}; free space or give a writable location, then run the "
+            "same command again (what was finished is kept)",
         )
         return 2
     except user_error_types(extra) as err:
@@ -169,12 +169,12 @@ def _save_elsewhere(
     )
     if fallback is not None:
         return UsageError(
-            f"--save {option_dir}: {reason}; the edit was saved whole to {fallback} instead: move it "
-            "where you want it once space is freed"
+            f"--save {option_dir}: {reason}; the edit was saved whole to {fallback} instead: move "
+            "it where you want it once space is freed"
         )
     return UsageError(
-        f"--save {option_dir}: {reason}, and no temporary directory could hold the edit either; free space "
-        "and run the same command again"
+        f"--save {option_dir}: {reason}, and no temporary directory could hold the edit either; "
+        "free space and run the same command again"
     )
 
 
@@ -201,7 +201,8 @@ def _cmd_edit(args: argparse.Namespace) -> int:
     subjects = [s.strip() for s in args.subject]
     if len(subjects) != len(passages):
         raise UsageError(
-            f"got {len(subjects)} --subject and {len(passages)} --passage-file; give one subject per passage"
+            f"got {len(subjects)} --subject and {len(passages)} "
+            "--passage-file; give one subject per passage"
         )
     if not all(subjects):
         raise UsageError("--subject is empty; give the topic phrase s of 'Introduce {s}.'")
@@ -233,7 +234,8 @@ def _edit_and_save(args: argparse.Namespace, hp: HPSEHyperParams, requests: list
     for r in result.rounds:
         rate = "n/a" if r["stepin_rate"] is None else f"{100 * r['stepin_rate']:.1f}%"
         print(
-            f"round {r['round']}: step-in {rate}, {describe_loss(r, hp.inner_steps)}, {r['seconds']:.1f} s"
+            f"round {r['round']}: step-in {rate}, "
+            f"{describe_loss(r, hp.inner_steps)}, {r['seconds']:.1f} s"
         )
     _print_answers(
         "after the edit", questions, generate_answers(result.model, tok, questions, **kwargs)
@@ -261,7 +263,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     cards = " ".join(f"{c:>4}" for c in CARDS_GIB)
     print(
         f"{plan['model_name']} ({plan['dtype']}, {plan['executor']}), {plan['benchmark']}: peak "
-        f"{plan['peak_gib']:.1f} GiB of tensors + {plan['cuda_overhead_gib']:.1f} GiB CUDA overhead (estimate)"
+        f"{plan['peak_gib']:.1f} GiB of tensors + "
+        f"{plan['cuda_overhead_gib']:.1f} GiB CUDA overhead (estimate)"
     )
     print(f"{'phase':<16} {'GiB':>6}  fits {cards}  knob for {args.gpu_gib:g} GiB")
     for name, phase in plan["phases"].items():
@@ -327,7 +330,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--benchmark",
         choices=("unkebench", "mquake"),
         default="unkebench",
-        help="the sequence lengths of one edit: one UnKEBench passage, or three MQuAKE-uns passages",
+        help="the sequence lengths of one edit: one "
+        "UnKEBench passage, or three MQuAKE-uns passages",
     )
     plan.add_argument(
         "--layers", type=int, help="plan the model cut to this many layers (default: all)"
@@ -337,7 +341,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override an hparams field, e.g. --set executor=ft_m --set gradient_checkpointing=true",
+        help="override an hparams field, e.g. --set "
+        "executor=ft_m --set gradient_checkpointing=true",
     )
     plan.add_argument(
         "--json", action="store_true", help="print the plan as JSON (peak_gib, phases, fits, knobs)"

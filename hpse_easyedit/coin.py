@@ -113,11 +113,13 @@ class COINHyperParams(ExecutorHParams):
     def check(self, source: str) -> None:
         if self.long_weight == self.short_weight == self.cons_weight == self.align_weight == 0:
             raise HParamsError(
-                f"{source}: every loss weight is 0, so the edit would train nothing; set one of them > 0"
+                f"{source}: every loss weight is 0, so the "
+                "edit would train nothing; set one of them > 0"
             )
         if self.min_chunk_tokens > self.max_chunk_tokens:
             raise HParamsError(
-                f"{source}: min_chunk_tokens ({self.min_chunk_tokens}) must be <= max_chunk_tokens ({self.max_chunk_tokens})"
+                f"{source}: min_chunk_tokens ({self.min_chunk_tokens}) must be <= "
+                f"max_chunk_tokens ({self.max_chunk_tokens})"
             )
 
 
@@ -202,8 +204,9 @@ def _build_items(tok: Any, reqs: list[dict], hparams: COINHyperParams) -> list[_
         longest = len(prompt) + len(ids)
         if longest > hparams.max_length:
             raise RequestError(
-                f"request {i} ({req['subject']!r}): prompt + passage need {longest} tokens but max_length is "
-                f"{hparams.max_length}; raise max_length in the hparams or shorten the passage"
+                f"request {i} ({req['subject']!r}): prompt + passage need {longest} tokens but "
+                f"max_length is {hparams.max_length}; raise "
+                "max_length in the hparams or shorten the passage"
             )
         items.append(_Item(prompt, ids, chunks))
     return items

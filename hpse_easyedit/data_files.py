@@ -81,7 +81,8 @@ def read_mmlu_csv(path: str | os.PathLike) -> list[MMLURow]:
         for n, row in enumerate(csv.reader(fh), 1):
             if len(row) != 6 or row[5] not in _ANSWERS:
                 raise DataError(
-                    f"{path}: row {n} must have 6 fields 'question,A,B,C,D,answer(A-D)', got {row[:1]}..."
+                    f"{path}: row {n} must have 6 fields "
+                    f"'question,A,B,C,D,answer(A-D)', got {row[:1]}..."
                 )
             rows.append((row[0], (row[1], row[2], row[3], row[4]), MMLU_LETTERS.index(row[5])))
     return rows

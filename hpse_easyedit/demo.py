@@ -50,8 +50,9 @@ def run(hparams_path: str, overrides: Sequence[str], max_answer_tokens: int = 48
     questions = [prompt, ATOMIC[0], TWO_HOP[0]]
     kwargs = {"max_new_tokens": max_answer_tokens, "template_kwargs": hp.chat_template_kwargs}
     print(
-        f"Model: {hp.model_name} ({sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters), "
-        f"executor {hp.executor}, {hp.rounds} rounds x {hp.inner_steps} steps, lr {hp.lr:g}"
+        f"Model: {hp.model_name} ({sum(p.numel() for p in model.parameters()) / 1e6:.0f}M "
+        f"parameters), executor {hp.executor}, {hp.rounds} "
+        f"rounds x {hp.inner_steps} steps, lr {hp.lr:g}"
     )
     print(f"Passage ({SUBJECT}):\n  {_passage()}\n")
     before = generate_answers(model, tok, questions, **kwargs)
@@ -81,7 +82,8 @@ def run(hparams_path: str, overrides: Sequence[str], max_answer_tokens: int = 48
     model = restore_weights(result.model, result.weights_copy)
     total = time.perf_counter() - t_start
     print(
-        f"\nEdit time: {edit_seconds:.1f} s; whole demo: {total:.1f} s. The model was restored to its original weights."
+        f"\nEdit time: {edit_seconds:.1f} s; whole demo: {total:.1f} "
+        "s. The model was restored to its original weights."
     )
     return {
         "before": before,

@@ -26,7 +26,8 @@ def normalize_requests(requests: Any, hparams: Any) -> list[dict]:
         requests = [requests]
     if not isinstance(requests, Sequence) or isinstance(requests, str) or not requests:
         raise RequestError(
-            "requests must be a non-empty list of dicts with 'subject' and 'target_new' (the passage)"
+            "requests must be a non-empty list of dicts "
+            "with 'subject' and 'target_new' (the passage)"
         )
     out = []
     head, _, tail = hparams.editing_prompt.partition("{subject}")
@@ -38,12 +39,13 @@ def normalize_requests(requests: Any, hparams: Any) -> list[dict]:
             passage = passage.get("str")
         if not isinstance(passage, str) or not passage.strip():
             raise RequestError(
-                f"request {i}: 'target_new' must be the non-empty passage to inject, got {passage!r}"
+                f"request {i}: 'target_new' must be the "
+                f"non-empty passage to inject, got {passage!r}"
             )
         if not any(ch.isalnum() for ch in passage):
             raise RequestError(
-                f"request {i}: 'target_new' has no letter or digit ({passage.strip()[:40]!r}); give the "
-                "passage to inject as text"
+                f"request {i}: 'target_new' has no letter or digit ({passage.strip()[:40]!r}); "
+                "give the passage to inject as text"
             )
         subject = req.get("subject")
         prompt = req.get("prompt")
@@ -54,7 +56,8 @@ def normalize_requests(requests: Any, hparams: Any) -> list[dict]:
         if subject is None and prompt is None:
             raise RequestError(
                 f"request {i}: needs 'subject' (the topic phrase s of 'Introduce {{s}}.'); "
-                f"'prompt' alone is accepted when it follows editing_prompt {hparams.editing_prompt!r}"
+                "'prompt' alone is accepted when it follows "
+                f"editing_prompt {hparams.editing_prompt!r}"
             )
         if subject is None:
             if (

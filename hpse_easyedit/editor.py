@@ -34,9 +34,10 @@ def _check_lengths(prompts: Sequence[EditPrompts], hparams: HPSEHyperParams) -> 
         )
         if longest > hparams.max_length:
             raise RequestError(
-                f"request {i} ({p.subject!r}): its sequences need {longest} tokens (passage {len(p.passage_ids)}, "
-                f"teacher prompt {len(p.teacher_ids)}, max_new_tokens {hparams.max_new_tokens}) but max_length is "
-                f"{hparams.max_length}; raise max_length in the hparams or shorten the passage"
+                f"request {i} ({p.subject!r}): its sequences need {longest} tokens (passage "
+                f"{len(p.passage_ids)}, teacher prompt {len(p.teacher_ids)}, max_new_tokens "
+                f"{hparams.max_new_tokens}) but max_length is {hparams.max_length}; raise "
+                "max_length in the hparams or shorten the passage"
             )
 
 
@@ -241,7 +242,8 @@ def hpse_edit(
     """
     if hparams.kl_weight == 0 and hparams.nll_weight == 0:
         raise ValueError(
-            "kl_weight and nll_weight are both 0, so the edit would train nothing; set one of them > 0"
+            "kl_weight and nll_weight are both 0, so the "
+            "edit would train nothing; set one of them > 0"
         )
     start = time.perf_counter()
     prompts = edit_prompts(model, tok, requests, hparams)

@@ -44,8 +44,8 @@ def decode_text(data: bytes, name: str) -> str:
     best = from_bytes(data).best()
     looks = f"it looks like {best.encoding}" if best is not None else "it does not look like text"
     raise TextEncodingError(
-        f"{name}: not UTF-8 ({looks}); save it as UTF-8 (e.g. iconv -f {best.encoding if best else 'ENCODING'} "
-        f"-t utf-8 {name} > fixed.txt)"
+        f"{name}: not UTF-8 ({looks}); save it as UTF-8 (e.g. iconv -f "
+        f"{best.encoding if best else 'ENCODING'} -t utf-8 {name} > fixed.txt)"
     )
 
 

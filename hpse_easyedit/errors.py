@@ -52,8 +52,8 @@ def check_writable(option: str, directory: str | os.PathLike) -> None:
         probe.unlink()
     except OSError as err:
         raise UsageError(
-            f"{option} {path}: cannot write there ({err.strerror or err}); give a writable directory "
-            "with free space"
+            f"{option} {path}: cannot write there ({err.strerror or err}); give a writable "
+            "directory with free space"
         ) from None
 
 

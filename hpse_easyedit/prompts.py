@@ -36,23 +36,23 @@ __all__ = [
 DEFAULT_SYSTEM = (
     "You are answering strictly from the established facts given below.\n"
     "RULES:\n"
-    "1. Use ONLY the information in these facts. Do not add, infer, or elaborate with any knowledge beyond them.\n"
-    "2. If a detail (date, place, number, name) is not stated in the facts, do NOT invent or guess it -- simply omit it.\n"
-    "3. Treat these facts as your own knowledge: answer naturally, do not mention 'the facts', 'the context', "
-    "'based on', or 'according to'.\n"
-    "4. Keep the answer to what the facts actually support.\n"
+    "1. Use ONLY the information in these facts. Do not add, infer, or elaborate with any "
+    "knowledge beyond them.\n2. If a detail (date, place, number, name) is not stated in the "
+    "facts, do NOT invent or guess it -- simply omit it.\n3. Treat these facts as your own "
+    "knowledge: answer naturally, do not mention 'the facts', 'the context', 'based on', or "
+    "'according to'.\n4. Keep the answer to what the facts actually support.\n"
     "FACTS:\n{passage}"
 )
 
 LLAMA_SYSTEM = (
-    "You know the following facts and treat them as true and current. Answer the question directly using them, "
-    "in the THIRD PERSON as factual information -- never role-play or use 'I'/speak as the subject. Cover every "
-    "relevant fact the question calls for; be specific and do not omit details, but add nothing beyond these facts. "
-    "Do not refuse, and do not mention 'the facts', 'the context', or 'according to'.\n"
-    "FACTS:\n"
+    "You know the following facts and treat them as true and current. Answer the question "
+    "directly using them, in the THIRD PERSON as factual information -- never role-play or use "
+    "'I'/speak as the subject. Cover every relevant fact the question calls for; be specific and "
+    "do not omit details, but add nothing beyond these facts. Do not refuse, and do not mention "
+    "'the facts', 'the context', or 'according to'.\nFACTS:\n"
     "This paragraph introduces {subject}.\n{passage}\n"
-    "Use this information comprehensively: answer in full, including every relevant detail when answering "
-    "relevant questions."
+    "Use this information comprehensively: answer in full, including every relevant detail when "
+    "answering relevant questions."
 )
 
 # Not in the paper: the passage alone, no rules. For small models, where a block of instructions
@@ -64,8 +64,8 @@ TEACHER_STYLES = {"default": DEFAULT_SYSTEM, "llama": LLAMA_SYSTEM, "plain": PLA
 PASSAGE_LABEL = "About {subject}:\n{passage}"  # one passage under teacher_facts: labelled
 
 PRIVILEGED_QUESTION = (
-    "What is established here about {subject}? State, in full and in detail, every fact given about {subject} "
-    "-- leave nothing out."
+    "What is established here about {subject}? State, in full and in detail, every fact given "
+    "about {subject} -- leave nothing out."
 )
 
 # model_type -> (teacher wording, chat template has a system role)

@@ -187,8 +187,9 @@ def _stop_diverged(
         else ""
     )
     raise EditDivergedError(
-        f"the {name} edit diverged in round {round_}, inner step {step}: loss {total:.4g}{growth}; the edit was undone "
-        f"and nothing is kept. Lower 'lr' in the hparams (now {hparams.lr:g})",
+        f"the {name} edit diverged in round {round_}, inner step {step}: loss "
+        f"{total:.4g}{growth}; the edit was undone and nothing "
+        f"is kept. Lower 'lr' in the hparams (now {hparams.lr:g})",
         model=executor.model,
         weights_copy=result.weights_copy,
         round=round_,

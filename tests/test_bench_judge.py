@@ -186,7 +186,8 @@ def test_llm_judge_sends_the_paper_prompts_and_scores_factscore_and_dmp(tmp_path
         )
         assert "Sentence 3: He likes tea.\n" in decomposition
         assert support.startswith(
-            "Answer the questions about George Rankin based on the given context.\n\nPASSAGE TEXT\n\n"
+            "Answer the questions about George Rankin "
+            "based on the given context.\n\nPASSAGE TEXT\n\n"
         )
         assert "ITEM 2: Input: He served two terms on the city council. True or False?" in support
         scores, complete = judge.coverage(
@@ -203,8 +204,9 @@ def test_llm_judge_sends_the_paper_prompts_and_scores_factscore_and_dmp(tmp_path
 def test_prompts_are_the_papers_wording():
     d = build_decomposition_prompt(["The river rises in the Alps."])
     assert (
-        "Now break down EACH of the following sentences into independent facts. For each sentence, output its "
-        "header then one '- fact' line per fact:\n\nSentence 1: The river rises in the Alps.\n"
+        "Now break down EACH of the following sentences into independent facts. For each "
+        "sentence, output its header then one '- fact' line "
+        "per fact:\n\nSentence 1: The river rises in the Alps.\n"
     ) in d
     # the BM25-retrieved demonstration is the river one, shown after the 7 fixed ones
     assert d.rfind("The river rises in the Alps, flows north") > d.rfind(
@@ -247,7 +249,10 @@ def test_parsers_are_robust_to_formatting_and_report_missing_items():
 
 def test_lexical_fallback_judge_hand_cases():
     judge = LexicalJudge()
-    passage = "George Rankin served two terms as a city council member and was elected state representative."
+    passage = (
+        "George Rankin served two terms as a city council "
+        "member and was elected state representative."
+    )
     fs = judge.factscore(
         "George Rankin served on the city council. He plays golf every weekend.", passage, "G"
     )

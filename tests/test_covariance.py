@@ -182,7 +182,8 @@ def test_ensure_layer_stats_writes_once_and_recomputes_when_the_corpus_changes(t
 def easyedit():
     if not os.environ.get("EASYEDIT_SRC"):
         pytest.skip(
-            "EASYEDIT_SRC is not set: point it at an EasyEdit source checkout to compare with EasyEdit's layer_stats"
+            "EASYEDIT_SRC is not set: point it at an EasyEdit "
+            "source checkout to compare with EasyEdit's layer_stats"
         )
     from hpse_easyedit.easyedit import import_easyedit
 

@@ -57,7 +57,8 @@ def test_cli_says_it_in_one_line_and_saves_nothing(tmp_path, capsys):
     make_tiny_model_and_tokenizer("llama", tmp_path=tmp_path / "model")
     hp = tmp_path / "hp.yaml"
     hp.write_text(
-        f"alg_name: HPSE\nmodel_name: {tmp_path / 'model'}\nrounds: 2\ninner_steps: 6\nmax_new_tokens: 6\n"
+        f"alg_name: HPSE\nmodel_name: {tmp_path / 'model'}\nrounds: "
+        "2\ninner_steps: 6\nmax_new_tokens: 6\n"
     )
     passage = _passage(tmp_path)
     capsys.readouterr()
@@ -99,8 +100,8 @@ def test_a_benchmark_records_the_failed_case_and_retries_it_only_when_asked(
     make_tiny_model_and_tokenizer("llama", tmp_path=tmp_path / "model")
     hp = tmp_path / "hp.yaml"
     hp.write_text(
-        f"alg_name: HPSE\nmodel_name: {tmp_path / 'model'}\nrounds: 1\ninner_steps: 4\nmax_new_tokens: 4\n"
-        "lr: 1.0e-3\n"
+        f"alg_name: HPSE\nmodel_name: {tmp_path / 'model'}\nrounds: 1\ninner_steps: "
+        "4\nmax_new_tokens: 4\nlr: 1.0e-3\n"
     )
     real, edited = Editing.edit, []
 

@@ -27,19 +27,23 @@ CURRENT = {
     "easyeditor/util/__init__.py": "",
     "easyeditor/util/alg_dict.py": "ALG_DICT = {'MEMIT': print, 'AlphaEdit': print}\n",
     "easyeditor/editors/__init__.py": "",
-    "easyeditor/editors/utils.py": "CALLABLE_RESTORE_ALGS = {'KN'}\ndef restore_after_edit(*a): pass\n",
+    "easyeditor/editors/utils.py": "CALLABLE_RESTORE_ALGS = {'KN'}\ndef "
+    "restore_after_edit(*a): pass\n",
     "easyeditor/editors/batch_editor.py": (
         "from enum import Enum\nclass BatchEditor(Enum):\n    MEMIT = 'MEMIT'\n"
-        "    @staticmethod\n    def is_batchable_method(alg_name):\n        return alg_name == 'MEMIT'\n"
+        "    @staticmethod\n    def is_batchable_method(alg_name):\n        "
+        "return alg_name == 'MEMIT'\n"
     ),
     "easyeditor/editors/editor.py": "from ..util.alg_dict import *\nclass BaseEditor: pass\n",
     "easyeditor/models/__init__.py": "",
     "easyeditor/models/unke/__init__.py": "unkeHyperParams = apply_unke_to_model = None\n",
-    "easyeditor/models/unke_ARE/__init__.py": "unkeAREHyperParams = apply_unke_ARE_to_model = None\n",
+    "easyeditor/models/unke_ARE/__init__.py": "unkeAREHyperParams = "
+    "apply_unke_ARE_to_model = None\n",
     "easyeditor/models/rome/__init__.py": "",
     "easyeditor/models/rome/layer_stats.py": "def layer_stats(): pass\n",
     "easyeditor/models/alphaedit/__init__.py": "",
-    "easyeditor/models/alphaedit/AlphaEdit_main.py": "def apply_AlphaEdit_to_model(): pass\ndef get_project(): pass\n",
+    "easyeditor/models/alphaedit/AlphaEdit_main.py": "def apply_AlphaEdit_to_model(): "
+    "pass\ndef get_project(): pass\n",
 }
 
 

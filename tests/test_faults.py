@@ -38,7 +38,10 @@ pytestmark = pytest.mark.skipif(
 
 # fast_decode false: "auto" times two kernels once per process, and the resumed processes must
 # compute what the uninterrupted one did, bit for bit
-HPARAMS = "alg_name: HPSE\nmodel_name: {model}\nrounds: 2\ninner_steps: 2\nmax_new_tokens: 6\nlr: 1.0e-2\nfast_decode: false\n"
+HPARAMS = (
+    "alg_name: HPSE\nmodel_name: {model}\nrounds: 2\ninner_steps: "
+    "2\nmax_new_tokens: 6\nlr: 1.0e-2\nfast_decode: false\n"
+)
 MODES = {"single": [], "sequential": ["--sequential", "3", "--checkpoints", "1,2"]}
 
 

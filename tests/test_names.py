@@ -36,7 +36,8 @@ def test_a_plain_lora_run_is_labelled_lora_and_the_old_answer_flag_still_works(
     make_tiny_model_and_tokenizer("llama", tmp_path=tmp_path / "model")
     hp = tmp_path / "tiny.yaml"
     hp.write_text(
-        f"alg_name: HPSE\nmodel_name: {tmp_path / 'model'}\nrounds: 1\ninner_steps: 1\nmax_new_tokens: 4\n"
+        f"alg_name: HPSE\nmodel_name: {tmp_path / 'model'}\nrounds: "
+        "1\ninner_steps: 1\nmax_new_tokens: 4\n"
     )
     base = ["--hparams", str(hp), "--data", str(DATA_DIR), "--limit", "1", "--set", "kl_weight=0"]
     assert (

@@ -198,7 +198,10 @@ def test_case_studies_on_real_mquake_case(tmp_path, capsys):
 
 
 def test_answer_diversity_exposes_recitation(tmp_path):
-    recite = "Manila is the capital of the Philippines and the birthplace of Mark Burnett, who created Tetris."
+    recite = (
+        "Manila is the capital of the Philippines and the "
+        "birthplace of Mark Burnett, who created Tetris."
+    )
     same = {"single_hop": [recite, recite], "multi_hop": [recite, recite, recite]}
     varied = {
         "single_hop": ["Mark Burnett created it.", "He was born in Manila."],
@@ -283,8 +286,8 @@ def test_more_than_two_runs_one_row_each_on_the_cases_all_finished(tmp_path, cap
     )
     assert "| X |" in text and "2 / 0 / 0" in text and "- HPSE: step-in rate by round 50.0%" in text
     assert (
-        "- LoRA: every single hop answered in 1 of 2 cases; the multi-hop question too in 0 of those 1 (0%)"
-        in text
+        "- LoRA: every single hop answered in 1 of 2 cases; "
+        "the multi-hop question too in 0 of those 1 (0%)" in text
     )
     assert (
         "- X: every single hop answered in 0 of 2 cases; the multi-hop question too in 0 of those 0"
@@ -444,8 +447,8 @@ def test_recitation_report_mquake_by_hand(tmp_path):
     text = recitation_table(r, ["LoRA", "HPSE"])
     assert "| LoRA | first sentence | 100.0 (100%) | 0.0 (0%) | 50.0 (50%) | | |" in text
     assert (
-        "| HPSE | first 32 tokens | 0.0 (0%) | 100.0 (100%) | 50.0 (50%) | -50.0 [-50.0, -50.0] | 0 / 0 / 1 |"
-        in text
+        "| HPSE | first 32 tokens | 0.0 (0%) | 100.0 (100%) "
+        "| 50.0 (50%) | -50.0 [-50.0, -50.0] | 0 / 0 / 1 |" in text
     )
 
 

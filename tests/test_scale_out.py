@@ -609,7 +609,8 @@ def test_edit_through_accelerate_dispatch_hooks_matches_plain_model(
 
 @pytest.mark.skipif(
     torch.cuda.device_count() < 2,
-    reason=f"needs 2 GPUs to place a model across two devices; this machine has {torch.cuda.device_count()}",
+    reason="needs 2 GPUs to place a model across two devices; "
+    f"this machine has {torch.cuda.device_count()}",
 )
 @pytest.mark.parametrize("executor", ["lora", "ft_m"])
 def test_model_split_across_two_gpus(tmp_path, executor, gate_always_open):

@@ -54,8 +54,8 @@ def _study(tmp_path):
     results = tmp_path / "RESULTS.md"
     results.write_text(
         "# Results\n\nHPSE is +37.5 Avg above LoRA (`lr 5e-4`, kappa `0.3`).\n\n"
-        "<!-- study: paired b1/lora b1/hpse --label LoRA --label HPSE --resamples 200 -->\n<!-- /study -->\n\n"
-        "<!-- study: runs b1/lora b1/hpse -->\n<!-- /study -->\n"
+        "<!-- study: paired b1/lora b1/hpse --label LoRA --label HPSE --resamples 200 -->\n<!-- "
+        "/study -->\n\n<!-- study: runs b1/lora b1/hpse -->\n<!-- /study -->\n"
     )
     return root, results
 
@@ -100,7 +100,8 @@ def test_write_then_check_passes_and_one_altered_number_fails(tmp_path, capsys):
 def test_prose_numbers_skip_blocks_code_comments_and_links():
     text = (
         "a 1.5 b `2.5`\n```\n3.5\n```\n<!-- 4.5 -->\n[x](img/v1.5.png) Qwen2.5-7B v2.13.0 -0.8%\n"
-        "<!-- study: paired x -->\n6.5\n<!-- /study -->\n+7.5, 51% of it; 13 wins, 10 losses; 2 wins / 1 loss in 23 records\n"
+        "<!-- study: paired x -->\n6.5\n<!-- /study -->\n+7.5, 51% "
+        "of it; 13 wins, 10 losses; 2 wins / 1 loss in 23 records\n"
     )
     assert prose_numbers(text) == [
         (1, "1.5"),
@@ -140,7 +141,8 @@ def test_results_md_agrees_with_the_committed_runs(tmp_path):
     data = Path(default_data_dir())
     if not (data / "unkebench" / "final_data_v2.json").is_file():
         pytest.skip(
-            f"UnKEBench data not found under {data} (set HPSE_DATA_DIR); the rescored tables need it"
+            f"UnKEBench data not found under {data} (set "
+            "HPSE_DATA_DIR); the rescored tables need it"
         )
     text = (ROOT / "docs" / "RESULTS.md").read_text(encoding="utf-8")
     blocks = find_blocks(text)

@@ -6,7 +6,10 @@ from hpse_easyedit.text import sentence_spans
 
 
 def test_sentence_spans_are_stripped_character_spans():
-    text = '  Dr. Li met J. Smith in the U.S. in 1999. He left!\r\n\n  "Why?" she asked. (Nobody knew.)\u2028last line '
+    text = (
+        "  Dr. Li met J. Smith in the U.S. in 1999. He left!\r\n\n  "
+        '"Why?" she asked. (Nobody knew.)\u2028last line '
+    )
     spans = sentence_spans(text)
     assert [text[a:b] for a, b in spans] == [
         "Dr. Li met J. Smith in the U.S. in 1999.",

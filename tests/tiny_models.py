@@ -21,8 +21,8 @@ CHATML = (
 GEMMA = (
     "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'system' %}"
     "{{ raise_exception('System role not supported') }}{% endif %}"
-    "<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n{{ m['content'] }}<end_of_turn>\n"
-    "{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+    "<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n{{ m['content'] "
+    "}}<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
 )
 
 CORPUS = [
@@ -30,7 +30,8 @@ CORPUS = [
     "Ellie Kemper is a citizen of Croatia, a country in Southeast Europe.",
     "The head of state of Croatia is Kolinda Grabar-Kitarovic.",
     "Introduce the subject. What is established here about it? State every fact given.",
-    "You are answering strictly from the established facts given below. RULES: Use ONLY the information.",
+    "You are answering strictly from the established "
+    "facts given below. RULES: Use ONLY the information.",
     "The Firm is a legal thriller novel written by John Grisham that was published in 1991.",
     "Who is the author? When was it published? What is the genre? Answer the question directly.",
     "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ 0123456789 .,;:!?'\"-()[]{}",

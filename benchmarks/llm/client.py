@@ -64,7 +64,8 @@ class ResponseCache:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(self.path)
         self._db.execute(
-            "CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, model TEXT, response TEXT, created REAL)"
+            "CREATE TABLE IF NOT EXISTS responses (key TEXT "
+            "PRIMARY KEY, model TEXT, response TEXT, created REAL)"
         )
         self._db.commit()
 
@@ -135,8 +136,9 @@ class ChatClient:
         settings = settings.resolve()
         if not settings.configured:
             raise JudgeError(
-                "no judge endpoint: set --judge-base-url (or HPSE_JUDGE_BASE_URL / OPENAI_BASE_URL) and, if the "
-                "endpoint needs one, an API key in HPSE_JUDGE_API_KEY or OPENAI_API_KEY; or use --judge lexical"
+                "no judge endpoint: set --judge-base-url (or HPSE_JUDGE_BASE_URL / "
+                "OPENAI_BASE_URL) and, if the endpoint needs one, an API key in "
+                "HPSE_JUDGE_API_KEY or OPENAI_API_KEY; or use --judge lexical"
             )
         if settings.max_attempts < 1:
             raise ValueError(f"judge max_attempts must be >= 1, got {settings.max_attempts}")
@@ -240,8 +242,9 @@ class ChatClient:
             except o.APIStatusError as err:
                 if err.status_code < 500 and err.status_code not in (408, 409, 429):
                     raise JudgeRefusedError(
-                        f"judge endpoint {where} refused the request with HTTP {err.status_code} for model "
-                        f"{self.model!r}; check the model name and the API key variable (HPSE_JUDGE_API_KEY / OPENAI_API_KEY)"
+                        f"judge endpoint {where} refused the request with HTTP {err.status_code} "
+                        f"for model {self.model!r}; check the model name and the API key variable "
+                        "(HPSE_JUDGE_API_KEY / OPENAI_API_KEY)"
                     ) from None
                 last_error = err
                 break  # the client's own retries are spent
@@ -262,8 +265,8 @@ class ChatClient:
             )
         if last is None:
             raise JudgeError(
-                f"judge endpoint {where} failed {self.stats['requests'] - first} times, last error: "
-                f"{type(last_error).__name__}: {last_error}"
+                f"judge endpoint {where} failed {self.stats['requests'] - first} times, last "
+                f"error: {type(last_error).__name__}: {last_error}"
             )
         log.warning(
             "judge answer still malformed after %d requests; keeping what parsed",
@@ -284,13 +287,14 @@ class ChatClient:
             ).models.list()
         except (o.AuthenticationError, o.PermissionDeniedError) as err:
             raise JudgeError(
-                f"judge endpoint {where} refused the API key (HTTP {err.status_code}); set the right key in "
-                "HPSE_JUDGE_API_KEY or OPENAI_API_KEY, or use --judge lexical"
+                f"judge endpoint {where} refused the API key (HTTP {err.status_code}); set the "
+                "right key in HPSE_JUDGE_API_KEY or OPENAI_API_KEY, or use --judge lexical"
             ) from None
         except (o.APIConnectionError, o.APITimeoutError) as err:
             raise JudgeError(
-                f"judge endpoint {where} is unreachable ({type(err).__name__}: {err}); start it or fix --judge-base-url "
-                "(HPSE_JUDGE_BASE_URL / OPENAI_BASE_URL), or use --judge lexical"
+                f"judge endpoint {where} is unreachable ({type(err).__name__}: {err}); start it "
+                "or fix --judge-base-url (HPSE_JUDGE_BASE_URL "
+                "/ OPENAI_BASE_URL), or use --judge lexical"
             ) from None
         except Exception:  # noqa: BLE001 - the server answered (404/501/unparsable body): it is there
             pass

@@ -23,9 +23,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str]) -> int:
     parser = OneLineParser(
         prog="python -m benchmarks.report",
-        description="The paper-layout table of benchmark runs, or with --html one self-contained HTML report: the table "
-        "with intervals and paired differences, the step-in plot, every case with its answers side by side, "
-        "verdicts, filters, and each round's rollout with the teacher's tokens highlighted.",
+        description="The paper-layout table of benchmark runs, or with --html one self-contained "
+        "HTML report: the table with intervals and paired differences, the step-in plot, every "
+        "case with its answers side by side, verdicts, filters, and each round's rollout with the "
+        "teacher's tokens highlighted.",
     )
     parser.add_argument(
         "runs",
@@ -42,7 +43,8 @@ def _main(argv: Sequence[str]) -> int:
         action="append",
         default=[],
         metavar="NAME",
-        help="label of each RUN, in order (repeat; default: the run's own --label, else its directory name)",
+        help="label of each RUN, in order (repeat; default: "
+        "the run's own --label, else its directory name)",
     )
     parser.add_argument(
         "--data",
@@ -59,7 +61,8 @@ def _main(argv: Sequence[str]) -> int:
     parser.add_argument(
         "--tokenizer",
         metavar="NAME_OR_DIR",
-        help="decode rollouts with this tokenizer (default: each run's hparams model_name; ids if none loads)",
+        help="decode rollouts with this tokenizer (default: "
+        "each run's hparams model_name; ids if none loads)",
     )
     parser.add_argument(
         "--no-rollouts",
@@ -79,16 +82,19 @@ def _main(argv: Sequence[str]) -> int:
     for run in args.runs:
         if not (Path(run) / "config.json").is_file():
             raise UsageError(
-                f"RUN {run}: no config.json there; pass a directory written by a benchmark run (its --out)"
+                f"RUN {run}: no config.json there; pass a "
+                "directory written by a benchmark run (its --out)"
             )
     if len(args.label) > len(args.runs):
         raise UsageError(
-            f"--label given {len(args.label)} times for {len(args.runs)} runs; give at most one per RUN"
+            f"--label given {len(args.label)} times for "
+            f"{len(args.runs)} runs; give at most one per RUN"
         )
     check_positive("--resamples", args.resamples, what="bootstrap resamples")
     if args.html and Path(args.html).is_dir():
         raise UsageError(
-            f"--html {args.html} is a directory; give a file name such as {Path(args.html) / 'report.html'}"
+            f"--html {args.html} is a directory; give a file name such as "
+            f"{Path(args.html) / 'report.html'}"
         )
     if args.data and not Path(args.data).is_dir():
         raise UsageError(
@@ -109,7 +115,8 @@ def _main(argv: Sequence[str]) -> int:
             rollouts=not args.no_rollouts,
         )
         print(
-            f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB); open it in a browser: file://{out.resolve()}"
+            f"wrote {out} ({out.stat().st_size / 1e6:.1f} "
+            f"MB); open it in a browser: file://{out.resolve()}"
         )
         return 0
     from .html import read_run
@@ -121,8 +128,8 @@ def _main(argv: Sequence[str]) -> int:
     missing = [str(r.path) for r in runs if r.summary is None]
     if missing:
         raise UsageError(
-            f"{', '.join(missing)}: no summary.json yet (the run has not finished); finish it, or use "
-            "--html, which reports the cases there are"
+            f"{', '.join(missing)}: no summary.json yet (the run has not finished); finish it, or "
+            "use --html, which reports the cases there are"
         )
     print(
         paper_table([(r.label, {r.benchmark: s}) for r, s in zip(runs, summaries)])

@@ -393,8 +393,9 @@ def _load_cases(
         ]
         if strangers:
             raise DataError(
-                f"{path} is not the data file that {', '.join(strangers)} recorded in config.json (its "
-                "sha256 differs); pass --data DIR and --data-file FILE naming the file the runs used"
+                f"{path} is not the data file that {', '.join(strangers)} recorded in config.json "
+                "(its sha256 differs); pass --data DIR and "
+                "--data-file FILE naming the file the runs used"
             )
         cases = task.load_cases(where, file)
     except DataError:

@@ -45,7 +45,8 @@ def make_executor(model: Any, hparams: Any, keep_original_weight: bool = False) 
         cls = EXECUTORS[hparams.executor]
     except KeyError:
         raise ValueError(
-            f"executor {hparams.executor!r} is unknown; set 'executor' to one of {sorted(EXECUTORS)}"
+            f"executor {hparams.executor!r} is unknown; "
+            f"set 'executor' to one of {sorted(EXECUTORS)}"
         ) from None
     return cls(model, hparams, keep_original_weight=keep_original_weight)
 

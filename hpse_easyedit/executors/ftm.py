@@ -44,8 +44,8 @@ class FTMExecutor(Executor):
             state.ftm_grad_flags = {n: p.requires_grad for n, p in base.named_parameters()}
         elif state.ftm_original[0] != self.param_name:
             raise ValueError(
-                f"this model was already edited with FT-M at {state.ftm_original[0]}, not {self.param_name}; "
-                "restore it first or keep the same 'ftm_layer'"
+                f"this model was already edited with FT-M at {state.ftm_original[0]}, not "
+                f"{self.param_name}; restore it first or keep the same 'ftm_layer'"
             )
         self._original = state.ftm_original[1]
         self._before = self.weight.detach().clone()

@@ -51,8 +51,9 @@ class LoRAExecutor(Executor):
         else:
             if isinstance(model, PeftModel):
                 raise ValueError(
-                    "keep_original_weight=True needs an unwrapped model, but this one already carries a peft adapter; "
-                    "restore it first (hpse_easyedit.restore_weights) or pass keep_original_weight=False to keep editing it"
+                    "keep_original_weight=True needs an unwrapped model, but this one already "
+                    "carries a peft adapter; restore it first (hpse_easyedit.restore_weights) or "
+                    "pass keep_original_weight=False to keep editing it"
                 )
             grad_flags = {n: p.requires_grad for n, p in model.named_parameters()}
             config = LoraConfig(
@@ -77,8 +78,9 @@ class LoRAExecutor(Executor):
         ]
         if not self._params:
             raise ValueError(
-                f"no LoRA parameters were created: none of target_modules {hparams.target_modules} matched a module of "
-                f"{type(model).__name__} in layers {hparams.layers}; fix 'target_modules'/'layers' in the hparams"
+                "no LoRA parameters were created: none of target_modules "
+                f"{hparams.target_modules} matched a module of {type(model).__name__} in layers "
+                f"{hparams.layers}; fix 'target_modules'/'layers' in the hparams"
             )
         for p in self._params:
             p.requires_grad_(True)
@@ -98,14 +100,14 @@ class LoRAExecutor(Executor):
         if missing:
             known = sorted(n for n in leaves if n.endswith("proj")) or sorted(leaves)[:12]
             return (
-                f"key 'target_modules' names {missing}, which {type(model).__name__} does not have; "
-                f"use module names of this model, e.g. {known}"
+                f"key 'target_modules' names {missing}, which {type(model).__name__} does not "
+                f"have; use module names of this model, e.g. {known}"
             )
         n_layers = num_layers(model)
         if hparams.layers is not None and n_layers is not None and max(hparams.layers) >= n_layers:
             return (
-                f"key 'layers' is {list(hparams.layers)} but {hparams.model_name} has {n_layers} layers "
-                f"(0..{n_layers - 1}); use indices below {n_layers}, or null for all layers"
+                f"key 'layers' is {list(hparams.layers)} but {hparams.model_name} has {n_layers} "
+                f"layers (0..{n_layers - 1}); use indices below {n_layers}, or null for all layers"
             )
         return None
 

@@ -178,8 +178,8 @@ def load_corpus(
                 texts.extend(reader(base))
             except FileNotFoundError as err:
                 raise CorpusError(
-                    f"built-in corpus {name!r} ({what}) needs {err.filename}, which does not exist; "
-                    "set HPSE_DATA_DIR to the benchmark data directory"
+                    f"built-in corpus {name!r} ({what}) needs {err.filename}, which does not "
+                    "exist; set HPSE_DATA_DIR to the benchmark data directory"
                 ) from None
             continue
         path = Path(os.path.expandvars(os.path.expanduser(name)))
@@ -195,8 +195,8 @@ def load_corpus(
             texts.extend(_read_file(path))
         else:
             raise CorpusError(
-                f"corpus source {name!r} is neither a built-in corpus ({sorted(BUILTIN_CORPORA)}) nor an existing "
-                "file or directory"
+                f"corpus source {name!r} is neither a built-in corpus ({sorted(BUILTIN_CORPORA)}) "
+                "nor an existing file or directory"
             )
     if not texts:
         raise CorpusError(f"the corpus {list(map(os.fspath, sources))} holds no text")
@@ -231,7 +231,8 @@ def context_length(model: Any) -> int:
             break
     else:
         raise ValueError(
-            f"{type(model).__name__}'s config has no context length (n_positions, max_position_embeddings)"
+            f"{type(model).__name__}'s config has no context "
+            "length (n_positions, max_position_embeddings)"
         )
     model_type = getattr(config, "model_type", "") or ""
     if "mistral" in model_type:
@@ -333,7 +334,8 @@ def second_moments(
     """
     if not module_names:
         raise ValueError(
-            "module_names is empty: name the modules whose inputs to collect, e.g. model.layers.4.mlp.down_proj"
+            "module_names is empty: name the modules whose "
+            "inputs to collect, e.g. model.layers.4.mlp.down_proj"
         )
     dtype = getattr(torch, precision, None)
     if not isinstance(dtype, torch.dtype):
@@ -418,8 +420,9 @@ def ensure_layer_stats(
     """
     if ds_name in DOWNLOADED_DATASETS:
         raise CorpusError(
-            f"mom2_dataset {ds_name!r} names the dataset EasyEdit downloads; give the local statistics their own "
-            "name (e.g. mom2_dataset: editevery) so the cache cannot be confused with Wikipedia's"
+            f"mom2_dataset {ds_name!r} names the dataset EasyEdit downloads; give the local "
+            "statistics their own name (e.g. mom2_dataset: editevery) "
+            "so the cache cannot be confused with Wikipedia's"
         )
     texts = load_corpus(sources, root)
     chosen = [texts[i] for i in select_documents(len(texts), sample_size)]

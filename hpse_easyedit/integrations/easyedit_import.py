@@ -43,16 +43,18 @@ logger = logging.getLogger(__name__)
 
 ENV_VAR = "EASYEDIT_SRC"
 INSTALL_HINT = (
-    "install EasyEdit from its GitHub source: `git clone https://github.com/zjunlp/EasyEdit /path/to/EasyEdit`, "
-    "install its text-editing dependencies (`pip install higher einops hydra-core nltk rouge 'transformers<5.24'`; see docs/EASYEDIT.md), "
-    f"and `export {ENV_VAR}=/path/to/EasyEdit`"
+    "install EasyEdit from its GitHub source: `git clone https://github.com/zjunlp/EasyEdit "
+    "/path/to/EasyEdit`, install its text-editing dependencies (`pip install higher einops "
+    "hydra-core nltk rouge 'transformers<5.24'`; see "
+    f"docs/EASYEDIT.md), and `export {ENV_VAR}=/path/to/EasyEdit`"
 )
 STALE_PYPI_VERSION = "0.0.1.dev0"
 
 #: Packages EasyEdit imports at top level for features text editing never uses -> why they may be
 #: absent.
 OPTIONAL_MODULES: dict[str, str] = {
-    "torchvision": "vision transforms of the multimodal editors and BLIP-2 trainers; a binary built for one torch version",
+    "torchvision": "vision transforms of the multimodal editors and "
+    "BLIP-2 trainers; a binary built for one torch version",
     "timm": "vision backbones of the BLIP-2/MiniGPT-4 trainers; needs torchvision",
     "fairscale": "CLIP ViT of the BLIP-2 trainers; its build needs its own torch",
     "iopath": "checkpoint downloads of the BLIP-2 trainers",
@@ -61,8 +63,8 @@ OPTIONAL_MODULES: dict[str, str] = {
     "qwen_vl_utils": "Qwen2-VL processors; needs av",
     "scipy": "geometric-mean fluency metric and TF-IDF statistics (native)",
     "sklearn": "F1 metric of some evaluators and EAMET key statistics (native)",
-    "sentence_transformers": "IKE demonstrations and embedding-based evaluators (the MiniLM score of "
-    "eval_akew_unstructured: the easyedit extra installs it); needs scipy and scikit-learn",
+    "sentence_transformers": "IKE demonstrations and embedding-based evaluators (the MiniLM score "
+    "of eval_akew_unstructured: the easyedit extra installs it); needs scipy and scikit-learn",
     "zhipuai": "the DeepEdit API editor; needs the native cryptography package",
 }
 
@@ -102,9 +104,9 @@ class _AbsentMeta(type):
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
         root = cls._absent_name.split(".")[0]
         raise ImportError(
-            f"{cls._absent_name} is unavailable: the package {root!r} is not installed ({OPTIONAL_MODULES.get(root, '')}). "
-            f"EasyEdit was imported with a placeholder for it because it imports it at top level; install {root} "
-            "to use this EasyEdit feature"
+            f"{cls._absent_name} is unavailable: the package {root!r} is not installed "
+            f"({OPTIONAL_MODULES.get(root, '')}). EasyEdit was imported with a placeholder for it "
+            f"because it imports it at top level; install {root} to use this EasyEdit feature"
         )
 
 
@@ -195,7 +197,8 @@ def _source_dir() -> Path | None:
     path = Path(value).expanduser()
     if not (path / "easyeditor" / "__init__.py").is_file():
         raise EasyEditNotFoundError(
-            f"${ENV_VAR}={value} is not an EasyEdit checkout (no easyeditor/__init__.py there); {INSTALL_HINT}"
+            f"${ENV_VAR}={value} is not an EasyEdit checkout "
+            f"(no easyeditor/__init__.py there); {INSTALL_HINT}"
         )
     return path.resolve()
 
@@ -264,7 +267,8 @@ def check_easyedit(module: types.ModuleType | None = None) -> None:
             _installed_distribution_version() == STALE_PYPI_VERSION and ENV_VAR not in os.environ
         )
         what = (
-            f"the PyPI snapshot easyeditor=={STALE_PYPI_VERSION} (2023); `pip uninstall easyeditor`, then "
+            f"the PyPI snapshot easyeditor=={STALE_PYPI_VERSION} "
+            "(2023); `pip uninstall easyeditor`, then "
             if stale
             else "an EasyEdit too old for this integration; "
         )
@@ -293,13 +297,15 @@ def import_easyedit() -> types.ModuleType:
     )
     if version == STALE_PYPI_VERSION and not from_src:
         raise EasyEditVersionError(
-            f"the importable EasyEdit ({spec.origin}) is the PyPI snapshot easyeditor=={version} from 2023 (torch 2.0, "
-            f"transformers 4.30, no Qwen, AlphaEdit or UnKE); `pip uninstall easyeditor`, then {INSTALL_HINT}"
+            f"the importable EasyEdit ({spec.origin}) is the PyPI snapshot easyeditor=={version} "
+            "from 2023 (torch 2.0, transformers 4.30, no Qwen, AlphaEdit or UnKE); `pip "
+            f"uninstall easyeditor`, then {INSTALL_HINT}"
         )
     absent = {name for name in OPTIONAL_MODULES if importlib.util.find_spec(name) is None}
     if absent:
         logger.warning(
-            "Importing EasyEdit with placeholders for packages it imports at top level but text editing never uses: %s",
+            "Importing EasyEdit with placeholders for packages it "
+            "imports at top level but text editing never uses: %s",
             "; ".join(f"{n} ({OPTIONAL_MODULES[n]})" for n in sorted(absent)),
         )
     try:
@@ -317,7 +323,8 @@ def import_easyedit() -> types.ModuleType:
             installed = _distribution_version(pip_name)
             pinned = EASYEDIT_PINS.get(pip_name)
             fix = (
-                f"`pip install '{pip_name}{pinned}'` (or `pip install -e \".[easyedit]\"`, which pins it)"
+                f"`pip install '{pip_name}{pinned}'` (or `pip "
+                'install -e ".[easyedit]"`, which pins it)'
                 if pinned
                 else f"install the {pip_name} release that EasyEdit's requirements.txt names"
             )

@@ -64,8 +64,8 @@ class EditHandle(dict):
                 )
             position, n = self._pending.index(self) + 1, len(self._pending)
             raise UndoOrderError(
-                f"undo sequential edits last first: this weights_copy undoes edit {position} of the {n} still on the "
-                f"model; call the weights_copy of edit {n} first"
+                f"undo sequential edits last first: this weights_copy undoes edit {position} of "
+                f"the {n} still on the model; call the weights_copy of edit {n} first"
             )
         restored = restore_weights(self.model, dict(self))
         if self._pending:
@@ -75,8 +75,8 @@ class EditHandle(dict):
     def __repr__(self) -> str:
         values = sum(t.numel() for t in self.values())
         return (
-            f"<EditHandle: {len(self)} tensors ({values:,} values) from before the edit; call it to restore the "
-            "edited model>"
+            f"<EditHandle: {len(self)} tensors ({values:,} values) from before the edit; call it "
+            "to restore the edited model>"
         )
 
     __str__ = __repr__
@@ -105,8 +105,9 @@ def _live_model(model: Any) -> Any:
         return wrapper
     if injected:
         raise RuntimeError(
-            f"this model carries an '{ADAPTER_NAME}' LoRA adapter from an earlier edit but not its PeftModel; pass the "
-            "edited model that edit returned, or restore it first (hpse_easyedit.restore_weights)"
+            f"this model carries an '{ADAPTER_NAME}' LoRA adapter from an earlier edit but not "
+            "its PeftModel; pass the edited model that edit returned, or restore it first "
+            "(hpse_easyedit.restore_weights)"
         )
     state.adapter_model, state.adapter_created, state.adapter_grad_flags = None, False, {}
     return model

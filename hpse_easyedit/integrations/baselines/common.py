@@ -44,14 +44,15 @@ def easyedit_model_name(model_name: str, model: Any, method: str) -> str:
             return model_name
         if model_type not in _LLAMA_LAYOUT:
             raise HParamsError(
-                f"EasyEdit's AlphaEdit supports Llama-, Qwen-, GPT-J- and GPT2-XL-style models; {model_name!r} is a "
-                f"{model_type!r} model whose down_proj layout it cannot size"
+                "EasyEdit's AlphaEdit supports Llama-, Qwen-, GPT-J- and GPT2-XL-style models; "
+                f"{model_name!r} is a {model_type!r} model whose down_proj layout it cannot size"
             )
         return f"{model_name} ({_ALPHAEDIT_TAG}-layout {model_type})"
     if method in ("UnKE", "AnyEdit"):
         if not hasattr(getattr(model, "model", None), "rotary_emb"):
             raise HParamsError(
-                f"EasyEdit's {method} calls model.model.rotary_emb, which {type(model).__name__} does not have"
+                f"EasyEdit's {method} calls model.model.rotary_emb, "
+                f"which {type(model).__name__} does not have"
             )
         return f"{model_name} ({_UNKE_CALL_TAG} call path)"
     return model_name
@@ -87,8 +88,8 @@ def check_depth(model: Any, layers: Sequence[int], extra: Sequence[int], source:
     n = getattr(getattr(model, "config", None), "num_hidden_layers", None)
     if n is not None and max(list(layers) + list(extra)) >= n:
         raise HParamsError(
-            f"{source}: layers {list(layers)} / loss layer {list(extra)} exceed the model's {n} layers (0..{n - 1}); "
-            "fix the hparams for this model"
+            f"{source}: layers {list(layers)} / loss layer {list(extra)} exceed the model's {n} "
+            f"layers (0..{n - 1}); fix the hparams for this model"
         )
 
 

@@ -38,8 +38,8 @@ def _pairs_from_records(records: Sequence[Any], where: str) -> list[tuple[str, s
             pairs.append((r["text"], None))
         else:
             raise CorpusError(
-                f"{where}: record {i} is not a string, an Alpaca record (instruction, input, output), a "
-                "question/answer record or an object with 'text'"
+                f"{where}: record {i} is not a string, an Alpaca record (instruction, input, "
+                "output), a question/answer record or an object with 'text'"
             )
     return pairs
 
@@ -112,8 +112,9 @@ def check_locality_data(hp: Any) -> None:
             pairs = _instruction_pairs(os.fspath(source), data_dir())
         except FileNotFoundError as err:
             raise HParamsError(
-                f"{where}: the locality source {source!r} needs {err.filename}, which is not there; set HPSE_DATA_DIR "
-                "to the benchmark data, or give a local JSON/JSONL file of instruction/answer pairs"
+                f"{where}: the locality source {source!r} needs {err.filename}, which is not "
+                "there; set HPSE_DATA_DIR to the benchmark data, or "
+                "give a local JSON/JSONL file of instruction/answer pairs"
             ) from None
         except CorpusError as err:
             raise HParamsError(f"{where}: {err}") from None

@@ -69,8 +69,8 @@ class AdapterOptions(YamlHParams):
 
     stats_corpus: Any = hp_field(
         None,
-        "Local corpus of the covariance statistics: built-in names or .txt/.json/.jsonl files or dirs; "
-        "null = from mom2_dataset.",
+        "Local corpus of the covariance statistics: built-in names or .txt/.json/.jsonl files or "
+        "dirs; null = from mom2_dataset.",
         types=(list, type(None)),
     )
     editing_prompt: str = hp_field(
@@ -93,7 +93,8 @@ class AdapterOptions(YamlHParams):
             isinstance(s, str) and s for s in self.stats_corpus
         ):
             raise HParamsError(
-                f"{source}: key 'stats_corpus' must be a list of corpus names or paths, got {self.stats_corpus!r}"
+                f"{source}: key 'stats_corpus' must be a list of "
+                f"corpus names or paths, got {self.stats_corpus!r}"
             )
 
 
@@ -347,9 +348,9 @@ def _statistics_corpus(hp: LocateThenEditHParams) -> list | None:
     corpus = hp.corpus
     if corpus is None and hp.easyedit.mom2_dataset not in DOWNLOADED_DATASETS:
         raise HParamsError(
-            f"{hp.source}: mom2_dataset {hp.easyedit.mom2_dataset!r} is neither a built-in local corpus "
-            f"({sorted(BUILTIN_CORPORA)}) nor one EasyEdit downloads ({list(DOWNLOADED_DATASETS)}); add "
-            "stats_corpus: [FILES] to compute it offline"
+            f"{hp.source}: mom2_dataset {hp.easyedit.mom2_dataset!r} is neither a built-in local "
+            f"corpus ({sorted(BUILTIN_CORPORA)}) nor one EasyEdit downloads "
+            f"({list(DOWNLOADED_DATASETS)}); add stats_corpus: [FILES] to compute it offline"
         )
     return corpus
 
@@ -404,9 +405,10 @@ def check_statistics_obtainable(hp: LocateThenEditHParams) -> None:
     ]
     if missing and not _hub_reachable():
         raise HParamsError(
-            f"{hp.source}: no covariance statistics for layers {missing} in stats_dir {ee.stats_dir!r}, and "
-            f"mom2_dataset {ee.mom2_dataset!r} must be downloaded but the Hugging Face Hub cannot be reached (or offline "
-            "mode is set); add stats_corpus: [editevery] to compute them offline, or copy the statistics into stats_dir"
+            f"{hp.source}: no covariance statistics for layers {missing} in stats_dir "
+            f"{ee.stats_dir!r}, and mom2_dataset {ee.mom2_dataset!r} must be downloaded but the "
+            "Hugging Face Hub cannot be reached (or offline mode is set); add stats_corpus: "
+            "[editevery] to compute them offline, or copy the statistics into stats_dir"
         )
 
 
@@ -466,8 +468,8 @@ def easyedit_requests(tok: Any, requests: Any, hp: LocateThenEditHParams) -> lis
             )
         if prompt.count(r["subject"]) != 1:
             raise RequestError(
-                f"request {i}: subject {r['subject']!r} occurs {prompt.count(r['subject'])} times in the chat-templated "
-                f"prompt; EasyEdit's {hp.alg_name} needs it exactly once"
+                f"request {i}: subject {r['subject']!r} occurs {prompt.count(r['subject'])} times "
+                f"in the chat-templated prompt; EasyEdit's {hp.alg_name} needs it exactly once"
             )
         out.append(
             {

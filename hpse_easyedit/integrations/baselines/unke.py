@@ -69,8 +69,8 @@ class UnKEHyperParams(EditorHParams):
     )
     ex_data: list = hp_field(
         ["editevery"],
-        "Locality data UnKE preserves (Alpaca in the original): built-in 'editevery' or 'mmlu', or Alpaca/"
-        "question-answer JSON/JSONL files, or text corpora.",
+        "Locality data UnKE preserves (Alpaca in the original): built-in 'editevery' or 'mmlu', "
+        "or Alpaca/question-answer JSON/JSONL files, or text corpora.",
         nonempty=True,
     )
     ex_data_seed: int = hp_field(
@@ -78,8 +78,8 @@ class UnKEHyperParams(EditorHParams):
     )
     ex_data_max_tokens: int = hp_field(
         256,
-        "Locality texts are cut to this many tokens (0 = no cap): EditEverything texts average ~300 tokens, "
-        "Alpaca's ~100, and UnKE runs the whole model on all of them at once.",
+        "Locality texts are cut to this many tokens (0 = no cap): EditEverything texts average "
+        "~300 tokens, Alpaca's ~100, and UnKE runs the whole model on all of them at once.",
         min=0,
     )
 
@@ -90,7 +90,8 @@ class UnKEHyperParams(EditorHParams):
             )
         if self.v_loss_layer < max(self.layers):
             raise HParamsError(
-                f"{source}: v_loss_layer ({self.v_loss_layer}) must be >= the rewritten layers {self.layers}"
+                f"{source}: v_loss_layer ({self.v_loss_layer}) "
+                f"must be >= the rewritten layers {self.layers}"
             )
 
 
@@ -190,7 +191,8 @@ def apply_unke_family(
     ex_data = draw_locality_texts(tok, hparams, reqs, locality)
     if tok.pad_token_id is None:
         raise RequestError(
-            "the tokenizer has no pad token; UnKE pads its batches (set tok.pad_token = tok.eos_token)"
+            "the tokenizer has no pad token; UnKE pads its "
+            "batches (set tok.pad_token = tok.eos_token)"
         )
     layer_names = [hparams.layer_module_tmp.format(l) for l in hparams.layers]
     with (
