@@ -6,8 +6,8 @@ executor alone then the same executor with HPSE, at the same T on the same cases
 run is T = 1, the reference the paper's figure starts from; ``DIR@N`` is a ``--checkpoints`` run
 after N edits of each sequence, so one T = 100 pair with checkpoints 10,20,50 gives four T):
 
-    python -m benchmarks.continual runs/mq-seq10-lora runs/mq-seq10-hpse runs/mq-seq20-lora runs/mq-seq20-hpse \\
-        --name LoRA --png docs/img/continual.png
+    python -m benchmarks.continual runs/mq-seq10-lora runs/mq-seq10-hpse \\
+        runs/mq-seq20-lora runs/mq-seq20-hpse --name LoRA --png docs/img/continual.png
 
 Prints one markdown table: per run its T, sequences, cases, the task's metrics and Avg over all
 cases, Avg of each sequence (the spread between sequences), and for a +HPSE row its paired

@@ -63,7 +63,8 @@ EDIT_PROMPT = "Introduce {subject}."
 SUBJECT_PROMPT = (
     "Read the passage below and name its topic as a short phrase of 1 to 8 words, such as "
     '"the novel The Firm by John Grisham" or "George Rankin". The phrase must say what the passage '
-    "introduces without stating any of the facts it gives. Answer with the phrase only.\n\nPASSAGE:\n{passage}"
+    "introduces without stating any of the facts it gives. Answer with the phrase only.\n\n"
+    "PASSAGE:\n{passage}"
 )
 # AKEW's own generation prompt is not published with its data; this one asks for the same kind of
 # passage (a short natural-language paragraph that asserts the new fact in context).

@@ -15,7 +15,7 @@ the student toward another subject). Several ``--gates`` groups compare settings
         --gates tau=2,kappa=0.3 --gates tau=1,kappa=0.1 --out runs/inspect-gates.json
     python -m benchmarks.inspect_rollout --hparams hparams/HPSE/smollm2-135m.yaml --cases 6,24,68 \
         --gates teacher_facts=request --gates teacher_facts=all
-"""
+"""  # noqa: E501
 
 from __future__ import annotations
 
@@ -34,8 +34,9 @@ _WORD = re.compile(r"^[A-Za-z\u00C0-\u024F]{3,}$")
 # function words that occur in almost any passage, so "in the passage" says nothing about them
 _STOP = frozenset(
     """the and for are was were has have had his her hers she him they them their its this that
-these those with from into also been being which who whom whose what when where while than then there here
-not but all any one two some such very more most many much our out over under about after before""".split()
+these those with from into also been being which who whom whose what when where while than then
+there here not but all any one two some such very more most many much our out over under about
+after before""".split()
 )
 
 

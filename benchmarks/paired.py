@@ -13,12 +13,14 @@ MQuAKE-uns, "composition given the hops": in how many cases a run answered every
 facts are retrievable one by one but cannot be chained shows a low second number.
 
     python -m benchmarks.paired runs/mq20-lora runs/mq20-hpse --out runs/mq20-paired.json
-    python -m benchmarks.paired runs/mq20-lora runs/mq20-hpse --show 3 --data ../shared/data   # + case studies
+    # + case studies:
+    python -m benchmarks.paired runs/mq20-lora runs/mq20-hpse --show 3 --data ../shared/data
 
 With more than two runs (the baseline first), it prints one row per run on the cases ALL of them
 finished, each with its Avg difference from the baseline (interval, wins / ties / losses):
 
-    python -m benchmarks.paired runs/mq-lora runs/mq-hpse runs/mq-hpse-nonll --label LoRA --label HPSE --label "w/o NLL"
+    python -m benchmarks.paired runs/mq-lora runs/mq-hpse runs/mq-hpse-nonll \\
+        --label LoRA --label HPSE --label "w/o NLL"
 
 ``--cases ID,ID,...`` keeps only those cases (e.g. the MQuAKE-uns cases with two or more edits).
 ``--whole-word-aliases N`` (MQuAKE-uns) rescores the stored answers with a stricter check than the
@@ -35,7 +37,7 @@ that survives. MQuAKE-uns: Ind and Cmp by the check in use. UnKEBench: Div alway
 for runs judged by the offline lexical judge, which is rerun on the cut answers; Jnt/Dmp from an LLM
 judge cannot be recomputed offline, so those runs get Div alone. No model time: only stored answers
 are read.
-"""
+"""  # noqa: E501
 
 from __future__ import annotations
 

@@ -26,7 +26,8 @@ Examples::
     python -m benchmarks.perf --hparams hparams/HPSE/smollm2-135m.yaml --out runs/perf/cpu.json
     python -m benchmarks.perf --quick --out runs/perf/cpu-quick.json
     # on a GPU, a random-weight model with the real Qwen2.5-7B-Instruct configuration:
-    python -m benchmarks.perf --hparams hparams/HPSE/qwen2.5-7b.yaml --random-config qwen2.5-7b --out runs/perf/h100.json
+    python -m benchmarks.perf --hparams hparams/HPSE/qwen2.5-7b.yaml --random-config qwen2.5-7b \\
+        --out runs/perf/h100.json
 """
 
 from __future__ import annotations

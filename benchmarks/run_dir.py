@@ -265,7 +265,7 @@ def write_kept(file: ResultFile, records: list[dict]) -> None:
             ):  # no space to wait for
                 payload = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
                 kept = write_aside(
-                    lambda path: path.write_text(payload, encoding="utf-8"),
+                    lambda path, payload=payload: path.write_text(payload, encoding="utf-8"),
                     f"hpse-unwritten-{file.path.name}-",
                     suffix=".jsonl",
                 )

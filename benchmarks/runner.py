@@ -268,7 +268,7 @@ class _Run:
         from tqdm.auto import tqdm
         from tqdm.contrib.logging import logging_redirect_tqdm
 
-        ctx, d = self.ctx, self.directory
+        ctx = self.ctx
         desc = f"{self.task.name} {self.summary.label}" + (
             f" [{ctx.rank}/{ctx.world}]" if ctx.world > 1 else ""
         )

@@ -22,10 +22,10 @@ checked; nor are other integers (counts of records), which the prose should copy
 ``--write`` replaces every block with the regenerated text, so adding a rerun to RESULTS.md is one
 marker and an empty block plus ``--write``.
 
-    python -m benchmarks.study docs/study            # print every table
-    python -m benchmarks.study docs/study --check    # exit 1 when RESULTS.md disagrees with the runs
-    python -m benchmarks.study docs/study --write    # rewrite the blocks of RESULTS.md from the runs
-"""
+    python -m benchmarks.study docs/study          # print every table
+    python -m benchmarks.study docs/study --check  # exit 1 when RESULTS.md disagrees with the runs
+    python -m benchmarks.study docs/study --write  # rewrite the blocks of RESULTS.md from the runs
+"""  # noqa: E501
 
 from __future__ import annotations
 

@@ -220,8 +220,10 @@ class HPSEObjective:
             return "n/a" if v is None else format(v, spec)
 
         return (
-            f"step-in {fmt(None if stats['stepin_rate'] is None else 100 * stats['stepin_rate'], '.1f')}%, "
-            f"rollout {stats['rollout_len']:.1f} tok, kl {fmt(stats['kl'], '.3f')}, nll {fmt(stats['nll'], '.3f')}"
+            "step-in "
+            f"{fmt(None if stats['stepin_rate'] is None else 100 * stats['stepin_rate'], '.1f')}%, "
+            f"rollout {stats['rollout_len']:.1f} tok, kl {fmt(stats['kl'], '.3f')}, "
+            f"nll {fmt(stats['nll'], '.3f')}"
         )
 
 

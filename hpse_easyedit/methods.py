@@ -13,8 +13,12 @@ This module is the table only and imports no method: the project's own methods a
 ``IN_CONTEXT``) by ``benchmarks.editors``, each by the layer it belongs to. A new method is one
 module (its hparams class and its edit) plus one line::
 
-    register_method(MethodSpec("MYEDIT", MyHParams.load, hparams_dict, load_model, timed_edit(apply_my_edit),
-                               restore_weights, easyedit_apply=apply_my_edit))
+    register_method(
+        MethodSpec(
+            "MYEDIT", MyHParams.load, hparams_dict, load_model, timed_edit(apply_my_edit),
+            restore_weights, easyedit_apply=apply_my_edit,
+        )
+    )
 
 The runner's ``edit`` returns an object with ``.model``, ``.weights_copy``, ``.rounds`` and
 ``.seconds`` (``EditResult``); ``timed_edit`` makes one from the ROME/EasyEdit contract

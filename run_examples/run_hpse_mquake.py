@@ -2,8 +2,10 @@
 """Edit MQuAKE-uns cases with an hparams file's method and report Ind / Cmp / Avg (paper appendix
 C).
 
-    python run_examples/run_hpse_mquake.py --hparams hparams/HPSE/smollm2-135m.yaml --limit 20 --out runs/mq-hpse
-    python run_examples/run_hpse_mquake.py --hparams hparams/HPSE/smollm2-135m.yaml --set kl_weight=0 --out runs/mq-lora
+    python run_examples/run_hpse_mquake.py --hparams hparams/HPSE/smollm2-135m.yaml --limit 20 \\
+        --out runs/mq-hpse
+    python run_examples/run_hpse_mquake.py --hparams hparams/HPSE/smollm2-135m.yaml \\
+        --set kl_weight=0 --out runs/mq-lora
 
 See docs/BENCHMARKS.md for every option and the output files.
 """

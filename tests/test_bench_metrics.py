@@ -252,9 +252,10 @@ def test_self_bleu_excludes_the_hypothesis_from_its_references():
 @pytest.mark.xfail(
     strict=True,
     reason=(
-        'word_tokens is a regex, not Texygen\'s nltk.word_tokenize: it splits "\'s", "n\'t" and hyphenated names '
-        "(Div of the committed docs/study runs moves by 0.6-2.6 points with NLTK's word tokenizer); switching "
-        "changes committed numbers and nltk.word_tokenize needs punkt data this machine cannot download"
+        'word_tokens is a regex, not Texygen\'s nltk.word_tokenize: it splits "\'s", "n\'t" and '
+        "hyphenated names (Div of the committed docs/study runs moves by 0.6-2.6 points with "
+        "NLTK's word tokenizer); switching changes committed numbers and nltk.word_tokenize needs "
+        "punkt data this machine cannot download"
     ),
 )
 def test_word_tokens_are_texygens_nltk_word_tokenize_on_one_sentence():

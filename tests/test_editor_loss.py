@@ -3,7 +3,8 @@ rollout.
 
 The paper's objective (Eq. ``ours``) for one request is
 
-    J = kl_weight * sum_{t=1..|y|} KL[pi*_K(. | x, y_<t) || pi_theta(. | x, y_<t)]  -  nll_weight * log pi_theta(c | x)
+    J = kl_weight * sum_{t=1..|y|} KL[pi*_K(. | x, y_<t) || pi_theta(. | x, y_<t)]
+        -  nll_weight * log pi_theta(c | x)
 
 with pi* the frozen model reading the passage (its top-K renormalised, the student's full-vocabulary
 log-probabilities of those K tokens) and c the passage tokens followed by the chat template's
@@ -239,7 +240,7 @@ def test_scored_logits_only_trains_the_same_weights_with_the_head_on_fewer_posit
         model, tok = make_tiny_model_and_tokenizer(family, init_std=0.05)
         kept = []
         hook = model.register_forward_pre_hook(
-            lambda m, args, kwargs: (
+            lambda m, args, kwargs, kept=kept: (
                 kept.append((kwargs["input_ids"].shape[1], kwargs.get("logits_to_keep")))
                 if torch.is_grad_enabled()
                 else None

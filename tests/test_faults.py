@@ -200,8 +200,8 @@ def _full_disk_once(monkeypatch, target, attr, at):
     with ENOSPC after writing nothing; returns the call counter."""
     calls = [0]
     for tgt, name in WHOLE_FILE_WRITERS if attr == "whole files" else [(target, attr)]:
-
-        def failing(*args, _real=getattr(tgt, name), **kwargs):
+        # the default binds this iteration's original writer (a closure would see the last one)
+        def failing(*args, _real=getattr(tgt, name), **kwargs):  # noqa: B008
             calls[0] += 1
             if calls[0] == at:
                 raise OSError(errno.ENOSPC, "No space left on device", "injected")

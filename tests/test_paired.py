@@ -78,7 +78,7 @@ def test_bootstrap_ci_of_constant_and_spread():
     )  # symmetric data: a symmetric interval, up to resampling noise
 
 
-def test_bootstrap_ci_is_the_percentile_interval_of_resample_means_drawn_with_the_seeded_generator():
+def test_bootstrap_ci_is_the_percentile_interval_of_resample_means_from_the_seeded_generator():
     values = [0.1, 0.9, 0.4, 0.4, 1.0, 0.0, 0.7]
     rng = np.random.default_rng(7)
     means = [
@@ -373,7 +373,10 @@ def test_cuts_by_hand():
         cut_to_tokens("Yes, it is.", 2) == "Yes,"
         and cut_to_tokens("Yes, it is.", 5) == "Yes, it is."
     )
-    chars = lambda t: [(i, i + 1) for i in range(len(t))]  # a tokenizer whose tokens are characters
+
+    def chars(t):  # a tokenizer whose tokens are characters
+        return [(i, i + 1) for i in range(len(t))]
+
     assert cut_to_tokens("abcdef", 3, chars) == "abc" and cut_to_tokens("abc", 3, chars) == "abc"
     with pytest.raises(ValueError, match=">= 1"):
         cut_to_tokens("abc", 0)

@@ -224,6 +224,7 @@ def test_the_requests_of_an_edit_decode_as_one_batch(family, executor):
     kw = dict(
         tau=0.5, kappa=0.05, top_k=4, max_new_tokens=12, pad_id=tok.pad_token_id, stop_every=3
     )
+    alone = None  # each request decoded alone; the second pass stops at a token of the first's
     for stop in (-5, None):  # no stop token, then one that request 1 meets after a few tokens
         if stop is None:
             stop = int(alone[1].tokens[4])

@@ -4,8 +4,9 @@ The paper's main table puts UnKEBench (Jnt, Dmp, Div, Avg, MMLU) and MQuAKE-uns 
 by side, one row per method, numbers in percent with one decimal. ``paper_table`` renders that as
 markdown for any subset of the two benchmarks; a benchmark a row has no summary for shows dashes.
 
-    python -m benchmarks.report runs/mq-lora runs/mq-hpse                      # the paper-layout table
-    python -m benchmarks.report runs/mq-lora runs/mq-hpse --html runs/mq.html  # one self-contained HTML file
+    python -m benchmarks.report runs/mq-lora runs/mq-hpse  # the paper-layout table
+    # one self-contained HTML file:
+    python -m benchmarks.report runs/mq-lora runs/mq-hpse --html runs/mq.html
 
 ``__main__`` is that command; ``html`` writes the HTML report, which adds the case-by-case
 comparison with intervals, the step-in plot, and every case with its questions, answers, verdicts

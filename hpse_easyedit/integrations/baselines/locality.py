@@ -59,7 +59,7 @@ def _instruction_pairs(source: str, root: Path) -> list[tuple[str, str | None]]:
     if path.suffix.lower() in (".json", ".jsonl") and path.is_file():
         text = path.read_text(encoding="utf-8")
         records = (
-            [json.loads(l) for l in text.splitlines() if l.strip()]
+            [json.loads(line) for line in text.splitlines() if line.strip()]
             if path.suffix.lower() == ".jsonl"
             else json.loads(text)
         )

@@ -222,7 +222,8 @@ def load_locate_then_edit_hparams(
     )
     if unknown or missing:
         raise HParamsError(
-            f"{path}: {'unknown key(s) ' + str(unknown) if unknown else ''}{'; ' if unknown and missing else ''}"
+            f"{path}: {'unknown key(s) ' + str(unknown) if unknown else ''}"
+            f"{'; ' if unknown and missing else ''}"
             f"{'missing key(s) ' + str(missing) if missing else ''} for EasyEdit's {cls.__name__} "
             f"(its keys: {sorted(known)}; adapter keys: {sorted(adapter_keys)})"
         )

@@ -84,7 +84,10 @@ class UnKEHyperParams(EditorHParams):
     )
 
     def check(self, source: str) -> None:
-        if not all(isinstance(l, int) and not isinstance(l, bool) and l >= 0 for l in self.layers):
+        if not all(
+            isinstance(layer, int) and not isinstance(layer, bool) and layer >= 0
+            for layer in self.layers
+        ):
             raise HParamsError(
                 f"{source}: key 'layers' must be a list of layer indices, got {self.layers!r}"
             )
@@ -194,7 +197,7 @@ def apply_unke_family(
             "the tokenizer has no pad token; UnKE pads its "
             "batches (set tok.pad_token = tok.eos_token)"
         )
-    layer_names = [hparams.layer_module_tmp.format(l) for l in hparams.layers]
+    layer_names = [hparams.layer_module_tmp.format(layer) for layer in hparams.layers]
     with (
         grad_flags_kept(model),
         padding_side(tok, "right"),
