@@ -3,12 +3,18 @@ from setuptools import find_packages, setup
 setup(
     name="hpse-easyedit",
     version="0.1.0",
-    description="Hybrid-Policy Self-Editing (HPSE) for unstructured knowledge editing, as an EasyEdit plugin",
+    description="Hybrid-Policy Self-Editing (HPSE) for unstructured "
+    "knowledge editing, as an EasyEdit plugin",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=find_packages(include=["hpse_easyedit", "hpse_easyedit.*", "benchmarks", "benchmarks.*"]),
-    package_data={"hpse_easyedit": ["demo_passage.txt", "backbones/*.json"], "benchmarks": ["report/templates/*"]},
+    packages=find_packages(
+        include=["hpse_easyedit", "hpse_easyedit.*", "benchmarks", "benchmarks.*"]
+    ),
+    package_data={
+        "hpse_easyedit": ["demo_passage.txt", "backbones/*.json"],
+        "benchmarks": ["report/templates/*"],
+    },
     install_requires=[
         "torch>=2.1",
         "transformers>=4.45",
@@ -21,10 +27,13 @@ setup(
         "tqdm>=4.60",
         "matplotlib>=3.7",
         "packaging>=20",  # version comparisons (hpse_easyedit.loading)
-        "numpy>=1.22",  # np.random.default_rng: the bootstrap intervals (benchmarks.paired.bootstrap_ci)
+        # np.random.default_rng: the bootstrap intervals (benchmarks.paired.bootstrap_ci)
+        "numpy>=1.22",
         "nltk>=3.8",  # SelfBLEU-4 (benchmarks.metrics.bleu): the sentence_bleu Texygen calls
-        "charset-normalizer>=3",  # names the encoding of a passage file that is not UTF-8 (hpse_easyedit.encoding)
-        "rouge>=1.0.1",  # UnKE's own ROUGE recall (benchmarks.unke_scores), the package EasyEdit calls
+        # names the encoding of a passage file that is not UTF-8 (hpse_easyedit.encoding)
+        "charset-normalizer>=3",
+        # UnKE's own ROUGE recall (benchmarks.unke_scores), the package EasyEdit calls
+        "rouge>=1.0.1",
         "jinja2>=3.0",  # the HTML report's templates (benchmarks/report/templates)
         "pydantic>=2",  # the hparams schemas (hpse_easyedit.hparams)
     ],
@@ -32,12 +41,22 @@ setup(
         "test": ["pytest>=7", "pytest-timeout>=2"],
         # `make lint` (ruff.toml); pinned: a newer ruff may add checks to the selected rule sets
         "lint": ["ruff==0.17.6"],
-        # pure-Python packages EasyEdit's import chain needs for text editing (see docs/EASYEDIT.md), and a
-        # transformers that still has the modules it imports (5.24 removed one that EasyEdit's UnKE imports;
-        # hpse_easyedit.integrations.easyedit_import.EASYEDIT_PINS holds the same pin); sentence-transformers for
-        # the MiniLM score of eval_akew_unstructured, which EasyEdit's unstructured example imports
-        "easyedit": ["higher==0.2.1", "einops", "hydra-core", "nltk", "rouge", "sentence-transformers", "transformers<5.24"],
-        # llama.cpp's OpenAI-compatible server, to run the judge locally (compiles llama.cpp: long on a small CPU)
+        # pure-Python packages EasyEdit's import chain needs for text editing (see
+        # docs/EASYEDIT.md), and a transformers that still has the modules it imports (5.24 removed
+        # one that EasyEdit's UnKE imports; hpse_easyedit.integrations.easyedit_import.EASYEDIT_PINS
+        # holds the same pin); sentence-transformers for the MiniLM score of eval_akew_unstructured,
+        # which EasyEdit's unstructured example imports
+        "easyedit": [
+            "higher==0.2.1",
+            "einops",
+            "hydra-core",
+            "nltk",
+            "rouge",
+            "sentence-transformers",
+            "transformers<5.24",
+        ],
+        # llama.cpp's OpenAI-compatible server, to run the judge locally (compiles llama.cpp: long
+        # on a small CPU)
         "judge-server": ["llama-cpp-python[server]>=0.3"],
     },
     entry_points={"console_scripts": ["hpse-edit=hpse_easyedit.cli:main"]},

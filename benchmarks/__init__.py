@@ -11,8 +11,8 @@ cache) and the judge prompts.
 
 from .datasets import DataError, load_mmlu_subset, load_mquake_uns, load_unkebench
 from .distributed import ProcessContext, process_context
-from .methods import MethodSpec, get_method, register_method
 from .judge import JudgeSettings, LexicalJudge, LLMJudge, make_judge
+from .methods import MethodSpec, get_method, register_method
 from .report import paper_table, plot_stepin_rates
 from .runner import RunOptions, run_benchmark
 from .store import ConfigMismatchError, IncompleteRunError

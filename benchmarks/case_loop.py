@@ -1,10 +1,11 @@
 """The case loop of a benchmark run: edit, answer, restore, and the record of each case.
 
-Single editing: every case is edited into the unedited model, evaluated, and the edit is undone. Continual
-editing (``sequential=T``): T consecutive cases are edited one after another into the same model, then all T
-are evaluated, then the model is restored; the next T start from the unedited model. With ``checkpoints`` the
-cases edited so far are also evaluated after those edit counts of each block (``checkpoints.jsonl``), and a
-block stopped part-way resumes after its last edit (``benchmarks.sequence``).
+Single editing: every case is edited into the unedited model, evaluated, and the edit is undone.
+Continual editing (``sequential=T``): T consecutive cases are edited one after another into the same
+model, then all T are evaluated, then the model is restored; the next T start from the unedited
+model. With ``checkpoints`` the cases edited so far are also evaluated after those edit counts of
+each block (``checkpoints.jsonl``), and a block stopped part-way resumes after its last edit
+(``benchmarks.sequence``).
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ Progress = Callable[[int, "Mapping[str, str] | None"], None]
 
 @dataclass
 class Editing:
-    """One method on one model: the model loaded on first need, one case's edit, the answers to cases'
-    questions, the undo, and what a case's record says about its edit."""
+    """One method on one model: the model loaded on first need, one case's edit, the answers to
+    cases' questions, the undo, and what a case's record says about its edit."""
 
     method: MethodSpec
     hp: Any
@@ -46,7 +47,8 @@ class Editing:
     max_new_tokens: int
     batch_size: int
     store_rollouts: bool
-    #: draw a progress bar over the answers of an evaluation longer than one batch (the main process's)
+    #: draw a progress bar over the answers of an evaluation longer than one batch (the main
+    #: process's)
     show_progress: bool = True
     model: Any = field(default=None, init=False)
     tok: Any = field(default=None, init=False)
@@ -73,14 +75,20 @@ class Editing:
         return res, time.time() - t0
 
     def restore(self, model: Any, weights_copy: Any) -> None:
-        """Undo the edits whose values before are ``weights_copy``; the unedited model is this one's again."""
+        """Undo the edits whose values before are ``weights_copy``; the unedited model is this one's
+        again."""
         self.model = self.method.restore(model, weights_copy)
 
-    def answers(self, model: Any, cases: Sequence[Mapping[str, Any]], results: Sequence[Any] = (),
-                desc: str = "answers") -> list[list[str]]:
-        """Greedy chat-template answers to every case's questions, batched across the cases (under the
-        passages' system prompt when the edit results carry a context: the IN_CONTEXT reference); more than
-        one batch of them under a progress bar named ``desc``."""
+    def answers(
+        self,
+        model: Any,
+        cases: Sequence[Mapping[str, Any]],
+        results: Sequence[Any] = (),
+        desc: str = "answers",
+    ) -> list[list[str]]:
+        """Greedy chat-template answers to every case's questions, batched across the cases (under
+        the passages' system prompt when the edit results carry a context: the IN_CONTEXT
+        reference); more than one batch of them under a progress bar named ``desc``."""
         from tqdm.auto import tqdm
 
         from hpse_easyedit import generate_answers
@@ -89,11 +97,20 @@ class Editing:
 
         questions = [self.task.questions(c) for c in cases]
         flat_questions = [q for qs in questions for q in qs]
-        with tqdm(total=len(flat_questions), desc=desc, unit="answer", leave=False, dynamic_ncols=True,
-                  disable=not self.show_progress or len(flat_questions) <= self.batch_size) as bar:
+        with tqdm(
+            total=len(flat_questions),
+            desc=desc,
+            unit="answer",
+            leave=False,
+            dynamic_ncols=True,
+            disable=not self.show_progress or len(flat_questions) <= self.batch_size,
+        ) as bar:
             flat = generate_answers(
-                model, self.tok, flat_questions,
-                max_new_tokens=self.max_new_tokens, batch_size=self.batch_size,
+                model,
+                self.tok,
+                flat_questions,
+                max_new_tokens=self.max_new_tokens,
+                batch_size=self.batch_size,
                 system=answer_system(model, results, self.hp),
                 template_kwargs=getattr(self.hp, "chat_template_kwargs", None),
                 progress=bar.update,
@@ -104,7 +121,9 @@ class Editing:
             pos += len(qs)
         return out
 
-    def edit_record(self, index: int, case: Mapping[str, Any], res: Any, seconds: float, block: int | None) -> dict:
+    def edit_record(
+        self, index: int, case: Mapping[str, Any], res: Any, seconds: float, block: int | None
+    ) -> dict:
         """What a case's record says about its edit (everything but the scores)."""
         rec: dict[str, Any] = {
             "case_id": case["case_id"],
@@ -114,7 +133,9 @@ class Editing:
             "edit_seconds": round(seconds, 3),
             "rounds": json_plain(list(getattr(res, "rounds", None) or [])),
         }
-        if getattr(res, "algorithm_seconds", None) is not None:  # EasyEdit's own algorithm, the rest is integration
+        if (
+            getattr(res, "algorithm_seconds", None) is not None
+        ):  # EasyEdit's own algorithm, the rest is integration
             rec["algorithm_seconds"] = round(res.algorithm_seconds, 3)
         rollouts = pack_rounds(getattr(res, "rollouts", None)) if self.store_rollouts else None
         if rollouts is not None:
@@ -122,18 +143,27 @@ class Editing:
         return rec
 
     @staticmethod
-    def failed_record(index: int, case: Mapping[str, Any], err: EditDivergedError, block: int | None) -> dict:
-        """A case whose edit diverged: why, and no scores (left out of every mean, counted as failed)."""
+    def failed_record(
+        index: int, case: Mapping[str, Any], err: EditDivergedError, block: int | None
+    ) -> dict:
+        """A case whose edit diverged: why, and no scores (left out of every mean, counted as
+        failed)."""
         log.warning("case %s: %s", case["case_id"], err)
-        return {"case_id": case["case_id"], "index": index, "block": block,
-                "subjects": [r["subject"] for r in case["requests"]], "edit_seconds": round(err.seconds, 3),
-                "rounds": [], "failed": str(err)}
+        return {
+            "case_id": case["case_id"],
+            "index": index,
+            "block": block,
+            "subjects": [r["subject"] for r in case["requests"]],
+            "edit_seconds": round(err.seconds, 3),
+            "rounds": [],
+            "failed": str(err),
+        }
 
 
 @dataclass
 class CaseLoop:
-    """What a loop over a process's cases works with: the editing, the cases, the scorer, the MMLU probe and
-    this process's results file."""
+    """What a loop over a process's cases works with: the editing, the cases, the scorer, the MMLU
+    probe and this process's results file."""
 
     editing: Editing
     cases: Any
@@ -143,7 +173,8 @@ class CaseLoop:
 
 
 class SingleLoop(CaseLoop):
-    """Single editing: each case edited into the unedited model, answered, scored, undone, recorded."""
+    """Single editing: each case edited into the unedited model, answered, scored, undone,
+    recorded."""
 
     def run(self, todo: list[int], progress: Progress) -> None:
         e = self.editing
@@ -165,13 +196,16 @@ class SingleLoop(CaseLoop):
                 rec["MMLU_after"] = mmlu_after
             write_kept(self.results, [rec])
             self.scorer.stop_if_refused()
-            progress(1, {m: f"{100 * rec[m]:.0f}" for m in e.task.metrics if rec.get(m) is not None})
+            progress(
+                1, {m: f"{100 * rec[m]:.0f}" for m in e.task.metrics if rec.get(m) is not None}
+            )
 
 
 @dataclass
 class SequentialLoop(CaseLoop):
     """Continual editing: blocks of T cases edited one after another, evaluated together (and at the
-    checkpoints part-way), then undone; a block in progress resumes from its snapshot or by replaying."""
+    checkpoints part-way), then undone; a block in progress resumes from its snapshot or by
+    replaying."""
 
     sequence: SequenceLog
     checkpoints: Sequence[int]
@@ -179,7 +213,9 @@ class SequentialLoop(CaseLoop):
     def run(self, blocks: list[tuple[int, list[int]]], progress: Progress) -> None:
         e, snapshots = self.editing, self.editing.method.resume is not None
         for b, block in blocks:
-            model, weights0, edits, results = self._resume_block(b, block)  # results: IN_CONTEXT's passages
+            model, weights0, edits, results = self._resume_block(
+                b, block
+            )  # results: IN_CONTEXT's passages
             self.checkpoint(b, block, len(edits), model, results)
             for j in range(len(edits), len(block)):
                 model, weights0, edit, res = self._sequence_edit(model, weights0, b, j, block[j])
@@ -189,8 +225,12 @@ class SequentialLoop(CaseLoop):
                 if snapshots and len(block) > 1:
                     self.sequence.save_state(model, b, j + 1, weights0)
                 self.checkpoint(b, block, j + 1, model, results)
-            answers = e.answers(model, [self.cases[i] for i in block], results,
-                                desc=f"block {b}: answers after {len(block)} edits")
+            answers = e.answers(
+                model,
+                [self.cases[i] for i in block],
+                results,
+                desc=f"block {b}: answers after {len(block)} edits",
+            )
             mmlu_after = self.probe.measure(model, e.tok) if self.probe.due(b) else None
             e.restore(model, weights0)
             records = []
@@ -207,9 +247,9 @@ class SequentialLoop(CaseLoop):
             progress(len(block), None)
 
     def _resume_block(self, b: int, block: list[int]) -> tuple[Any, Any, list[dict], list[Any]]:
-        """The model as the recorded edits of block ``b`` left it, the values before its first edit, and
-        those edits' records: loaded from the snapshot, or the edits replayed (each checked against its
-        record; from the first that differs on, the block is redone)."""
+        """The model as the recorded edits of block ``b`` left it, the values before its first edit,
+        and those edits' records: loaded from the snapshot, or the edits replayed (each checked
+        against its record; from the first that differs on, the block is redone)."""
         e, edits, results = self.editing, self.sequence.recorded(b), []
         if not edits:
             return e.model, None, [], []
@@ -218,16 +258,31 @@ class SequentialLoop(CaseLoop):
         if state is not None and 0 < state["edits"] <= len(edits):
             model = e.method.resume(e.model, e.hp, state["tensors"])
             weights0, done = state["weights0"], state["edits"]
-            log.info("block %d: resuming after edit %d of %d from %s", b, done, len(block), self.sequence.state)
+            log.info(
+                "block %d: resuming after edit %d of %d from %s",
+                b,
+                done,
+                len(block),
+                self.sequence.state,
+            )
         if done < len(edits):
-            log.info("block %d: replaying %d recorded edit(s) (%d to %d) without evaluating them", b,
-                     len(edits) - done, done + 1, len(edits))
+            log.info(
+                "block %d: replaying %d recorded edit(s) (%d to %d) without evaluating them",
+                b,
+                len(edits) - done,
+                done + 1,
+                len(edits),
+            )
         for j in range(done, len(edits)):
             model, weights0, replayed, res = self._sequence_edit(model, weights0, b, j, block[j])
             results += [res] if res is not None else []
             if not same_edit(edits[j], replayed):
-                log.warning("block %d: edit %d computes other values than recorded (another machine or kernels?); "
-                            "its record and every later one of the block are redone", b, j + 1)
+                log.warning(
+                    "block %d: edit %d computes other values than recorded (another machine or "
+                    "kernels?); its record and every later one of the block are redone",
+                    b,
+                    j + 1,
+                )
                 self.sequence.forget_from(b, j)
                 edits = [*edits[:j], replayed]
                 write_kept(self.sequence.edits, [replayed])
@@ -236,36 +291,62 @@ class SequentialLoop(CaseLoop):
                 return model, weights0, edits, results
         return model, weights0, edits, results
 
-    def _sequence_edit(self, model: Any, weights0: Any, b: int, j: int, i: int) -> tuple[Any, Any, dict, Any]:
-        """Edit ``j`` of block ``b`` (case ``i``): the model after it, the values before the block's first edit,
-        the edit's record and its result (None when it diverged: the model is then as before this edit)."""
+    def _sequence_edit(
+        self, model: Any, weights0: Any, b: int, j: int, i: int
+    ) -> tuple[Any, Any, dict, Any]:
+        """Edit ``j`` of block ``b`` (case ``i``): the model after it, the values before the block's
+        first edit, the edit's record and its result (None when it diverged: the model is then as
+        before this edit)."""
         e = self.editing
         try:
             res, seconds = e.edit(model, self.cases[i])
         except EditDivergedError as err:
-            return (err.model, err.weights_copy if weights0 is None else weights0,
-                    {**e.failed_record(i, self.cases[i], err, b), "position": j}, None)
+            return (
+                err.model,
+                err.weights_copy if weights0 is None else weights0,
+                {**e.failed_record(i, self.cases[i], err, b), "position": j},
+                None,
+            )
         weights0 = res.weights_copy if weights0 is None else weights0
-        return res.model, weights0, {**e.edit_record(i, self.cases[i], res, seconds, b), "position": j}, res
+        return (
+            res.model,
+            weights0,
+            {**e.edit_record(i, self.cases[i], res, seconds, b), "position": j},
+            res,
+        )
 
-    def checkpoint(self, b: int, block: list[int], edits: int, model: Any, results: Sequence[Any]) -> None:
-        """At a checkpoint, the scores of the block's first ``edits`` cases on the model as edited so far."""
+    def checkpoint(
+        self, b: int, block: list[int], edits: int, model: Any, results: Sequence[Any]
+    ) -> None:
+        """At a checkpoint, the scores of the block's first ``edits`` cases on the model as edited
+        so far."""
         if edits not in self.checkpoints or edits >= len(block):
             return
         done = block[:edits]
         ids = [str(self.cases[i]["case_id"]) for i in done]
         if self.sequence.has_checkpoint(b, edits, ids):
             return
-        failed = {str(r["case_id"]): r["failed"] for r in self.sequence.recorded(b) if "failed" in r}
+        failed = {
+            str(r["case_id"]): r["failed"] for r in self.sequence.recorded(b) if "failed" in r
+        }
         t0 = time.time()
-        answers = self.editing.answers(model, [self.cases[i] for i in done], results,
-                                       desc=f"block {b}: checkpoint after {edits} edits")
+        answers = self.editing.answers(
+            model,
+            [self.cases[i] for i in done],
+            results,
+            desc=f"block {b}: checkpoint after {edits} edits",
+        )
         mmlu_after = self.probe.measure(model, self.editing.tok) if self.probe.enabled else None
         records = []
         for i, a in zip(done, answers):
             case = self.cases[i]
-            rec: dict[str, Any] = {"case_id": case["case_id"], "index": i, "block": b, "checkpoint": edits,
-                                   "subjects": [r["subject"] for r in case["requests"]]}
+            rec: dict[str, Any] = {
+                "case_id": case["case_id"],
+                "index": i,
+                "block": b,
+                "checkpoint": edits,
+                "subjects": [r["subject"] for r in case["requests"]],
+            }
             if str(case["case_id"]) in failed:
                 rec["failed"] = failed[str(case["case_id"])]
                 records.append(rec)
@@ -276,4 +357,6 @@ class SequentialLoop(CaseLoop):
             records.append(rec)
         write_kept(self.sequence.checkpoints, records)
         self.scorer.stop_if_refused()
-        log.info("block %d: checkpoint after %d edits evaluated in %.0f s", b, edits, time.time() - t0)
+        log.info(
+            "block %d: checkpoint after %d edits evaluated in %.0f s", b, edits, time.time() - t0
+        )

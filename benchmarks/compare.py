@@ -1,13 +1,14 @@
-"""Several methods (hparams files plus overrides) over the same cases: one side-by-side table and a plot.
+"""Several methods (hparams files plus overrides) over the same cases: one side-by-side table and a
+plot.
 
 Each (method, benchmark) pair is an ordinary resumable run in ``OUT/<benchmark>/<label>/``, so an
 interrupted comparison resumes, and adding a method later reruns nothing that is done. Beside the
-paper-layout table (``compare.md``), ``paired.md`` holds, per benchmark, every row's means with 95% bootstrap
-intervals and its paired Avg difference from the reference row (``--reference``, default the first
-``--method``) on the cases all rows finished (``benchmarks.paired.multi_report``), and the mean wall
-time of an edit per row. Under
-``accelerate launch --num_processes N`` every process walks the same (method, benchmark) list and runs
-its share of each; the main process writes the table, the JSON and the plot.
+paper-layout table (``compare.md``), ``paired.md`` holds, per benchmark, every row's means with 95%
+bootstrap intervals and its paired Avg difference from the reference row (``--reference``, default
+the first ``--method``) on the cases all rows finished (``benchmarks.paired.multi_report``), and the
+mean wall time of an edit per row. Under
+``accelerate launch --num_processes N`` every process walks the same (method, benchmark) list and
+runs its share of each; the main process writes the table, the JSON and the plot.
 """
 
 from __future__ import annotations
@@ -20,14 +21,27 @@ from typing import Sequence
 
 from hpse_easyedit.cli import OneLineParser, run_cli
 
+from .cli import (
+    add_run_arguments,
+    benchmark_errors,
+    configure_logging,
+    is_main_process,
+    options_from_args,
+)
 from .paired import multi_report, multi_table
 from .report import judge_note, paper_table, plot_stepin_rates
-from .cli import add_run_arguments, benchmark_errors, configure_logging, is_main_process, options_from_args
 from .runner import RunOptions, failed_note, run_benchmark, unjudged_note
 from .store import write_json_atomic
 from .tasks import TASKS
 
-__all__ = ["compare_main", "overrides_for", "paired_tables", "parse_method", "preflight", "seconds_table"]
+__all__ = [
+    "compare_main",
+    "overrides_for",
+    "paired_tables",
+    "parse_method",
+    "preflight",
+    "seconds_table",
+]
 
 log = logging.getLogger(__name__)
 
@@ -37,28 +51,34 @@ BENCHMARKS = tuple(TASKS)
 def parse_method(spec: Sequence[str]) -> tuple[str, str, list[str]]:
     """``LABEL FILE [KEY=VALUE | BENCHMARK:KEY=VALUE ...]`` -> (label, hparams file, overrides).
 
-    An override prefixed with a benchmark name applies to that benchmark's run only, e.g. the paper's
-    rollout length ``unkebench:max_new_tokens=128`` next to 96 for MQuAKE-uns.
+    An override prefixed with a benchmark name applies to that benchmark's run only, e.g. the
+    paper's rollout length ``unkebench:max_new_tokens=128`` next to 96 for MQuAKE-uns.
     """
     if len(spec) < 2:
         raise argparse.ArgumentTypeError(
-            f"--method {' '.join(spec)}: expected LABEL FILE [KEY=VALUE ...], e.g. --method LoRA hparams/HPSE/x.yaml kl_weight=0"
+            f"--method {' '.join(spec)}: expected LABEL FILE [KEY=VALUE ...], e.g. --method LoRA "
+            "hparams/HPSE/x.yaml kl_weight=0"
         )
     label, path, *overrides = spec
     bad = [o for o in overrides if "=" not in o]
     if bad:
-        raise argparse.ArgumentTypeError(f"--method {label}: overrides must be KEY=VALUE, got {bad}")
-    scoped = [o for o in overrides if ":" in o.split("=", 1)[0] and o.split(":", 1)[0] not in BENCHMARKS]
+        raise argparse.ArgumentTypeError(
+            f"--method {label}: overrides must be KEY=VALUE, got {bad}"
+        )
+    scoped = [
+        o for o in overrides if ":" in o.split("=", 1)[0] and o.split(":", 1)[0] not in BENCHMARKS
+    ]
     if scoped:
         raise argparse.ArgumentTypeError(
-            f"--method {label}: {scoped[0]!r} names no benchmark; a scoped override is BENCHMARK:KEY=VALUE with "
-            f"BENCHMARK one of {list(BENCHMARKS)}"
+            f"--method {label}: {scoped[0]!r} names no benchmark; a scoped override is "
+            f"BENCHMARK:KEY=VALUE with BENCHMARK one of {list(BENCHMARKS)}"
         )
     return label, path, overrides
 
 
 def overrides_for(overrides: Sequence[str], benchmark: str) -> list[str]:
-    """The overrides of one benchmark's run: the plain ones and those scoped to ``benchmark`` (prefix removed)."""
+    """The overrides of one benchmark's run: the plain ones and those scoped to ``benchmark``
+    (prefix removed)."""
     out = []
     for o in overrides:
         key = o.split("=", 1)[0]
@@ -74,10 +94,11 @@ def _slug(label: str) -> str:
 
 
 def preflight(runs: Sequence[RunOptions]) -> None:
-    """Check every method of a comparison before its first row runs: each hparams file (with its overrides) is
-    valid, EasyEdit is importable for the methods that run EasyEdit's code, and what a method needs on this
-    machine is there (its registry ``preflight``: MEMIT's and AlphaEdit's covariance statistics present or
-    computable offline). Raises the user error of the first that is not."""
+    """Check every method of a comparison before its first row runs: each hparams file (with its
+    overrides) is valid, EasyEdit is importable for the methods that run EasyEdit's code, and what a
+    method needs on this machine is there (its registry ``preflight``: MEMIT's and AlphaEdit's
+    covariance statistics present or computable offline). Raises the user error of the first that is
+    not."""
     from .methods import method_for_file
 
     checked: set[tuple[str, tuple[str, ...]]] = set()
@@ -97,14 +118,18 @@ def preflight(runs: Sequence[RunOptions]) -> None:
 
 
 def seconds_table(rows: Sequence[tuple[str, dict]], benchmarks: Sequence[str]) -> str:
-    """Markdown: the mean wall time of one edit per row and benchmark (``edit_seconds_mean`` of its summary).
+    """Markdown: the mean wall time of one edit per row and benchmark (``edit_seconds_mean`` of its
+    summary).
 
     Under ``--sequential T`` an 'edit' is one case's edit inside its sequence; the reference rows
-    (unedited, in-context) edit nothing and show 0. For methods that run EasyEdit's own algorithm the
-    cell adds the share of that time spent inside EasyEdit's function (``algorithm_seconds_mean``); the
-    rest is what this project's integration adds.
+    (unedited, in-context) edit nothing and show 0. For methods that run EasyEdit's own algorithm
+    the cell adds the share of that time spent inside EasyEdit's function
+    (``algorithm_seconds_mean``); the rest is what this project's integration adds.
     """
-    lines = ["| method | " + " | ".join(f"s/edit ({b})" for b in benchmarks) + " |", "|---|" + "---:|" * len(benchmarks)]
+    lines = [
+        "| method | " + " | ".join(f"s/edit ({b})" for b in benchmarks) + " |",
+        "|---|" + "---:|" * len(benchmarks),
+    ]
     for label, summaries in rows:
         cells = []
         for b in benchmarks:
@@ -118,11 +143,19 @@ def seconds_table(rows: Sequence[tuple[str, dict]], benchmarks: Sequence[str]) -
     return "\n".join(lines) + "\n"
 
 
-def paired_tables(out: Path, labels: Sequence[str], reference: str, benchmarks: Sequence[str], *,
-                  resamples: int = 10000) -> tuple[str, dict]:
-    """Per benchmark, every row against ``reference`` on the cases all rows finished: markdown and the reports.
+def paired_tables(
+    out: Path,
+    labels: Sequence[str],
+    reference: str,
+    benchmarks: Sequence[str],
+    *,
+    resamples: int = 10000,
+) -> tuple[str, dict]:
+    """Per benchmark, every row against ``reference`` on the cases all rows finished: markdown and
+    the reports.
 
-    A benchmark where some row has no finished case (or only one row ran) gets a line saying so instead.
+    A benchmark where some row has no finished case (or only one row ran) gets a line saying so
+    instead.
     """
     order = [reference] + [label for label in labels if label != reference]
     parts, reports = [], {}
@@ -133,7 +166,9 @@ def paired_tables(out: Path, labels: Sequence[str], reference: str, benchmarks: 
         try:
             report = multi_report(dirs, resamples=resamples)
         except (ValueError, FileNotFoundError) as err:
-            parts.append(f"{bench}: no paired comparison with {reference} ({' '.join(str(err).split())}).\n")
+            parts.append(
+                f"{bench}: no paired comparison with {reference} ({' '.join(str(err).split())}).\n"
+            )
             continue
         reports[bench] = report
         parts.append(multi_table(report, order))
@@ -142,21 +177,45 @@ def paired_tables(out: Path, labels: Sequence[str], reference: str, benchmarks: 
 
 def _compare(argv: Sequence[str]) -> int:
     parser = OneLineParser(
-        description="Run several hparams files (with overrides) over the same cases; print one table in the "
-                    "paper's layout and plot the step-in rate per round.",
+        description="Run several hparams files (with overrides) over the same cases; print one "
+        "table in the paper's layout and plot the step-in rate per round.",
     )
-    parser.add_argument("--method", nargs="+", action="append", required=True, metavar="ARG",
-                        help="LABEL FILE [KEY=VALUE ...]; repeat for each method, e.g. "
-                             "--method LoRA hparams/HPSE/x.yaml kl_weight=0 --method HPSE hparams/HPSE/x.yaml; "
-                             "BENCHMARK:KEY=VALUE applies to one benchmark only (unkebench:max_new_tokens=128)")
-    parser.add_argument("--benchmark", nargs="+", default=list(BENCHMARKS),
-                        choices=BENCHMARKS, help="benchmarks to run (default both)")
-    parser.add_argument("--out", default="runs/compare", metavar="DIR", help="output directory (default runs/compare)")
-    parser.add_argument("--reference", metavar="LABEL",
-                        help="the row every other row is paired with (Avg difference, 95%% interval, wins/ties/losses); "
-                             "default the first --method")
-    parser.add_argument("--resamples", type=int, default=10000, metavar="N",
-                        help="bootstrap resamples of the intervals (default 10000)")
+    parser.add_argument(
+        "--method",
+        nargs="+",
+        action="append",
+        required=True,
+        metavar="ARG",
+        help="LABEL FILE [KEY=VALUE ...]; repeat for each method, e.g. "
+        "--method LoRA hparams/HPSE/x.yaml kl_weight=0 --method HPSE hparams/HPSE/x.yaml; "
+        "BENCHMARK:KEY=VALUE applies to one benchmark only (unkebench:max_new_tokens=128)",
+    )
+    parser.add_argument(
+        "--benchmark",
+        nargs="+",
+        default=list(BENCHMARKS),
+        choices=BENCHMARKS,
+        help="benchmarks to run (default both)",
+    )
+    parser.add_argument(
+        "--out",
+        default="runs/compare",
+        metavar="DIR",
+        help="output directory (default runs/compare)",
+    )
+    parser.add_argument(
+        "--reference",
+        metavar="LABEL",
+        help="the row every other row is paired with (Avg difference, 95%% interval, "
+        "wins/ties/losses); default the first --method",
+    )
+    parser.add_argument(
+        "--resamples",
+        type=int,
+        default=10000,
+        metavar="N",
+        help="bootstrap resamples of the intervals (default 10000)",
+    )
     add_run_arguments(parser, None)
     args = parser.parse_args(argv)
     configure_logging(args.log_level)
@@ -165,38 +224,63 @@ def _compare(argv: Sequence[str]) -> int:
     except argparse.ArgumentTypeError as err:
         parser.error(str(err))
     if args.cases and len(args.benchmark) > 1:
-        parser.error("--cases names case ids of one benchmark; pass "
-                     + " or ".join(f"--benchmark {b}" for b in sorted(BENCHMARKS)) + " with it")
+        parser.error(
+            "--cases names case ids of one benchmark; pass "
+            + " or ".join(f"--benchmark {b}" for b in sorted(BENCHMARKS))
+            + " with it"
+        )
     labels = [m[0] for m in methods]
     if len(set(map(_slug, labels))) != len(labels):
         parser.error(f"method labels must be distinct, got {labels}")
     reference = labels[0] if args.reference is None else args.reference
     if reference not in labels:
-        parser.error(f"--reference {reference!r}: no --method has that label; choose one of {labels}")
+        parser.error(
+            f"--reference {reference!r}: no --method has that label; choose one of {labels}"
+        )
     if args.resamples < 1:
         parser.error(f"--resamples {args.resamples}: must be >= 1")
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         parser.error(f"--out {out}: is a file, not a directory; give a directory path")
-    runs = [(label, bench, options_from_args(args, bench, path, overrides_for(overrides, bench),
-                                             str(out / bench / _slug(label)), label))
-            for label, path, overrides in methods for bench in args.benchmark]
+    runs = [
+        (
+            label,
+            bench,
+            options_from_args(
+                args,
+                bench,
+                path,
+                overrides_for(overrides, bench),
+                str(out / bench / _slug(label)),
+                label,
+            ),
+        )
+        for label, path, overrides in methods
+        for bench in args.benchmark
+    ]
     preflight([opts for _, _, opts in runs])
     rows, series, everything = [], {}, {}
     for label, _, _ in methods:
         summaries = {}
         for bench, opts in [(b, o) for lab, b, o in runs if lab == label]:
             summaries[bench] = run_benchmark(opts)
-            series[f"{label} ({bench})" if len(args.benchmark) > 1 else label] = summaries[bench]["stepin_rate_by_round"]
+            series[f"{label} ({bench})" if len(args.benchmark) > 1 else label] = summaries[bench][
+                "stepin_rate_by_round"
+            ]
         rows.append((label, summaries))
         everything[label] = summaries
     if not is_main_process():
         return 0
     every = [s for _, ss in rows for s in ss.values()]
     table = paper_table(rows) + judge_note(every) + unjudged_note(every) + failed_note(every)
-    paired, reports = paired_tables(out, labels, reference, args.benchmark, resamples=args.resamples)
-    details = ("Wall time per edit (mean over the row's cases):\n\n" + seconds_table(rows, args.benchmark)
-               + (f"\nPaired with {reference}, per benchmark:\n\n" + paired if paired else ""))
+    paired, reports = paired_tables(
+        out, labels, reference, args.benchmark, resamples=args.resamples
+    )
+    details = (
+        "Wall time per edit (mean over the row's cases):\n\n"
+        + seconds_table(rows, args.benchmark)
+        + (f"\nPaired with {reference}, per benchmark:\n\n" + paired if paired else "")
+    )
     out.mkdir(parents=True, exist_ok=True)
     (out / "compare.md").write_text(table, encoding="utf-8")
     (out / "paired.md").write_text(details, encoding="utf-8")
@@ -204,12 +288,15 @@ def _compare(argv: Sequence[str]) -> int:
     write_json_atomic(out / "paired.json", {"reference": reference, "benchmarks": reports})
     plot_stepin_rates(series, out / "stepin_by_round.png")
     print(table + "\n" + details, end="")
-    print(f"\ntables: {out / 'compare.md'} (paper layout), {out / 'paired.md'} (times, intervals, paired with "
-          f"{reference}); step-in plot: {out / 'stepin_by_round.png'}")
+    print(
+        f"\ntables: {out / 'compare.md'} (paper layout), {out / 'paired.md'} (times, intervals, "
+        f"paired with {reference}); step-in plot: {out / 'stepin_by_round.png'}"
+    )
     return 1 if any(s.get("unjudged_cases") for s in every) else 0
 
 
 def compare_main(argv: Sequence[str] | None = None) -> int:
-    """``run_compare.py``: every method is checked first (``preflight``), then each row runs; a bad input is one
-    logged line and exit code 2 before any edit; exit code 1 when some UnKEBench cases are still unjudged."""
+    """``run_compare.py``: every method is checked first (``preflight``), then each row runs; a bad
+    input is one logged line and exit code 2 before any edit; exit code 1 when some UnKEBench cases
+    are still unjudged."""
     return run_cli(_compare, argv, extra=benchmark_errors(), logger=log)

@@ -1,19 +1,20 @@
-"""Continual editing, as the paper reports it: each executor without and with HPSE at each sequence length T.
+"""Continual editing, as the paper reports it: each executor without and with HPSE at each sequence
+length T.
 
-Reads finished run directories of ``--sequential T`` runs (no model time) given as pairs, the executor
-alone then the same executor with HPSE, at the same T on the same cases (a single-editing run is T = 1,
-the reference the paper's figure starts from; ``DIR@N`` is a ``--checkpoints`` run after N edits of each
-sequence, so one T = 100 pair with checkpoints 10,20,50 gives four T):
+Reads finished run directories of ``--sequential T`` runs (no model time) given as pairs, the
+executor alone then the same executor with HPSE, at the same T on the same cases (a single-editing
+run is T = 1, the reference the paper's figure starts from; ``DIR@N`` is a ``--checkpoints`` run
+after N edits of each sequence, so one T = 100 pair with checkpoints 10,20,50 gives four T):
 
-    python -m benchmarks.continual runs/mq-seq10-lora runs/mq-seq10-hpse runs/mq-seq20-lora runs/mq-seq20-hpse \\
-        --name LoRA --png docs/img/continual.png
+    python -m benchmarks.continual runs/mq-seq10-lora runs/mq-seq10-hpse \\
+        runs/mq-seq20-lora runs/mq-seq20-hpse --name LoRA --png docs/img/continual.png
 
-Prints one markdown table: per run its T, sequences, cases, the task's metrics and Avg over all cases,
-Avg of each sequence (the spread between sequences), and for a +HPSE row its paired difference in Avg
-from the executor alone (per case, 95% bootstrap interval of the mean). ``--png`` draws the paper's
-layout: per metric and T, the executor's bar filled and the +HPSE bar outlined over it. ``--first N``
-(one per pair, or ``all``) reports a pair on its runs' first N cases only, e.g. the single-editing runs on
-the cases of the sequences after they have gone on to more cases.
+Prints one markdown table: per run its T, sequences, cases, the task's metrics and Avg over all
+cases, Avg of each sequence (the spread between sequences), and for a +HPSE row its paired
+difference in Avg from the executor alone (per case, 95% bootstrap interval of the mean). ``--png``
+draws the paper's layout: per metric and T, the executor's bar filled and the +HPSE bar outlined
+over it. ``--first N`` (one per pair, or ``all``) reports a pair on its runs' first N cases only,
+e.g. the single-editing runs on the cases of the sequences after they have gone on to more cases.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from hpse_easyedit.cli import OneLineParser, run_cli
@@ -34,8 +34,8 @@ __all__ = ["continual_rows", "continual_table", "main", "plot_continual"]
 
 
 def _run(path: str) -> tuple[str, int, dict[str, dict]]:
-    """(benchmark, T, {case_id: record}) of a run directory, or of ``DIR@N``: the run's checkpoint after N edits
-    of each sequence (``--checkpoints``), which is T = N."""
+    """(benchmark, T, {case_id: record}) of a run directory, or of ``DIR@N``: the run's checkpoint
+    after N edits of each sequence (``--checkpoints``), which is T = N."""
     from .paired import load_run
     from .sequence import split_checkpoint
 
@@ -58,34 +58,51 @@ def _first(recs: dict[str, dict], n: int | None) -> dict[str, dict]:
     return dict(sorted(recs.items(), key=lambda kv: kv[1].get("index", 0))[:n])
 
 
-def continual_rows(pairs: Sequence[tuple[str, str]], names: Sequence[str], *, resamples: int = 10000,
-                   seed: int = 0, first: Sequence[int | None] | None = None,
-                   recitation: Callable[[Sequence[str], list[tuple[str, dict]]], dict] | None = None) -> list[dict]:
-    """One dict per run of each (executor alone, executor + HPSE) pair: its label, T, sequences, cases,
-    metrics, Avg per sequence and, for the +HPSE run, the paired Avg difference with its interval.
+def continual_rows(
+    pairs: Sequence[tuple[str, str]],
+    names: Sequence[str],
+    *,
+    resamples: int = 10000,
+    seed: int = 0,
+    first: Sequence[int | None] | None = None,
+    recitation: Callable[[Sequence[str], list[tuple[str, dict]]], dict] | None = None,
+) -> list[dict]:
+    """One dict per run of each (executor alone, executor + HPSE) pair: its label, T, sequences,
+    cases, metrics, Avg per sequence and, for the +HPSE run, the paired Avg difference with its
+    interval.
 
-    ``first``: per pair, report only its runs' first N cases in data order (None: all of them), e.g. the
-    single-editing runs on the cases of the sequences when they have gone on to more cases.
-    ``recitation``: ``(run dirs, [(benchmark, records), ...]) -> benchmarks.paired.recitation_report``; with it
-    the +HPSE row also holds its paired difference with every answer cut (``cut_diffs``: cut -> Avg_diff)."""
+    ``first``: per pair, report only its runs' first N cases in data order (None: all of them), e.g.
+    the single-editing runs on the cases of the sequences when they have gone on to more cases.
+    ``recitation``: ``(run dirs, [(benchmark, records), ...]) ->
+    benchmarks.paired.recitation_report``; with it the +HPSE row also holds its paired difference
+    with every answer cut (``cut_diffs``: cut -> Avg_diff)."""
     from .paired import bootstrap_ci
 
     rows = []
     for (base, hpse), name, n in zip(pairs, names, first or [None] * len(pairs)):
         (b_bench, b_T, b_recs), (h_bench, h_T, h_recs) = _run(base), _run(hpse)
         if (b_bench, b_T) != (h_bench, h_T):
-            raise UsageError(f"{base} ({b_bench}, T={b_T}) and {hpse} ({h_bench}, T={h_T}) differ; a pair is one "
-                             "benchmark at one T")
+            raise UsageError(
+                f"{base} ({b_bench}, T={b_T}) and {hpse} ({h_bench}, T={h_T}) differ; a pair is "
+                "one benchmark at one T"
+            )
         if n is not None:
             if n % b_T:
-                raise UsageError(f"--first {n} cuts a sequence of {b_T} cases of {base}; give a multiple of {b_T}")
+                raise UsageError(
+                    f"--first {n} cuts a sequence of {b_T} "
+                    f"cases of {base}; give a multiple of {b_T}"
+                )
             if min(len(b_recs), len(h_recs)) < n:
-                raise UsageError(f"--first {n}: {base} holds {len(b_recs)} cases and {hpse} {len(h_recs)}; "
-                                 f"finish both runs on at least --limit {n}")
+                raise UsageError(
+                    f"--first {n}: {base} holds {len(b_recs)} cases and {hpse} {len(h_recs)}; "
+                    f"finish both runs on at least --limit {n}"
+                )
             b_recs, h_recs = _first(b_recs, n), _first(h_recs, n)
         if set(b_recs) != set(h_recs):
-            raise UsageError(f"{base} and {hpse} hold different cases ({len(b_recs)} vs {len(h_recs)}); "
-                             "finish both runs on the same --limit")
+            raise UsageError(
+                f"{base} and {hpse} hold different cases ({len(b_recs)} vs {len(h_recs)}); "
+                "finish both runs on the same --limit"
+            )
         task = TASKS[b_bench]
         ids = sorted(b_recs, key=lambda c: b_recs[c].get("index", 0))
         for label, recs in ((name, b_recs), (f"{name} + HPSE", h_recs)):
@@ -93,17 +110,28 @@ def continual_rows(pairs: Sequence[tuple[str, str]], names: Sequence[str], *, re
             blocks: dict[int, list[float]] = {}
             for i, c in enumerate(ids):
                 blocks.setdefault(i // b_T, []).append(_case_avg(task, recs[c]))
-            row = {"label": label, "benchmark": b_bench, "T": b_T, "sequences": len(blocks), "cases": len(ids),
-                   **{m: summary[m] for m in task.metrics}, "Avg": summary["Avg"],
-                   "per_sequence": [sum(v) / len(v) for _, v in sorted(blocks.items())], "hpse": recs is h_recs}
+            row = {
+                "label": label,
+                "benchmark": b_bench,
+                "T": b_T,
+                "sequences": len(blocks),
+                "cases": len(ids),
+                **{m: summary[m] for m in task.metrics},
+                "Avg": summary["Avg"],
+                "per_sequence": [sum(v) / len(v) for _, v in sorted(blocks.items())],
+                "hpse": recs is h_recs,
+            }
             if recs is h_recs:
                 diff = [_case_avg(task, h_recs[c]) - _case_avg(task, b_recs[c]) for c in ids]
                 row["diff"] = sum(diff) / len(diff)
                 row["diff_ci"] = list(bootstrap_ci(diff, resamples=resamples, seed=seed))
                 if recitation is not None:
                     report = recitation([base, hpse], [(b_bench, b_recs), (h_bench, h_recs)])
-                    row["cut_diffs"] = {cut: rows_[1]["Avg_diff"] for cut, rows_ in report["cuts"].items()
-                                        if cut != CUTS[0] and "Avg_diff" in rows_[1]}
+                    row["cut_diffs"] = {
+                        cut: rows_[1]["Avg_diff"]
+                        for cut, rows_ in report["cuts"].items()
+                        if cut != CUTS[0] and "Avg_diff" in rows_[1]
+                    }
             rows.append(row)
     return rows
 
@@ -115,22 +143,48 @@ def _interval(mean: float, ci: Sequence[float]) -> str:
 def continual_table(rows: Sequence[Mapping]) -> str:
     metrics = TASKS[rows[0]["benchmark"]].metrics
     cuts = list(dict.fromkeys(c for r in rows for c in r.get("cut_diffs", {})))
-    head = ["method", "T", "sequences", "cases", *metrics, "Avg", "Avg per sequence", "paired Δ Avg vs executor [95% CI]",
-            *(f"Δ Avg, answers cut to {c}" for c in cuts)]
-    lines = ["| " + " | ".join(head) + " |", "|---|---:|---:|---:|" + "---:|" * (len(metrics) + 1) + "---|---|"
-             + "---|" * len(cuts)]
+    head = [
+        "method",
+        "T",
+        "sequences",
+        "cases",
+        *metrics,
+        "Avg",
+        "Avg per sequence",
+        "paired Δ Avg vs executor [95% CI]",
+        *(f"Δ Avg, answers cut to {c}" for c in cuts),
+    ]
+    lines = [
+        "| " + " | ".join(head) + " |",
+        "|---|---:|---:|---:|" + "---:|" * (len(metrics) + 1) + "---|---|" + "---|" * len(cuts),
+    ]
     for r in rows:
         diff = _interval(r["diff"], r["diff_ci"]) if "diff" in r else ""
-        per_sequence = ", ".join(f"{v:.1f}" for v in r["per_sequence"]) if r["T"] > 1 else "(single editing)"
-        cut_cells = [_interval(d["diff"], d["ci95"]) if d else "" for d in (r.get("cut_diffs", {}).get(c) for c in cuts)]
-        cells = [r["label"], str(r["T"]), str(r["sequences"]), str(r["cases"]), *(f"{r[m]:.1f}" for m in metrics),
-                 f"{r['Avg']:.1f}", per_sequence, diff, *cut_cells]
+        per_sequence = (
+            ", ".join(f"{v:.1f}" for v in r["per_sequence"]) if r["T"] > 1 else "(single editing)"
+        )
+        cut_cells = [
+            _interval(d["diff"], d["ci95"]) if d else ""
+            for d in (r.get("cut_diffs", {}).get(c) for c in cuts)
+        ]
+        cells = [
+            r["label"],
+            str(r["T"]),
+            str(r["sequences"]),
+            str(r["cases"]),
+            *(f"{r[m]:.1f}" for m in metrics),
+            f"{r['Avg']:.1f}",
+            per_sequence,
+            diff,
+            *cut_cells,
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def plot_continual(rows: Sequence[Mapping], path: str | os.PathLike) -> None:
-    """The paper's bar chart: per metric (one panel each) and T, the executor's bar filled, +HPSE outlined."""
+    """The paper's bar chart: per metric (one panel each) and T, the executor's bar filled, +HPSE
+    outlined."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -147,27 +201,46 @@ def plot_continual(rows: Sequence[Mapping], path: str | os.PathLike) -> None:
             for t, T in enumerate(Ts):
                 x = t + (e - (len(executors) - 1) / 2) * width
                 base = next((r for r in rows if r["label"] == name and r["T"] == T), None)
-                hpse = next((r for r in rows if r["label"] == f"{name} + HPSE" and r["T"] == T), None)
+                hpse = next(
+                    (r for r in rows if r["label"] == f"{name} + HPSE" and r["T"] == T), None
+                )
                 if base is not None:
-                    ax.bar(x, base[metric], width * 0.9, color=colours[e % len(colours)], alpha=0.8,
-                           label=name if t == 0 else None)
+                    ax.bar(
+                        x,
+                        base[metric],
+                        width * 0.9,
+                        color=colours[e % len(colours)],
+                        alpha=0.8,
+                        label=name if t == 0 else None,
+                    )
                 if hpse is not None:
-                    ax.bar(x, hpse[metric], width * 0.9, fill=False, edgecolor=colours[e % len(colours)], linewidth=2,
-                           label=f"{name} + HPSE" if t == 0 else None)
+                    ax.bar(
+                        x,
+                        hpse[metric],
+                        width * 0.9,
+                        fill=False,
+                        edgecolor=colours[e % len(colours)],
+                        linewidth=2,
+                        label=f"{name} + HPSE" if t == 0 else None,
+                    )
         ax.set_xticks(range(len(Ts)), [f"T = {T}" if T > 1 else "single" for T in Ts])
         ax.set_xlim(-0.6, len(Ts) - 0.4)
         ax.set_title(metric)
         ax.set_ylim(0, 100)
     axes[0][0].set_ylabel("score (%)")
     axes[0][-1].legend(fontsize=8, loc="upper right")
-    fig.suptitle(f"Continual editing, {TASKS[rows[0]['benchmark']].title}: executor filled, + HPSE outlined", fontsize=10)
+    fig.suptitle(
+        f"Continual editing, {TASKS[rows[0]['benchmark']].title}: executor filled, + HPSE outlined",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
 def _recitation(args) -> Callable[[Sequence[str], list[tuple[str, dict]]], dict]:
-    """The recitation report of ``benchmarks.paired`` for one pair, the data and tokenizer loaded once."""
+    """The recitation report of ``benchmarks.paired`` for one pair, the data and tokenizer loaded
+    once."""
     from .paired import load_cases, model_token_spans, recitation_report, run_model_name
 
     loaded: dict[str, dict] = {}
@@ -177,8 +250,15 @@ def _recitation(args) -> Callable[[Sequence[str], list[tuple[str, dict]]], dict]
         benchmark = runs[0][0]
         if benchmark not in loaded:
             loaded[benchmark] = load_cases(benchmark, args.data, "--recitation")
-        return recitation_report(dirs, runs, loaded[benchmark], tokens=args.recitation_tokens, token_spans=spans,
-                                 token_kind=kind, resamples=args.resamples)
+        return recitation_report(
+            dirs,
+            runs,
+            loaded[benchmark],
+            tokens=args.recitation_tokens,
+            token_spans=spans,
+            token_kind=kind,
+            resamples=args.resamples,
+        )
 
     return report
 
@@ -200,41 +280,79 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str]) -> int:
-    parser = OneLineParser(prog="python -m benchmarks.continual", description=__doc__.split("\n\n")[0])
-    parser.add_argument("runs", nargs="+", metavar="RUN",
-                        help="run directories in pairs: the executor alone, then the same executor with HPSE (same T, "
-                             "cases); DIR@N is a run's checkpoint after N edits of each sequence (--checkpoints)")
-    parser.add_argument("--name", action="append", default=[],
-                        help="the executor of each pair, in order (default: LoRA for every pair)")
-    parser.add_argument("--first", action="append", default=[], metavar="N|all",
-                        help="per pair, in order: report only its runs' first N cases in data order (a multiple of "
-                             "its T), or all of them (default: all, for every pair)")
-    parser.add_argument("--recitation", action="store_true",
-                        help="add each +HPSE row's paired difference with every answer cut to its first sentence and "
-                             "to its first --recitation-tokens tokens (benchmarks.paired --recitation; reads --data and "
-                             "the runs' tokenizer)")
-    parser.add_argument("--recitation-tokens", type=int, default=32, metavar="N",
-                        help="with --recitation: the token cut (default 32)")
-    parser.add_argument("--data", help="with --recitation: the data directory the runs used "
-                                       "(default: $HPSE_DATA_DIR or ../shared/data)")
+    parser = OneLineParser(
+        prog="python -m benchmarks.continual", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "runs",
+        nargs="+",
+        metavar="RUN",
+        help="run directories in pairs: the executor alone, then the same executor with HPSE "
+        "(same T, cases); DIR@N is a run's checkpoint "
+        "after N edits of each sequence (--checkpoints)",
+    )
+    parser.add_argument(
+        "--name",
+        action="append",
+        default=[],
+        help="the executor of each pair, in order (default: LoRA for every pair)",
+    )
+    parser.add_argument(
+        "--first",
+        action="append",
+        default=[],
+        metavar="N|all",
+        help="per pair, in order: report only its runs' first N cases in data order (a multiple of "
+        "its T), or all of them (default: all, for every pair)",
+    )
+    parser.add_argument(
+        "--recitation",
+        action="store_true",
+        help="add each +HPSE row's paired difference with every answer cut to its first sentence "
+        "and to its first --recitation-tokens tokens (benchmarks.paired --recitation; reads "
+        "--data and the runs' tokenizer)",
+    )
+    parser.add_argument(
+        "--recitation-tokens",
+        type=int,
+        default=32,
+        metavar="N",
+        help="with --recitation: the token cut (default 32)",
+    )
+    parser.add_argument(
+        "--data",
+        help="with --recitation: the data directory the runs used "
+        "(default: $HPSE_DATA_DIR or ../shared/data)",
+    )
     parser.add_argument("--png", metavar="FILE", help="write the bar chart here")
-    parser.add_argument("--resamples", type=int, default=10000, help="bootstrap resamples (default 10000)")
+    parser.add_argument(
+        "--resamples", type=int, default=10000, help="bootstrap resamples (default 10000)"
+    )
     parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     args = parser.parse_args(argv)
     check_positive("--resamples", args.resamples)
     if len(args.runs) % 2:
-        raise UsageError(f"{len(args.runs)} run directories; give them in pairs (executor alone, executor + HPSE)")
+        raise UsageError(
+            f"{len(args.runs)} run directories; give them "
+            "in pairs (executor alone, executor + HPSE)"
+        )
     pairs = list(zip(args.runs[::2], args.runs[1::2]))
     names = args.name or ["LoRA"] * len(pairs)
     if len(names) != len(pairs):
         raise UsageError(f"{len(names)} --name for {len(pairs)} pairs; give one per pair or none")
     if args.first and len(args.first) != len(pairs):
-        raise UsageError(f"{len(args.first)} --first for {len(pairs)} pairs; give one per pair (N or all) or none")
+        raise UsageError(
+            f"{len(args.first)} --first for {len(pairs)} "
+            "pairs; give one per pair (N or all) or none"
+        )
     first = [_parse_first(v) for v in args.first] if args.first else None
     check_positive("--recitation-tokens", args.recitation_tokens)
-    try:  # a run directory or the data that is not what the tool reads: one line, like benchmarks.paired
+    # a run directory or the data that is not what the tool reads: one line, like benchmarks.paired
+    try:
         recitation = _recitation(args) if args.recitation else None
-        rows = continual_rows(pairs, names, resamples=args.resamples, first=first, recitation=recitation)
+        rows = continual_rows(
+            pairs, names, resamples=args.resamples, first=first, recitation=recitation
+        )
     except ValueError as err:
         raise UsageError(str(err)) from None
     if len({r["benchmark"] for r in rows}) > 1:

@@ -1,4 +1,5 @@
-"""Benchmark loaders: UnKEBench and MQuAKE-uns edit cases as ``datasets.Dataset``, plus the MMLU subset.
+"""Benchmark loaders: UnKEBench and MQuAKE-uns edit cases as ``datasets.Dataset``, plus the MMLU
+subset.
 
 Every case carries ``requests``: the edit as the engine takes it, a list of
 ``{"prompt": "Introduce {s}.", "subject": s, "target_new": passage}`` (one per passage; MQuAKE-uns
@@ -6,9 +7,9 @@ cases edit all their rewrites at once), and the evaluation questions with their 
 
 The data directory is read-only input: ``--data``, else ``$HPSE_DATA_DIR``, else ``../shared/data``
 relative to the repository root. Anything generated (LLM subjects, MQuAKE passages) goes to a cache
-directory, never into the data directory (both defined in ``benchmarks.paths``). The data files' names
-(``UNKE_FILE``, ``MQUAKE_FILE``, ...), the MMLU CSV reader and ``DataError`` come from the core package's
-``hpse_easyedit.data_files``.
+directory, never into the data directory (both defined in ``benchmarks.paths``). The data files'
+names (``UNKE_FILE``, ``MQUAKE_FILE``, ...), the MMLU CSV reader and ``DataError`` come from the
+core package's ``hpse_easyedit.data_files``.
 """
 
 from __future__ import annotations
@@ -25,9 +26,17 @@ from typing import Any, Callable
 
 from datasets import Dataset
 
+from hpse_easyedit.data_files import (
+    MMLU_DIR,
+    MQUAKE_FILE,
+    UNKE_FILE,
+    UNKE_SUBJECTS_FILE,
+    DataError,
+    mmlu_file,
+    mmlu_test_files,
+    read_mmlu_csv,
+)
 from hpse_easyedit.errors import choice_text
-from hpse_easyedit.data_files import (MMLU_DIR, MQUAKE_FILE, UNKE_FILE, UNKE_SUBJECTS_FILE, DataError, mmlu_file,
-                                     mmlu_test_files, read_mmlu_csv)
 
 from .paths import default_cache_dir, default_data_dir
 
@@ -53,20 +62,22 @@ EDIT_PROMPT = "Introduce {subject}."
 
 SUBJECT_PROMPT = (
     "Read the passage below and name its topic as a short phrase of 1 to 8 words, such as "
-    "\"the novel The Firm by John Grisham\" or \"George Rankin\". The phrase must say what the passage "
-    "introduces without stating any of the facts it gives. Answer with the phrase only.\n\nPASSAGE:\n{passage}"
+    '"the novel The Firm by John Grisham" or "George Rankin". The phrase must say what the passage '
+    "introduces without stating any of the facts it gives. Answer with the phrase only.\n\n"
+    "PASSAGE:\n{passage}"
 )
 # AKEW's own generation prompt is not published with its data; this one asks for the same kind of
 # passage (a short natural-language paragraph that asserts the new fact in context).
 PASSAGE_PROMPT = (
-    "Write a short, natural paragraph of about 80 words, in the style of an encyclopedia or news text, "
-    "that states the following fact as true and places it in context. Treat the fact as true even if it "
-    "contradicts what you know, state it explicitly, and do not mention that it is hypothetical.\n\n"
-    "FACT: {fact}\n\nAnswer with the paragraph only."
+    "Write a short, natural paragraph of about 80 words, in the style of an encyclopedia or news "
+    "text, that states the following fact as true and places it in context. Treat the fact as "
+    "true even if it contradicts what you know, state it explicitly, and do not mention that it "
+    "is hypothetical.\n\nFACT: {fact}\n\nAnswer with the paragraph only."
 )
 
-#: where ``s`` of ``Introduce {s}.`` comes from for records without a subject (``--subjects``): the subjects
-#: file, the judge model, a heuristic, or ``auto`` (file, then the judge model if configured, then the heuristic)
+#: where ``s`` of ``Introduce {s}.`` comes from for records without a subject (``--subjects``): the
+#: subjects file, the judge model, a heuristic, or ``auto`` (file, then the judge model if
+#: configured, then the heuristic)
 SUBJECT_MODES = ("auto", "file", "llm", "heuristic")
 
 
@@ -84,8 +95,8 @@ def _resolve(data_dir: str | os.PathLike | None, name: str | os.PathLike) -> Pat
         path = Path(data_dir if data_dir is not None else default_data_dir()) / path
     if not path.is_file():
         raise DataError(
-            f"{path}: no such file; pass the data directory with --data DIR (or set HPSE_DATA_DIR), "
-            f"default is ../shared/data next to the repository"
+            f"{path}: no such file; pass the data directory with --data DIR (or set "
+            "HPSE_DATA_DIR), default is ../shared/data next to the repository"
         )
     return path
 
@@ -95,11 +106,14 @@ def _read_json(path: Path) -> Any:
         with open(path, encoding="utf-8") as fh:
             return json.load(fh)
     except json.JSONDecodeError as err:
-        raise DataError(f"{path}: not valid JSON ({err}); use the unmodified benchmark file") from None
+        raise DataError(
+            f"{path}: not valid JSON ({err}); use the unmodified benchmark file"
+        ) from None
 
 
 def _read_list(path: Path, what: str, limit: int | None) -> list:
-    """The JSON list of ``path`` (its first ``limit`` entries when given); DataError naming ``what`` otherwise."""
+    """The JSON list of ``path`` (its first ``limit`` entries when given); DataError naming ``what``
+    otherwise."""
     items = _read_json(path)
     if not isinstance(items, list):
         raise DataError(f"{path}: expected a JSON list of {what}, got {type(items).__name__}")
@@ -108,11 +122,16 @@ def _read_list(path: Path, what: str, limit: int | None) -> list:
 
 def _require(record: dict, key: str, kind: type | tuple, path: Path, where: str) -> Any:
     if key not in record:
-        raise DataError(f"{path}: {where} has no field '{key}'; this is not the expected schema (see data/SOURCES.md)")
+        raise DataError(
+            f"{path}: {where} has no field '{key}'; this is "
+            "not the expected schema (see data/SOURCES.md)"
+        )
     value = record[key]
     if not isinstance(value, kind):
         names = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
-        raise DataError(f"{path}: {where} field '{key}' must be {names}, got {type(value).__name__}")
+        raise DataError(
+            f"{path}: {where} field '{key}' must be {names}, got {type(value).__name__}"
+        )
     return value
 
 
@@ -123,10 +142,36 @@ def _str_list(record: dict, key: str, path: Path, where: str) -> list[str]:
     return value
 
 
-# ---------------------------------------------------------------------------------------------- subjects
+# ----------------------------------------------------------------------------------------- subjects
 _CONNECTORS = {"of", "the", "de", "van", "von", "da", "del", "and", "&"}
-_SKIP_WORDS = {"What", "Who", "Which", "When", "Where", "Why", "How", "Is", "Are", "Was", "Were", "Do", "Does",
-               "Did", "Can", "Could", "In", "The", "A", "An", "Dr.", "Dr", "Rabbi", "Bishop", "Professor", "Prof."}
+_SKIP_WORDS = {
+    "What",
+    "Who",
+    "Which",
+    "When",
+    "Where",
+    "Why",
+    "How",
+    "Is",
+    "Are",
+    "Was",
+    "Were",
+    "Do",
+    "Does",
+    "Did",
+    "Can",
+    "Could",
+    "In",
+    "The",
+    "A",
+    "An",
+    "Dr.",
+    "Dr",
+    "Rabbi",
+    "Bishop",
+    "Professor",
+    "Prof.",
+}
 
 
 def _name_spans(question: str) -> list[str]:
@@ -157,19 +202,26 @@ def _name_spans(question: str) -> list[str]:
 def heuristic_subject(question: str, passage: str) -> str:
     """A topic phrase without an LLM: the first capitalised span of the question with two or more
     words (possessive dropped), else its first span, else the passage's first five words. Questions
-    name their subject early ("What is George Rankin's occupation?"). Only a logged offline fallback."""
+    name their subject early ("What is George Rankin's occupation?"). Only a logged offline
+    fallback."""
     spans = _name_spans(question)
     if spans:
         return next((s for s in spans if len(s.split()) > 1), spans[0])
     return " ".join(passage.split()[:5]).rstrip(".,;:")
 
 
-def _generated(kind: str, keys: list[str], prompt_of: Callable[[str], str], clean: Callable[[str], str],
-               client: Any, cache_dir: Path) -> dict[str, str]:
-    """The judge model's answer for every key (a record id, a fact), asked through the client's one response
-    cache, so a rerun asks nothing again. ``<cache_dir>/<kind>.<model>.json`` (key -> answer), the cache that
-    earlier versions kept beside it, is read when present and its answers used as they are; it is never
-    written or deleted."""
+def _generated(
+    kind: str,
+    keys: list[str],
+    prompt_of: Callable[[str], str],
+    clean: Callable[[str], str],
+    client: Any,
+    cache_dir: Path,
+) -> dict[str, str]:
+    """The judge model's answer for every key (a record id, a fact), asked through the client's one
+    response cache, so a rerun asks nothing again. ``<cache_dir>/<kind>.<model>.json`` (key ->
+    answer), the cache that earlier versions kept beside it, is read when present and its answers
+    used as they are; it is never written or deleted."""
     slug = re.sub(r"[^\w.-]+", "_", client.model)
     legacy_path = cache_dir / f"{kind}.{slug}.json"
     legacy: dict[str, str] = _read_json(legacy_path) if legacy_path.is_file() else {}
@@ -182,11 +234,19 @@ def _generated(kind: str, keys: list[str], prompt_of: Callable[[str], str], clea
     return out
 
 
-def _llm_subjects(records: list[dict], ids: list[str], client: Any, cache_dir: Path) -> dict[str, str]:
+def _llm_subjects(
+    records: list[dict], ids: list[str], client: Any, cache_dir: Path
+) -> dict[str, str]:
     """Subjects generated by the judge model for ``ids`` (see ``_generated``)."""
     by_id = {str(r["id"]): r for r in records}
-    return _generated("unkebench_subjects", ids, lambda i: SUBJECT_PROMPT.format(passage=by_id[i]["answer"]),
-                      lambda text: text.splitlines()[0].strip(" .\"'"), client, cache_dir)
+    return _generated(
+        "unkebench_subjects",
+        ids,
+        lambda i: SUBJECT_PROMPT.format(passage=by_id[i]["answer"]),
+        lambda text: text.splitlines()[0].strip(" .\"'"),
+        client,
+        cache_dir,
+    )
 
 
 def _subjects_for(
@@ -207,39 +267,53 @@ def _subjects_for(
         if subjects_file is not None and subjects_file.is_file():
             table = _read_json(subjects_file)
             if not isinstance(table, dict):
-                raise DataError(f"{subjects_file}: expected a JSON object mapping record id to subject phrase")
+                raise DataError(
+                    f"{subjects_file}: expected a JSON object mapping record id to subject phrase"
+                )
             for i in ids:
                 if isinstance(table.get(i), str) and table[i].strip():
                     subjects[i], source[i] = table[i].strip(), "file"
         elif mode == "file":
-            raise DataError(f"{subjects_file}: no subject file; pass --subjects-file FILE or use --subjects llm/heuristic")
+            raise DataError(
+                f"{subjects_file}: no subject file; pass "
+                "--subjects-file FILE or use --subjects llm/heuristic"
+            )
         missing = [i for i in ids if i not in subjects]
         if missing and mode == "file":
             raise DataError(
-                f"{subjects_file}: no subject for {len(missing)} record(s) of {path} (ids {missing[:10]}...); "
-                "use --subjects auto to generate them with the judge model (or the heuristic offline)"
+                f"{subjects_file}: no subject for {len(missing)} record(s) of {path} (ids "
+                f"{missing[:10]}...); use --subjects auto to generate "
+                "them with the judge model (or the heuristic offline)"
             )
     missing = [i for i in ids if i not in subjects]
     if missing and (mode == "llm" or (mode == "auto" and client is not None)):
         if client is None:
-            raise DataError("--subjects llm needs a judge endpoint: set --judge-base-url / HPSE_JUDGE_BASE_URL")
+            raise DataError(
+                "--subjects llm needs a judge endpoint: set --judge-base-url / HPSE_JUDGE_BASE_URL"
+            )
         for i, s in _llm_subjects(records, missing, client, cache_dir).items():
             subjects[i], source[i] = s, client.name
     missing = [i for i in ids if i not in subjects]
     if missing:
         if mode == "auto":
             log.warning(
-                "HEURISTIC SUBJECT FALLBACK for %d UnKEBench record(s) (ids %s...): no subject in %s and no judge "
-                "endpoint; the phrase is taken from the question. Configure a judge to generate real ones.",
-                len(missing), missing[:10], subjects_file,
+                "HEURISTIC SUBJECT FALLBACK for %d UnKEBench record(s) (ids %s...): no subject in "
+                "%s and no judge endpoint; the phrase is taken from "
+                "the question. Configure a judge to generate real ones.",
+                len(missing),
+                missing[:10],
+                subjects_file,
             )
         by_id = {str(r["id"]): r for r in records}
         for i in missing:
-            subjects[i], source[i] = heuristic_subject(by_id[i]["question"], by_id[i]["answer"]), "heuristic"
+            subjects[i], source[i] = (
+                heuristic_subject(by_id[i]["question"], by_id[i]["answer"]),
+                "heuristic",
+            )
     return subjects, source
 
 
-# ---------------------------------------------------------------------------------------------- UnKEBench
+# ---------------------------------------------------------------------------------------- UnKEBench
 def load_unkebench(
     data_dir: str | os.PathLike | None = None,
     *,
@@ -255,11 +329,12 @@ def load_unkebench(
 
     Columns: ``case_id``, ``subject``, ``subject_source``, ``requests`` (one request: the passage
     ``answer`` from ``Introduce {s}.``), ``passage``, ``question``, ``para_question``,
-    ``sub_questions``, ``sub_answers``; v3 files add ``mmlu_questions``, ``mmlu_choices``, ``mmlu_answer``.
+    ``sub_questions``, ``sub_answers``; v3 files add ``mmlu_questions``, ``mmlu_choices``,
+    ``mmlu_answer``.
 
-    ``subjects``: 'file' (``subjects_file``, default ``unkebench/subjects.json``), 'llm' (generated by
-    ``client``, kept in its response cache), 'heuristic', or 'auto' = file, then llm if a client is given, then a
-    logged heuristic fallback.
+    ``subjects``: 'file' (``subjects_file``, default ``unkebench/subjects.json``), 'llm' (generated
+    by ``client``, kept in its response cache), 'heuristic', or 'auto' = file, then llm if a client
+    is given, then a logged heuristic fallback.
     """
     path = _resolve(data_dir, file)
     records = _read_list(path, "records", limit)
@@ -278,22 +353,42 @@ def load_unkebench(
             _require(r, key, str, path, where)
         sq, sa = _str_list(r, "sub_question", path, where), _str_list(r, "sub_answer", path, where)
         if len(sq) != len(sa) or not sq:
-            raise DataError(f"{path}: {where} has {len(sq)} sub_question(s) but {len(sa)} sub_answer(s); they must pair up")
+            raise DataError(
+                f"{path}: {where} has {len(sq)} sub_question(s) "
+                f"but {len(sa)} sub_answer(s); they must pair up"
+            )
         if is_v3:
             mq = _str_list(r, "mmlu_questions", path, where)
             mc = _require(r, "mmlu_choices", list, path, where)
             ma = _require(r, "mmlu_answer", list, path, where)
-            if not (len(mq) == len(mc) == len(ma)) or not all(isinstance(c, list) and len(c) == 4 for c in mc):
-                raise DataError(f"{path}: {where} mmlu_questions/mmlu_choices/mmlu_answer must pair up, 4 choices each")
+            if not (len(mq) == len(mc) == len(ma)) or not all(
+                isinstance(c, list) and len(c) == 4 for c in mc
+            ):
+                raise DataError(
+                    f"{path}: {where} mmlu_questions/mmlu_choices/mmlu_answer "
+                    "must pair up, 4 choices each"
+                )
     if subjects_file is None:
-        subjects_file = Path(data_dir if data_dir is not None else default_data_dir()) / UNKE_SUBJECTS_FILE
+        subjects_file = (
+            Path(data_dir if data_dir is not None else default_data_dir()) / UNKE_SUBJECTS_FILE
+        )
     subject_of, source_of = _subjects_for(
         records, path, subjects, Path(subjects_file), client, Path(cache_dir or default_cache_dir())
     )
-    rows: dict[str, list] = {k: [] for k in (
-        "case_id", "subject", "subject_source", "requests", "passage", "question", "para_question",
-        "sub_questions", "sub_answers",
-    )}
+    rows: dict[str, list] = {
+        k: []
+        for k in (
+            "case_id",
+            "subject",
+            "subject_source",
+            "requests",
+            "passage",
+            "question",
+            "para_question",
+            "sub_questions",
+            "sub_answers",
+        )
+    }
     if is_v3:
         rows.update(mmlu_questions=[], mmlu_choices=[], mmlu_answer=[])
     for r in records:
@@ -302,7 +397,9 @@ def load_unkebench(
         rows["case_id"].append(cid)
         rows["subject"].append(s)
         rows["subject_source"].append(source_of[cid])
-        rows["requests"].append([{"prompt": prompt_template.format(subject=s), "subject": s, "target_new": r["answer"]}])
+        rows["requests"].append(
+            [{"prompt": prompt_template.format(subject=s), "subject": s, "target_new": r["answer"]}]
+        )
         rows["passage"].append(r["answer"])
         rows["question"].append(r["question"])
         rows["para_question"].append(r["para_question"])
@@ -315,9 +412,10 @@ def load_unkebench(
     return Dataset.from_dict(rows)
 
 
-# ---------------------------------------------------------------------------------------------- MQuAKE-uns
+# --------------------------------------------------------------------------------------- MQuAKE-uns
 def _fact_new(rw: dict) -> str:
-    """The rewrite as one sentence: AKEW's ``fact_new``, else MQuAKE's ``prompt`` filled + ``target_new``."""
+    """The rewrite as one sentence: AKEW's ``fact_new``, else MQuAKE's ``prompt`` filled +
+    ``target_new``."""
     if isinstance(rw.get("fact_new"), str) and rw["fact_new"].strip():
         return rw["fact_new"].strip()
     return f"{rw['prompt'].format(rw['subject'])} {rw['target_new']['str']}."
@@ -325,8 +423,14 @@ def _fact_new(rw: dict) -> str:
 
 def _generated_passages(facts: list[str], client: Any, cache_dir: Path) -> dict[str, str]:
     """Passages for structured facts, generated by the judge model (see ``_generated``)."""
-    return _generated("mquake_passages", facts, lambda fact: PASSAGE_PROMPT.format(fact=fact), lambda text: text,
-                      client, cache_dir)
+    return _generated(
+        "mquake_passages",
+        facts,
+        lambda fact: PASSAGE_PROMPT.format(fact=fact),
+        lambda text: text,
+        client,
+        cache_dir,
+    )
 
 
 def load_mquake_uns(
@@ -341,8 +445,8 @@ def load_mquake_uns(
     """MQuAKE-uns edit cases from AKEW's ``MQuAKE-CF.json`` or a MQuAKE-CF-3k / Remastered file.
 
     Each rewrite becomes one request ``Introduce {subject}.`` -> passage, where the passage is the
-    rewrite's ``fact_new_uns`` (AKEW) or, for files without it, a passage generated by ``client`` from
-    the rewrite's ``fact_new`` (cached). All rewrites of a case form one edit.
+    rewrite's ``fact_new_uns`` (AKEW) or, for files without it, a passage generated by ``client``
+    from the rewrite's ``fact_new`` (cached). All rewrites of a case form one edit.
 
     Columns: ``case_id``, ``requests``, ``passage_source``, ``single_hop_questions``,
     ``single_hop_answers`` (answer + aliases per ``new_single_hops`` entry), ``multi_hop_questions``
@@ -378,15 +482,25 @@ def load_mquake_uns(
     if need_passage:
         if client is None:
             raise DataError(
-                f"{path}: {len(need_passage)} rewrite(s) have no 'fact_new_uns' passage; configure a judge endpoint "
-                "(--judge-base-url / HPSE_JUDGE_BASE_URL) so passages are generated from 'fact_new', or use AKEW's "
-                "MQuAKE-CF.json"
+                f"{path}: {len(need_passage)} rewrite(s) have no 'fact_new_uns' passage; "
+                "configure a judge endpoint (--judge-base-url / HPSE_JUDGE_BASE_URL) so passages "
+                "are generated from 'fact_new', or use AKEW's MQuAKE-CF.json"
             )
-        generated = _generated_passages(need_passage, client, Path(cache_dir or default_cache_dir()))
-    rows: dict[str, list] = {k: [] for k in (
-        "case_id", "requests", "passage_source", "single_hop_questions", "single_hop_answers",
-        "multi_hop_questions", "multi_hop_answers",
-    )}
+        generated = _generated_passages(
+            need_passage, client, Path(cache_dir or default_cache_dir())
+        )
+    rows: dict[str, list] = {
+        k: []
+        for k in (
+            "case_id",
+            "requests",
+            "passage_source",
+            "single_hop_questions",
+            "single_hop_answers",
+            "multi_hop_questions",
+            "multi_hop_answers",
+        )
+    }
     for c in cases:
         requests, sources = [], []
         for rw in c["requested_rewrite"]:
@@ -394,20 +508,28 @@ def load_mquake_uns(
             has_uns = isinstance(uns, str) and bool(uns.strip())
             passage = uns if has_uns else generated[_fact_new(rw)]
             sources.append("fact_new_uns" if has_uns else client.name)
-            requests.append({
-                "prompt": prompt_template.format(subject=rw["subject"]), "subject": rw["subject"], "target_new": passage,
-            })
+            requests.append(
+                {
+                    "prompt": prompt_template.format(subject=rw["subject"]),
+                    "subject": rw["subject"],
+                    "target_new": passage,
+                }
+            )
         rows["case_id"].append(str(c["case_id"]))
         rows["requests"].append(requests)
-        rows["passage_source"].append(sorted(set(sources))[0] if len(set(sources)) == 1 else ",".join(sorted(set(sources))))
+        rows["passage_source"].append(
+            sorted(set(sources))[0] if len(set(sources)) == 1 else ",".join(sorted(set(sources)))
+        )
         rows["single_hop_questions"].append([h["question"] for h in c["new_single_hops"]])
-        rows["single_hop_answers"].append([[h["answer"], *h.get("answer_alias", [])] for h in c["new_single_hops"]])
+        rows["single_hop_answers"].append(
+            [[h["answer"], *h.get("answer_alias", [])] for h in c["new_single_hops"]]
+        )
         rows["multi_hop_questions"].append(list(c["questions"]))
         rows["multi_hop_answers"].append([c["new_answer"], *c.get("new_answer_alias", [])])
     return Dataset.from_dict(rows)
 
 
-# ---------------------------------------------------------------------------------------------- MMLU
+# --------------------------------------------------------------------------------------------- MMLU
 @dataclass(frozen=True)
 class MMLUItem:
     """One MMLU test question with its subject's dev-split few-shot examples."""
@@ -420,10 +542,15 @@ class MMLUItem:
 
 
 def load_mmlu_subset(
-    data_dir: str | os.PathLike | None = None, n: int = 100, *, shots: int = 5, seed: int = 0,
+    data_dir: str | os.PathLike | None = None,
+    n: int = 100,
+    *,
+    shots: int = 5,
+    seed: int = 0,
     subdir: str = MMLU_DIR,
 ) -> list[MMLUItem]:
-    """A fixed, subject-stratified subset of ``n`` MMLU test questions with ``shots`` dev examples each.
+    """A fixed, subject-stratified subset of ``n`` MMLU test questions with ``shots`` dev examples
+    each.
 
     Subjects are visited in sorted order, round-robin, each through a seeded permutation of its test
     rows, so the subset depends only on ``n`` and ``seed`` and spreads over all 57 subjects.
@@ -432,12 +559,17 @@ def load_mmlu_subset(
     root = base / subdir
     test_dir, dev_dir = root / "test", root / "dev"
     if not test_dir.is_dir() or not dev_dir.is_dir():
-        raise DataError(f"{root}: expected test/ and dev/ folders of MMLU csv files; pass --data DIR or --mmlu-n 0")
+        raise DataError(
+            f"{root}: expected test/ and dev/ folders of "
+            "MMLU csv files; pass --data DIR or --mmlu-n 0"
+        )
     subjects = sorted(p.name[: -len("_test.csv")] for p in mmlu_test_files(base, subdir))
     if not subjects:
         raise DataError(f"{test_dir}: no <subject>_test.csv files")
     if not 0 <= shots <= 5:
-        raise ValueError(f"MMLU shots must be between 0 and 5 (the dev split has 5 per subject), got {shots}")
+        raise ValueError(
+            f"MMLU shots must be between 0 and 5 (the dev split has 5 per subject), got {shots}"
+        )
     rng = random.Random(seed)
     queues = {}
     for s in subjects:
@@ -457,4 +589,3 @@ def load_mmlu_subset(
                 items.append(MMLUItem(s, q, choices, ans, dev[s]))
         depth += 1
     return items
-

@@ -1,4 +1,5 @@
-"""Which share of a benchmark run this process does, and where its model goes, from accelerate's process state.
+"""Which share of a benchmark run this process does, and where its model goes, from accelerate's
+process state.
 
 Under ``accelerate launch --num_processes N`` (or ``torchrun``) every process runs the same script.
 ``process_context`` asks accelerate's ``PartialState`` which process this is and gives back a
@@ -8,9 +9,9 @@ single process of today's runs, and nothing changes.
 
 Devices. Without ``model_parallel`` process R uses accelerate's device for it (``cuda:LOCAL_RANK``,
 or the CPU under ``--cpu`` / on a machine without GPUs), which overrides the hparams' ``device``.
-With ``model_parallel: true`` and several processes, each process owns a group of k GPUs of its host:
-the host's visible GPUs are split into equal contiguous groups, one per local process (8 GPUs and 4
-processes per host: process 0 gets GPUs 0,1, process 1 gets 2,3, ...), set as
+With ``model_parallel: true`` and several processes, each process owns a group of k GPUs of its
+host: the host's visible GPUs are split into equal contiguous groups, one per local process (8 GPUs
+and 4 processes per host: process 0 gets GPUs 0,1, process 1 gets 2,3, ...), set as
 ``CUDA_VISIBLE_DEVICES`` of that process before CUDA starts, and ``device_map="auto"`` spreads the
 model over that group. The processes then synchronise over gloo (CPU), since no process owns a
 single GPU for NCCL. With one process, ``model_parallel`` uses every visible GPU, as before.
@@ -25,15 +26,22 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Iterator, Sequence, TypeVar
 
-__all__ = ["DEFAULT_TIMEOUT", "LaunchError", "ProcessContext", "current_context", "gpu_group", "process_context"]
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "LaunchError",
+    "ProcessContext",
+    "current_context",
+    "gpu_group",
+    "process_context",
+]
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 #: How long a process waits at a barrier for the others. Shards are uneven (a continual-editing run
-#: of 4 blocks on 8 processes leaves 4 idle from the start), so this must outlast the longest shard; a
-#: process that crashes is torn down by the launcher together with the others, so only a hung
+#: of 4 blocks on 8 processes leaves 4 idle from the start), so this must outlast the longest shard;
+#: a process that crashes is torn down by the launcher together with the others, so only a hung
 #: process is ever waited for this long.
 DEFAULT_TIMEOUT = timedelta(days=7)
 
@@ -41,7 +49,8 @@ _CONTEXT: "ProcessContext | None" = None
 
 
 class LaunchError(RuntimeError):
-    """The processes of a launch cannot be set up as asked (GPU groups, model_parallel, process group)."""
+    """The processes of a launch cannot be set up as asked (GPU groups, model_parallel, process
+    group)."""
 
 
 @dataclass(frozen=True)
@@ -50,12 +59,13 @@ class ProcessContext:
 
     Attributes:
         rank, world: this process is ``rank`` of ``world`` processes (0 of 1 without a launcher).
-        device: the hparams ``device`` this process must use (a CUDA index, or ``"cpu"``), or None to
-            keep the hparams file's (single process, or ``model_parallel``).
+        device: the hparams ``device`` this process must use (a CUDA index, or ``"cpu"``), or None
+            to keep the hparams file's (single process, or ``model_parallel``).
         gpus: under ``model_parallel`` with several processes, the GPU ids this process owns.
         model_parallel: whether the context was made for ``model_parallel`` models.
-        state: accelerate's ``PartialState``; None means no process group, and the barriers do nothing
-            (one process, or the shards of an N-process layout run one after another by hand).
+        state: accelerate's ``PartialState``; None means no process group, and the barriers do
+            nothing (one process, or the shards of an N-process layout run one after another by
+            hand).
     """
 
     rank: int = 0
@@ -67,7 +77,9 @@ class ProcessContext:
 
     def __post_init__(self) -> None:
         if self.world < 1 or not 0 <= self.rank < self.world:
-            raise ValueError(f"rank must be in [0, world) and world >= 1, got rank {self.rank} of {self.world}")
+            raise ValueError(
+                f"rank must be in [0, world) and world >= 1, got rank {self.rank} of {self.world}"
+            )
 
     @property
     def is_main(self) -> bool:
@@ -75,8 +87,15 @@ class ProcessContext:
 
     def describe(self) -> str:
         """'process 2 of 8 (cuda:2)' for logs."""
-        where = f"GPUs {','.join(self.gpus)}" if self.gpus else (f"cuda:{self.device}" if isinstance(self.device, int)
-                                                              else self.device or "device from the hparams")
+        where = (
+            f"GPUs {','.join(self.gpus)}"
+            if self.gpus
+            else (
+                f"cuda:{self.device}"
+                if isinstance(self.device, int)
+                else self.device or "device from the hparams"
+            )
+        )
         return f"process {self.rank} of {self.world} ({where})"
 
     def shard(self, units: Sequence[T]) -> list[T]:
@@ -85,7 +104,7 @@ class ProcessContext:
         Depends only on a unit's position, not on how many there are, so raising ``--limit`` never
         moves a unit to another process.
         """
-        return list(units[self.rank:: self.world])
+        return list(units[self.rank :: self.world])
 
     def barrier(self) -> None:
         """Wait until every process got here (accelerate's ``wait_for_everyone``)."""
@@ -108,17 +127,21 @@ def _env_int(name: str, default: int) -> int:
 
 
 def gpu_group(visible: Sequence[str], local_rank: int, local_world: int) -> list[str]:
-    """The contiguous share of a host's ``visible`` GPU ids that local process ``local_rank`` of ``local_world`` owns."""
+    """The contiguous share of a host's ``visible`` GPU ids that local process ``local_rank`` of
+    ``local_world`` owns."""
     if not visible:
-        raise LaunchError("model_parallel with several processes needs GPUs, but none is visible on this host")
+        raise LaunchError(
+            "model_parallel with several processes needs GPUs, but none is visible on this host"
+        )
     k, rest = divmod(len(visible), local_world)
     if k == 0 or rest:
         raise LaunchError(
-            f"model_parallel: the {len(visible)} visible GPU(s) of this host cannot be split evenly among its "
-            f"{local_world} processes; launch a number of processes per host that divides the GPUs "
-            "(8 GPUs: --num_processes 8, 4 or 2 per host for 1, 2 or 4 GPUs per model)"
+            f"model_parallel: the {len(visible)} visible GPU(s) of this host cannot be split "
+            f"evenly among its {local_world} processes; launch a number of processes per host "
+            "that divides the GPUs (8 GPUs: --num_processes "
+            "8, 4 or 2 per host for 1, 2 or 4 GPUs per model)"
         )
-    return list(visible[local_rank * k: (local_rank + 1) * k])
+    return list(visible[local_rank * k : (local_rank + 1) * k])
 
 
 def _claim_gpu_group() -> tuple[str, ...]:
@@ -127,21 +150,26 @@ def _claim_gpu_group() -> tuple[str, ...]:
 
     if torch.cuda.is_initialized():
         raise LaunchError(
-            "model_parallel with several processes: CUDA was already started in this process, so it can no "
-            "longer be limited to its own GPUs; run the benchmark scripts directly under accelerate launch"
+            "model_parallel with several processes: CUDA was already started in this process, so "
+            "it can no longer be limited to its own GPUs; run the "
+            "benchmark scripts directly under accelerate launch"
         )
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
     # Before CUDA starts, torch counts GPUs through NVML, which does not pin the visible set.
-    visible = [s.strip() for s in env.split(",") if s.strip()] if env is not None else [
-        str(i) for i in range(torch.cuda.device_count())]
+    visible = (
+        [s.strip() for s in env.split(",") if s.strip()]
+        if env is not None
+        else [str(i) for i in range(torch.cuda.device_count())]
+    )
     group = gpu_group(visible, _env_int("LOCAL_RANK", 0), _env_int("LOCAL_WORLD_SIZE", 1))
     os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(group)
     torch.cuda.init()  # the driver reads CUDA_VISIBLE_DEVICES once; see whether it still could
     if torch.cuda.device_count() != len(group):
         raise LaunchError(
-            f"model_parallel: this process was limited to GPUs {group} but CUDA still sees {torch.cuda.device_count()}; "
-            "something queried CUDA in this process before the runner could set the limit (e.g. torch.cuda.is_available() "
-            "while importing a method's code). Give each process its GPUs yourself, or use one process per host"
+            f"model_parallel: this process was limited to GPUs {group} but CUDA still sees "
+            f"{torch.cuda.device_count()}; something queried CUDA in this process before the "
+            "runner could set the limit (e.g. torch.cuda.is_available() while importing a "
+            "method's code). Give each process its GPUs yourself, or use one process per host"
         )
     return tuple(group)
 
@@ -151,19 +179,22 @@ def current_context() -> ProcessContext | None:
     return _CONTEXT
 
 
-def process_context(model_parallel: bool = False, timeout: timedelta = DEFAULT_TIMEOUT) -> ProcessContext:
+def process_context(
+    model_parallel: bool = False, timeout: timedelta = DEFAULT_TIMEOUT
+) -> ProcessContext:
     """This process's ``ProcessContext``, made once per process from accelerate's ``PartialState``.
 
-    ``model_parallel`` decides how GPUs are shared out, which can only happen before CUDA starts: all
-    runs of one multi-process launch (all methods of ``run_compare.py``) must agree on it.
+    ``model_parallel`` decides how GPUs are shared out, which can only happen before CUDA starts:
+    all runs of one multi-process launch (all methods of ``run_compare.py``) must agree on it.
     """
     global _CONTEXT
     if _CONTEXT is not None:
         if _CONTEXT.world > 1 and _CONTEXT.model_parallel != model_parallel:
             raise LaunchError(
-                f"model_parallel is {model_parallel} here but {_CONTEXT.model_parallel} for an earlier run of this "
-                f"{_CONTEXT.world}-process launch; GPUs are shared out once per launch, so give every method the "
-                "same model_parallel (--set model_parallel=...) or launch them separately"
+                f"model_parallel is {model_parallel} here but {_CONTEXT.model_parallel} for an "
+                f"earlier run of this {_CONTEXT.world}-process launch; GPUs are shared out once "
+                "per launch, so give every method the same model_parallel (--set "
+                "model_parallel=...) or launch them separately"
             )
         return _CONTEXT
     launched = _env_int("WORLD_SIZE", 1)
@@ -175,19 +206,34 @@ def process_context(model_parallel: bool = False, timeout: timedelta = DEFAULT_T
 
     # gloo when there is no GPU (torchrun or accelerate launch on a CPU machine), when asked for
     # (--cpu), and under model_parallel, where no process owns a single GPU for NCCL.
-    cpu = gpus is not None or parse_flag_from_env("ACCELERATE_USE_CPU") or not torch.cuda.is_available()
+    cpu = (
+        gpus is not None
+        or parse_flag_from_env("ACCELERATE_USE_CPU")
+        or not torch.cuda.is_available()
+    )
     state = PartialState(cpu=cpu, timeout=timeout)
     if state.num_processes != launched and launched > 1:
         raise LaunchError(
-            f"the launcher started {launched} processes (WORLD_SIZE) but accelerate's process group has "
-            f"{state.num_processes}; launch with `accelerate launch --num_processes N` or torchrun"
+            f"the launcher started {launched} processes (WORLD_SIZE) but accelerate's process "
+            f"group has {state.num_processes}; launch with "
+            "`accelerate launch --num_processes N` or torchrun"
         )
     device: int | str | None = None
     if state.num_processes > 1 and not model_parallel:
         d = state.device
-        device = d.index if d.type == "cuda" and d.index is not None else ("cpu" if d.type == "cpu" else str(d))
-    _CONTEXT = ProcessContext(rank=state.process_index, world=state.num_processes, device=device, gpus=gpus,
-                              model_parallel=model_parallel, state=state if state.num_processes > 1 else None)
+        device = (
+            d.index
+            if d.type == "cuda" and d.index is not None
+            else ("cpu" if d.type == "cpu" else str(d))
+        )
+    _CONTEXT = ProcessContext(
+        rank=state.process_index,
+        world=state.num_processes,
+        device=device,
+        gpus=gpus,
+        model_parallel=model_parallel,
+        state=state if state.num_processes > 1 else None,
+    )
     if _CONTEXT.world > 1:
         log.info("%s", _CONTEXT.describe())
     return _CONTEXT

@@ -1,25 +1,27 @@
-"""The GPU path measured without a GPU (``benchmarks.perf``, ``python -m benchmarks.gpu_path``): kernels
-and host syncs per decoded token, graph breaks of the static decode step, the H100 roofline of a decode
-step, and the memory planner against a measured CPU edit; with ``--device cuda``, the figures only a GPU
-measures.
+"""The GPU path measured without a GPU (``benchmarks.perf``, ``python -m benchmarks.gpu_path``):
+kernels and host syncs per decoded token, graph breaks of the static decode step, the H100 roofline
+of a decode step, and the memory planner against a measured CPU edit; with ``--device cuda``, the
+figures only a GPU measures.
 
-On a GPU each aten op of a decode step that runs a kernel is about one kernel launch, and each read of a
-device value on the host (``.item()``, ``bool()``, ``nonzero``) stalls the launch queue; at 7B widths a
-launch-bound decode pays for both, not for bandwidth. The counts run the project's own rollout
-(``rollout.batched_hybrid_rollout``, dynamic or ``static_decode``; ``batched_hybrid_rollouts`` for the
-requests of an edit decoded as one batch) on the ``meta`` device (shapes without data; a value read on
-the host is counted and answered with 0, which keeps the loop going) for two rollout lengths and two
-depths, and scale to the model's depth: ``per_step = (ops(2k) - ops(k)) / k`` (k: the stop test's period,
-1 on the dynamic path), ``per_layer = per_step(3 layers) - per_step(2 layers)``, the rest is outside the
-layers; a decoded token's share is ``per_step / requests``. Counted as kernels: every aten op but views
-and ``_unsafe_view`` (a reshape's result, no kernel), with scaled dot-product attention as the one fused
-kernel a GPU runs (``planner.fused_attention_on_meta``) where the meta device would decompose it. Graph
-breaks: ``torch._dynamo.explain`` of the static decode step.
+On a GPU each aten op of a decode step that runs a kernel is about one kernel launch, and each read
+of a device value on the host (``.item()``, ``bool()``, ``nonzero``) stalls the launch queue; at 7B
+widths a launch-bound decode pays for both, not for bandwidth. The counts run the project's own
+rollout (``rollout.batched_hybrid_rollout``, dynamic or ``static_decode``;
+``batched_hybrid_rollouts`` for the requests of an edit decoded as one batch) on the ``meta`` device
+(shapes without data; a value read on the host is counted and answered with 0, which keeps the loop
+going) for two rollout lengths and two depths, and scale to the model's depth: ``per_step =
+(ops(2k) - ops(k)) / k`` (k: the stop test's period, 1 on the dynamic path), ``per_layer =
+per_step(3 layers) - per_step(2 layers)``, the rest is outside the layers; a decoded token's share
+is ``per_step / requests``. Counted as kernels: every aten op but views and ``_unsafe_view`` (a
+reshape's result, no kernel), with scaled dot-product attention as the one fused kernel a GPU runs
+(``planner.fused_attention_on_meta``) where the meta device would decompose it. Graph breaks:
+``torch._dynamo.explain`` of the static decode step.
 
 The roofline of a decode step on an H100 (``H100``): the bytes it must read (every weight the step
-multiplies by, the adapters in the model's dtype, and the KV cache at the rollout's mean context) over
-the memory bandwidth, against its FLOPs (``torch.utils.flop_counter.FlopCounterMode`` over one step at
-the backbone's full depth on the meta device) over the bf16 dense peak; the larger is the floor."""
+multiplies by, the adapters in the model's dtype, and the KV cache at the rollout's mean context)
+over the memory bandwidth, against its FLOPs (``torch.utils.flop_counter.FlopCounterMode`` over one
+step at the backbone's full depth on the meta device) over the bf16 dense peak; the larger is the
+floor."""
 
 from __future__ import annotations
 
@@ -35,14 +37,23 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["H100", "OpCounter", "compiled_decode_kernels", "decode_counts", "gpu_figures", "planner_check", "roofline",
-           "static_step_graph_breaks"]
+__all__ = [
+    "H100",
+    "OpCounter",
+    "compiled_decode_kernels",
+    "decode_counts",
+    "gpu_figures",
+    "planner_check",
+    "roofline",
+    "static_step_graph_breaks",
+]
 
 #: the aten ops that read a device value on the host (besides a ``_to_copy`` to the CPU)
 HOST_READS = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default)
 #: ops that only re-describe a storage although their schema does not say so (no kernel runs)
 KERNEL_FREE = (torch.ops.aten._unsafe_view.default,)
-#: the card of the roofline: H100 SXM, HBM3 bandwidth and dense bf16 tensor-core peak (NVIDIA's data sheet)
+#: the card of the roofline: H100 SXM, HBM3 bandwidth and dense bf16 tensor-core peak (NVIDIA's data
+#: sheet)
 H100 = {"card": "H100 SXM", "bandwidth_gb_s": 3350.0, "bf16_tflops": 989.0}
 #: the rollout lengths of the roofline and the GPU run: UnKEBench's (planner.WORKLOADS)
 STUDENT_PROMPT, TEACHER_PROMPT, ROLLOUT = 37, 171 + 157, 128
@@ -55,8 +66,8 @@ def _is_view(func: Any) -> bool:
 
 
 class OpCounter(TorchDispatchMode):
-    """Counts aten ops that run a kernel (views and ``KERNEL_FREE`` excluded), by op, and host reads; on
-    the meta device a host read returns 0 (``nonzero``: nothing found)."""
+    """Counts aten ops that run a kernel (views and ``KERNEL_FREE`` excluded), by op, and host
+    reads; on the meta device a host read returns 0 (``nonzero``: nothing found)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -69,8 +80,12 @@ class OpCounter(TorchDispatchMode):
         if not _is_view(func) and func not in KERNEL_FREE:
             self.ops += 1
             self.by_op[func.overloadpacket.__name__] += 1
-        to_host = func is torch.ops.aten._to_copy.default and (kwargs or {}).get("device") == torch.device("cpu")
-        if to_host and args[0].device.type != "cpu":  # a copy to the host (``.tolist()``, ``.cpu()``)
+        to_host = func is torch.ops.aten._to_copy.default and (kwargs or {}).get(
+            "device"
+        ) == torch.device("cpu")
+        if (
+            to_host and args[0].device.type != "cpu"
+        ):  # a copy to the host (``.tolist()``, ``.cpu()``)
             self.host_reads += 1
             if args[0].device.type == "meta":
                 return torch.zeros(args[0].shape, dtype=kwargs.get("dtype") or args[0].dtype)
@@ -91,7 +106,8 @@ def _at_depth(hparams: Any, layers: int) -> Any:
 
 
 def _meta_executor(hparams: Any, layers: int | None) -> Any:
-    """The executor of ``hparams`` around its backbone (cut to ``layers`` layers) on the meta device."""
+    """The executor of ``hparams`` around its backbone (cut to ``layers`` layers) on the meta
+    device."""
     from transformers import AutoModelForCausalLM
 
     from hpse_easyedit.executors import make_executor
@@ -108,28 +124,40 @@ def _requests(count: int) -> list[tuple[list[int], list[int]]]:
     return [([7] * 30, [9] * (60 + 10 * i)) for i in range(count)]
 
 
-def _rollout_counts(hparams: Any, layers: int, tokens: int, static: bool, requests: int) -> OpCounter:
+def _rollout_counts(
+    hparams: Any, layers: int, tokens: int, static: bool, requests: int
+) -> OpCounter:
     from hpse_easyedit.planner import fused_attention_on_meta
     from hpse_easyedit.rollout import batched_hybrid_rollout, batched_hybrid_rollouts
 
     executor = _meta_executor(hparams, layers)
-    gate = dict(tau=hparams.tau, kappa=hparams.kappa, top_k=hparams.top_k, max_new_tokens=tokens, stop_ids=[0],
-                pad_id=0, stop_every=hparams.decode_stop_every)
+    gate = dict(
+        tau=hparams.tau,
+        kappa=hparams.kappa,
+        top_k=hparams.top_k,
+        max_new_tokens=tokens,
+        stop_ids=[0],
+        pad_id=0,
+        stop_every=hparams.decode_stop_every,
+    )
     with fused_attention_on_meta(), OpCounter() as count:
         if requests > 1:
-            batched_hybrid_rollouts(executor.model, executor.row_switch, _requests(requests), **gate)
+            batched_hybrid_rollouts(
+                executor.model, executor.row_switch, _requests(requests), **gate
+            )
         else:
-            (student, teacher), = _requests(1)
-            batched_hybrid_rollout(executor.model, executor.row_switch, student, teacher, static_decode=static,
-                                   **gate)
+            ((student, teacher),) = _requests(1)
+            batched_hybrid_rollout(
+                executor.model, executor.row_switch, student, teacher, static_decode=static, **gate
+            )
     return count
 
 
 def decode_counts(hparams: Any, static: bool, requests: int = 1) -> dict:
-    """Kernels and host reads per decoded rollout token (a step's student and teacher rows of every request
-    in one forward, divided by ``requests``) at the depth of ``hparams``' backbone, from 2- and 3-layer
-    counts, and the ops that make them up; see the module docstring. ``requests`` > 1 decodes that many
-    requests as one batch on the static path."""
+    """Kernels and host reads per decoded rollout token (a step's student and teacher rows of every
+    request in one forward, divided by ``requests``) at the depth of ``hparams``' backbone, from 2-
+    and 3-layer counts, and the ops that make them up; see the module docstring. ``requests`` > 1
+    decodes that many requests as one batch on the static path."""
     from hpse_easyedit.planner import backbone_config
 
     if requests > 1 and not static:
@@ -140,7 +168,10 @@ def decode_counts(hparams: Any, static: bool, requests: int = 1) -> dict:
     for layers in (2, 3):
         short = _rollout_counts(hparams, layers, every, static, requests)
         long = _rollout_counts(hparams, layers, 2 * every, static, requests)
-        per_step[layers] = ((long.ops - short.ops) / every, (long.host_reads - short.host_reads) / every)
+        per_step[layers] = (
+            (long.ops - short.ops) / every,
+            (long.host_reads - short.host_reads) / every,
+        )
         by_op[layers] = {op: (long.by_op[op] - short.by_op[op]) / every for op in long.by_op}
     per_layer = per_step[3][0] - per_step[2][0]
     outside = per_step[2][0] - 2 * per_layer
@@ -157,21 +188,25 @@ def decode_counts(hparams: Any, static: bool, requests: int = 1) -> dict:
         "ops_per_step": step,
         "ops_per_token": step / requests,
         "host_syncs_per_token": per_step[2][1] / requests,
-        "top_ops_per_token": dict(sorted(((k, v) for k, v in ops.items() if v), key=lambda kv: -kv[1])[:8]),
+        "top_ops_per_token": dict(
+            sorted(((k, v) for k, v in ops.items() if v), key=lambda kv: -kv[1])[:8]
+        ),
     }
 
 
-#: a kernel launch in the ``call`` function of inductor's generated code: a fused kernel, an extern kernel
-#: (matmuls) or an aten fallback
-_LAUNCH = re.compile(r"^\s+(?:\w+ = )?(cpp_fused_\w+|triton_\w+\.run|extern_kernels\.\w+|torch\.ops\.aten\.\w+)\(",
-                     re.MULTILINE)
+#: a kernel launch in the ``call`` function of inductor's generated code: a fused kernel, an extern
+#: kernel (matmuls) or an aten fallback
+_LAUNCH = re.compile(
+    r"^\s+(?:\w+ = )?(cpp_fused_\w+|triton_\w+\.run|extern_kernels\.\w+|torch\.ops\.aten\.\w+)\(",
+    re.MULTILINE,
+)
 
 
 def _compiled_step_kernels(hparams: Any, layers: int, vocab: int) -> int:
-    """Kernels one compiled static decode step launches: the step of the backbone cut to ``layers`` layers
-    (random weights in the file's dtype, the vocabulary shrunk to ``vocab`` ids: the head is one matmul at any
-    size) under ``torch.compile(fullgraph=True)`` with inductor on the CPU, counted in the code inductor
-    generates."""
+    """Kernels one compiled static decode step launches: the step of the backbone cut to ``layers``
+    layers (random weights in the file's dtype, the vocabulary shrunk to ``vocab`` ids: the head is
+    one matmul at any size) under ``torch.compile(fullgraph=True)`` with inductor on the CPU,
+    counted in the code inductor generates."""
     from torch._inductor.utils import run_and_get_code
     from transformers import AutoModelForCausalLM
 
@@ -189,23 +224,32 @@ def _compiled_step_kernels(hparams: Any, layers: int, vocab: int) -> int:
         tokens = decoder.prefill().argmax(-1).view(2, 1)
         torch._dynamo.reset()
         _, codes = run_and_get_code(torch.compile(decoder.step, fullgraph=True), tokens)
-    return sum(len(_LAUNCH.findall(code[code.index("def call("):])) for code in codes if "def call(" in code)
+    return sum(
+        len(_LAUNCH.findall(code[code.index("def call(") :]))
+        for code in codes
+        if "def call(" in code
+    )
 
 
 def compiled_decode_kernels(hparams: Any, vocab: int = 512) -> dict:
-    """Kernels per decoded token of the compiled static decode step (``static_decode: compile``: on a GPU CUDA
-    graphs replay it as one launch, and its kernels are inductor's fusions) at the depth of ``hparams``'
-    backbone, from 2- and 3-layer compilations scaled as ``decode_counts`` scales. Inductor's CPU code stands in
-    for its CUDA code here: the same graph and fusion rules, another code generator (an estimate of the CUDA
-    count, not a count of it)."""
+    """Kernels per decoded token of the compiled static decode step (``static_decode: compile``: on
+    a GPU CUDA graphs replay it as one launch, and its kernels are inductor's fusions) at the depth
+    of ``hparams``' backbone, from 2- and 3-layer compilations scaled as ``decode_counts`` scales.
+    Inductor's CPU code stands in for its CUDA code here: the same graph and fusion rules, another
+    code generator (an estimate of the CUDA count, not a count of it)."""
     from hpse_easyedit.planner import backbone_config
 
     depth = backbone_config(hparams.model_name).num_hidden_layers
     two, three = (_compiled_step_kernels(hparams, layers, vocab) for layers in (2, 3))
     per_layer = three - two
     outside = two - 2 * per_layer
-    return {"kernels_per_layer": per_layer, "kernels_outside_layers": outside, "layers": depth,
-            "kernels_per_token": outside + depth * per_layer, "requests": 1}
+    return {
+        "kernels_per_layer": per_layer,
+        "kernels_outside_layers": outside,
+        "layers": depth,
+        "kernels_per_token": outside + depth * per_layer,
+        "requests": 1,
+    }
 
 
 def static_step_graph_breaks(hparams: Any, layers: int = 2) -> int:
@@ -223,9 +267,9 @@ def static_step_graph_breaks(hparams: Any, layers: int = 2) -> int:
 
 def roofline(hparams: Any, requests: int = 1) -> dict:
     """The H100 floor of one decode step of ``requests`` requests (student and teacher rows each) of
-    ``hparams``' backbone at full depth, at UnKEBench's lengths: the bytes it reads over the bandwidth against
-    its FLOPs over the bf16 peak (see the module docstring), and the rollout tokens per second that floor
-    allows."""
+    ``hparams``' backbone at full depth, at UnKEBench's lengths: the bytes it reads over the
+    bandwidth against its FLOPs over the bf16 peak (see the module docstring), and the rollout
+    tokens per second that floor allows."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from hpse_easyedit.static_decode import StaticDecoder
@@ -240,8 +284,18 @@ def roofline(hparams: Any, requests: int = 1) -> dict:
     rows = 2 * requests
     context = TEACHER_PROMPT + ROLLOUT // 2
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    kv_cache = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * dtype_bytes * context * rows
-    decoder = StaticDecoder(model, [[7] * STUDENT_PROMPT] * requests + [[9] * TEACHER_PROMPT] * requests, 0, ROLLOUT)
+    kv_cache = (
+        2
+        * config.num_hidden_layers
+        * config.num_key_value_heads
+        * head_dim
+        * dtype_bytes
+        * context
+        * rows
+    )
+    decoder = StaticDecoder(
+        model, [[7] * STUDENT_PROMPT] * requests + [[9] * TEACHER_PROMPT] * requests, 0, ROLLOUT
+    )
     teacher_rows = torch.tensor([False] * requests + [True] * requests)
     with torch.no_grad(), executor.row_switch(teacher_rows):
         tokens = decoder.prefill().argmax(-1).view(rows, 1)
@@ -325,14 +379,21 @@ def _cuda_sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def gpu_figures(hparams: Any, *, device: str, layers: int | None = None, vocab: int | None = None,
-                repeats: int = 3) -> dict:
-    """What only a GPU measures, on a random-weight model of ``hparams``' backbone (its published config,
-    built straight on ``device`` in the file's dtype; ``layers``/``vocab`` cut it for a dry run): rollout tokens
-    per second of one request at UnKEBench's lengths on the dynamic decode, the static one and the compiled
-    static one (CUDA graphs on CUDA; the best of ``repeats`` after a first run that compiles), the seconds of one
-    single-request edit with the file's rounds and inner steps (the edit's own loop, ``training.train_edit``,
-    on the compiled static decode), and the peak reserved memory plus the CUDA context."""
+def gpu_figures(
+    hparams: Any,
+    *,
+    device: str,
+    layers: int | None = None,
+    vocab: int | None = None,
+    repeats: int = 3,
+) -> dict:
+    """What only a GPU measures, on a random-weight model of ``hparams``' backbone (its published
+    config, built straight on ``device`` in the file's dtype; ``layers``/``vocab`` cut it for a dry
+    run): rollout tokens per second of one request at UnKEBench's lengths on the dynamic decode, the
+    static one and the compiled static one (CUDA graphs on CUDA; the best of ``repeats`` after a
+    first run that compiles), the seconds of one single-request edit with the file's rounds and
+    inner steps (the edit's own loop, ``training.train_edit``, on the compiled static decode), and
+    the peak reserved memory plus the CUDA context."""
     from transformers import AutoModelForCausalLM
 
     from hpse_easyedit.editor import HPSEObjective
@@ -360,9 +421,20 @@ def gpu_figures(hparams: Any, *, device: str, layers: int | None = None, vocab: 
         for run in range(repeats + 1):  # run 0 warms up (and compiles)
             _cuda_sync(target)
             t0 = time.perf_counter()
-            ro = batched_hybrid_rollout(executor.model, executor.row_switch, student, teacher, tau=hp.tau,
-                                        kappa=hp.kappa, top_k=hp.top_k, max_new_tokens=ROLLOUT, stop_ids=[],
-                                        pad_id=0, static_decode=mode, stop_every=hp.decode_stop_every)
+            ro = batched_hybrid_rollout(
+                executor.model,
+                executor.row_switch,
+                student,
+                teacher,
+                tau=hp.tau,
+                kappa=hp.kappa,
+                top_k=hp.top_k,
+                max_new_tokens=ROLLOUT,
+                stop_ids=[],
+                pad_id=0,
+                static_decode=mode,
+                stop_every=hp.decode_stop_every,
+            )
             _cuda_sync(target)
             if run:
                 best = min(best, time.perf_counter() - t0)
@@ -370,7 +442,9 @@ def gpu_figures(hparams: Any, *, device: str, layers: int | None = None, vocab: 
     executor.finish()
     model = executor.model
     hp = hp.with_overrides({"static_decode": "compile"})
-    prompts = [EditPrompts(subject="s", student_ids=student, teacher_ids=teacher, passage_ids=[5] * 157)]
+    prompts = [
+        EditPrompts(subject="s", student_ids=student, teacher_ids=teacher, passage_ids=[5] * 157)
+    ]
     executor = make_executor(model, hp)
     objective = HPSEObjective(executor, prompts, hp, stop_ids=[], pad_id=0)
     _cuda_sync(target)
@@ -378,9 +452,17 @@ def gpu_figures(hparams: Any, *, device: str, layers: int | None = None, vocab: 
     train_edit(executor, hp, objective, rounds=hp.rounds, inner_steps=hp.inner_steps)
     _cuda_sync(target)
     edit_seconds = time.perf_counter() - t0
-    out = {"device": str(target), "layers": config.num_hidden_layers, "vocab": config.vocab_size,
-           "rollout_tokens": ROLLOUT, "gpu_rollout_tok_s": rollout["compiled"], "rollout_tok_s": rollout,
-           "gpu_edit_seconds": edit_seconds, "rounds": hp.rounds, "inner_steps": hp.inner_steps}
+    out = {
+        "device": str(target),
+        "layers": config.num_hidden_layers,
+        "vocab": config.vocab_size,
+        "rollout_tokens": ROLLOUT,
+        "gpu_rollout_tok_s": rollout["compiled"],
+        "rollout_tok_s": rollout,
+        "gpu_edit_seconds": edit_seconds,
+        "rounds": hp.rounds,
+        "inner_steps": hp.inner_steps,
+    }
     if target.type == "cuda":
         free, total = torch.cuda.mem_get_info(target)
         context = total - free - torch.cuda.memory_reserved(target)
@@ -408,31 +490,52 @@ def _cpu_figures(path: Path, compiled: bool) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.gpu_path",
-        description="The GPU path's figures: on CPU (the default) kernels and host syncs per decoded token, graph "
-                    "breaks and the H100 roofline of every shipped 7B-9B HPSE file, counted on the meta device; with "
-                    "--device cuda, rollout tokens/s, one edit's seconds and reserved memory on that GPU.")
-    parser.add_argument("--hparams", nargs="+", help="HPSE files (default: every shipped 7B-9B file)")
-    parser.add_argument("--device", default="cpu", help="cpu: counts and roofline (no GPU); cuda[:N]: measure on it")
-    parser.add_argument("--layers", type=int, help="with --device: cut the model to this many layers (a dry run)")
-    parser.add_argument("--vocab", type=int, help="with --device: shrink the vocabulary (a dry run)")
-    parser.add_argument("--compiled", action="store_true",
-                        help="on CPU, also count the kernels of the compiled static step (inductor; minutes per file)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="hparams overrides")
+        description="The GPU path's figures: on CPU (the default) kernels and host syncs per "
+        "decoded token, graph breaks and the H100 roofline of every shipped 7B-9B HPSE file, "
+        "counted on the meta device; with --device cuda, rollout "
+        "tokens/s, one edit's seconds and reserved memory on that GPU.",
+    )
+    parser.add_argument(
+        "--hparams", nargs="+", help="HPSE files (default: every shipped 7B-9B file)"
+    )
+    parser.add_argument(
+        "--device", default="cpu", help="cpu: counts and roofline (no GPU); cuda[:N]: measure on it"
+    )
+    parser.add_argument(
+        "--layers", type=int, help="with --device: cut the model to this many layers (a dry run)"
+    )
+    parser.add_argument(
+        "--vocab", type=int, help="with --device: shrink the vocabulary (a dry run)"
+    )
+    parser.add_argument(
+        "--compiled",
+        action="store_true",
+        help="on CPU, also count the kernels of the compiled "
+        "static step (inductor; minutes per file)",
+    )
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="hparams overrides"
+    )
     parser.add_argument("--out", help="write the JSON here (default: stdout)")
     args = parser.parse_args(argv)
     from hpse_easyedit import HPSEHyperParams
 
     root = Path(__file__).resolve().parents[1] / "hparams" / "HPSE"
-    paths = [Path(p) for p in args.hparams] if args.hparams else [
-        p for p in sorted(root.glob("*.yaml")) if not p.stem.startswith("smollm2")]
+    paths = (
+        [Path(p) for p in args.hparams]
+        if args.hparams
+        else [p for p in sorted(root.glob("*.yaml")) if not p.stem.startswith("smollm2")]
+    )
     report: dict[str, Any] = {"torch": torch.__version__}
     for path in paths:
         if args.device == "cpu" and args.layers is None:
             report[path.stem] = _cpu_figures(path, args.compiled)
         else:
             hp = HPSEHyperParams.from_hparams(path).with_overrides(list(args.set))
-            report[path.stem] = {**gpu_figures(hp, device=args.device, layers=args.layers, vocab=args.vocab),
-                                 "roofline": roofline(hp)}
+            report[path.stem] = {
+                **gpu_figures(hp, device=args.device, layers=args.layers, vocab=args.vocab),
+                "roofline": roofline(hp),
+            }
     text = json.dumps(report, indent=1)
     if args.out:
         Path(args.out).write_text(text + "\n")

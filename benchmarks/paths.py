@@ -2,10 +2,11 @@
 
 The data directory is read-only input: ``--data``, else ``$HPSE_DATA_DIR``, else ``../shared/data``
 next to the repository (``hpse_easyedit.data_files.data_dir``, the rule the core package's built-in
-corpora use too; the files' names inside it are ``hpse_easyedit.data_files``'s). Everything generated
-(judge answers, LLM subjects and passages) goes to the cache directory, never into the data directory:
-``--cache-dir``, else ``$HPSE_CACHE_DIR``, else ``$XDG_CACHE_HOME/hpse_easyedit`` (``~/.cache/hpse_easyedit``
-when ``XDG_CACHE_HOME`` is unset), the directory that also holds converted models.
+corpora use too; the files' names inside it are ``hpse_easyedit.data_files``'s). Everything
+generated (judge answers, LLM subjects and passages) goes to the cache directory, never into the
+data directory: ``--cache-dir``, else ``$HPSE_CACHE_DIR``, else ``$XDG_CACHE_HOME/hpse_easyedit``
+(``~/.cache/hpse_easyedit`` when ``XDG_CACHE_HOME`` is unset), the directory that also holds
+converted models.
 """
 
 from __future__ import annotations
@@ -27,5 +28,6 @@ def default_data_dir() -> Path:
 
 
 def default_cache_dir() -> Path:
-    """``$HPSE_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/hpse_easyedit``: judge answers and generated data."""
+    """``$HPSE_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/hpse_easyedit``: judge answers and
+    generated data."""
     return _cache_dir()

@@ -1,4 +1,5 @@
-"""The report of ``python -m benchmarks.perf``: the flat headline keys docs/PERFORMANCE.md quotes, and the table."""
+"""The report of ``python -m benchmarks.perf``: the flat headline keys docs/PERFORMANCE.md quotes,
+and the table."""
 
 from __future__ import annotations
 
@@ -34,77 +35,162 @@ def headline(report: dict) -> dict:
         "decode_graph_breaks": gpu["static_graph_breaks"],
         "decode_host_syncs_per_token": gpu["static"]["host_syncs_per_token"],
         "planner_error_smollm2": gpu.get("planner_smollm2", {}).get("error"),
-        "gpu_peak_reserved_gib": ((mem["reserved"] + mem["context"]) / 1024 ** 3) if "reserved" in mem else None,
+        "gpu_peak_reserved_gib": ((mem["reserved"] + mem["context"]) / 1024**3)
+        if "reserved" in mem
+        else None,
     }
 
 
 def table(report: dict) -> str:
-    gib = 1024 ** 3
+    gib = 1024**3
     rows = [
-        ("machine", f"{report['device']}, {report['machine']['gpu'] or str(report['machine']['cpus']) + ' CPUs'}, "
-                    f"torch {report['machine']['torch']}, {report['machine']['torch_threads']} threads"
-                    + "".join(f", {k}={v}" for k, v in report["machine"].get("allocator", {}).items())),
-        ("model", f"{report['random_config'] or report['model_name']} ({report['n_params'] / 1e6:.0f}M, {report['dtype']}), "
-                  f"executor {report['executor']}, R={report['rounds']} M={report['inner_steps']}"),
-        ("memory bandwidth / matmul", f"{report['floors']['memory_bandwidth_gb_s']:.1f} GB/s, "
-                                      f"{report['floors']['matmul_gflops']:.0f} GFLOPS"),
-        ("decode floor", f"{report['floors']['memory_floor_tok_s']:.1f} tok/s "
-                         f"({report['floors']['decode_bytes_per_step'] / 1e9:.3f} GB of weights per step)"),
-        ("rollout tok/s / floor", f"{report['rollout_tok_s'] / report['memory_floor_tok_s']:.2f}  "
-                                  f"({report['rollout_tok_s']:.1f} tok/s)"),
-        ("generate() tok/s / floor", f"{report['generate_tok_s'] / report['memory_floor_tok_s']:.2f}  "
-                                     f"({report['generate_tok_s']:.1f} tok/s, unedited model)"),
-        ("rollout / generate()", f"{report['rollout']['ratio']:.2f}  ({report['rollout']['seconds']:.2f} s vs "
-                                 f"{report['rollout']['generate_seconds']:.2f} s, {report['rollout']['tokens']} tokens, "
-                                 f"{report['rollout']['tokens_per_s']:.1f} tok/s)"),
-        ("rollout fast_decode speed-up", (f"{report['rollout']['fast_decode_speedup']:.2f}  (fast_decode "
-                                          f"{report['rollout']['fast_decode']} -> W @ x^T "
-                                          f"{report['rollout']['fast_decode_resolved']}; F.linear path "
-                                          f"{report['rollout']['eager_seconds']:.2f} s; same tokens and step-ins: "
-                                          f"{report['rollout']['fast_decode_same_tokens']}, top-K log-probs within "
-                                          f"{report['rollout']['fast_decode_max_logprob_difference']:.1e})")
-                                         if "eager_seconds" in report["rollout"] else "n/a (fast_decode off)"),
-        ("HPSE edit / NLL-only edit", f"{report['edit']['ratio']:.2f}  ({report['edit']['hpse_seconds']:.1f} s vs "
-                                      f"{report['edit']['nll_only_seconds']:.1f} s)"),
+        (
+            "machine",
+            f"{report['device']}, "
+            f"{report['machine']['gpu'] or str(report['machine']['cpus']) + ' CPUs'}, torch "
+            f"{report['machine']['torch']}, {report['machine']['torch_threads']} threads"
+            + "".join(f", {k}={v}" for k, v in report["machine"].get("allocator", {}).items()),
+        ),
+        (
+            "model",
+            f"{report['random_config'] or report['model_name']} ({report['n_params'] / 1e6:.0f}M, "
+            f"{report['dtype']}), executor {report['executor']}, "
+            f"R={report['rounds']} M={report['inner_steps']}",
+        ),
+        (
+            "memory bandwidth / matmul",
+            f"{report['floors']['memory_bandwidth_gb_s']:.1f} GB/s, "
+            f"{report['floors']['matmul_gflops']:.0f} GFLOPS",
+        ),
+        (
+            "decode floor",
+            f"{report['floors']['memory_floor_tok_s']:.1f} tok/s "
+            f"({report['floors']['decode_bytes_per_step'] / 1e9:.3f} GB of weights per step)",
+        ),
+        (
+            "rollout tok/s / floor",
+            f"{report['rollout_tok_s'] / report['memory_floor_tok_s']:.2f}  "
+            f"({report['rollout_tok_s']:.1f} tok/s)",
+        ),
+        (
+            "generate() tok/s / floor",
+            f"{report['generate_tok_s'] / report['memory_floor_tok_s']:.2f}  "
+            f"({report['generate_tok_s']:.1f} tok/s, unedited model)",
+        ),
+        (
+            "rollout / generate()",
+            f"{report['rollout']['ratio']:.2f}  ({report['rollout']['seconds']:.2f} s vs "
+            f"{report['rollout']['generate_seconds']:.2f} s, {report['rollout']['tokens']} tokens, "
+            f"{report['rollout']['tokens_per_s']:.1f} tok/s)",
+        ),
+        (
+            "rollout fast_decode speed-up",
+            (
+                f"{report['rollout']['fast_decode_speedup']:.2f}  (fast_decode "
+                f"{report['rollout']['fast_decode']} -> W @ x^T "
+                f"{report['rollout']['fast_decode_resolved']}; F.linear path "
+                f"{report['rollout']['eager_seconds']:.2f} s; same tokens and step-ins: "
+                f"{report['rollout']['fast_decode_same_tokens']}, top-K log-probs within "
+                f"{report['rollout']['fast_decode_max_logprob_difference']:.1e})"
+            )
+            if "eager_seconds" in report["rollout"]
+            else "n/a (fast_decode off)",
+        ),
+        (
+            "HPSE edit / NLL-only edit",
+            f"{report['edit']['ratio']:.2f}  ({report['edit']['hpse_seconds']:.1f} s vs "
+            f"{report['edit']['nll_only_seconds']:.1f} s)",
+        ),
     ]
-    rows.append(("training / FLOP floor", f"{report['train']['ratio']:.2f}  ({report['train']['seconds']:.1f} s vs "
-                                          f"{report['train']['flop_floor_seconds']:.1f} s, "
-                                          f"{report['train']['flops'] / 1e12:.2f} TFLOP)"))
+    rows.append(
+        (
+            "training / FLOP floor",
+            f"{report['train']['ratio']:.2f}  ({report['train']['seconds']:.1f} s vs "
+            f"{report['train']['flop_floor_seconds']:.1f} s, "
+            f"{report['train']['flops'] / 1e12:.2f} TFLOP)",
+        )
+    )
     prof = report["train"].get("profile")
     if prof and prof["matmul_share"] is not None:
-        rate = f", at {prof['matmul_gflops']:.0f} GFLOPS ({prof['matmul_of_floor']:.2f} of the floor)" if prof["matmul_gflops"] else ""
+        rate = (
+            f", at {prof['matmul_gflops']:.0f} GFLOPS ({prof['matmul_of_floor']:.2f} of the floor)"
+            if prof["matmul_gflops"]
+            else ""
+        )
         others = ", ".join([o["op"] for o in prof["top_ops"] if o["op"] not in MATMUL_OPS][:3])
-        rows.append(("  inner step in matmuls", f"{prof['matmul_share']:.2f} of its self time (profiled){rate}; then {others}"))
+        rows.append(
+            (
+                "  inner step in matmuls",
+                f"{prof['matmul_share']:.2f} of its self time (profiled){rate}; then {others}",
+            )
+        )
     hpse = report["edit"]["hpse_seconds"]
     for name, part, text in (
-        ("HPSE edit / EasyEdit LoRA", report["easyedit_lora"],
-         lambda p: f"{hpse / p['seconds']:.2f}  ({p['seconds']:.1f} s, {p['num_steps']} steps, r{p['rank']} on "
-                   f"{'/'.join(p['target_modules'])})"),
-        ("COIN* edit / HPSE edit", report.get("coin", {"skipped": "not measured in this report"}),
-         lambda p: f"{p['seconds'] / hpse:.2f}  ({p['seconds']:.1f} s, {p['steps']} steps, {p['chunks']} sentence chunks)"),
-        ("MMLU whole prompts / shared prefix", report["mmlu"],
-         lambda p: f"{p['speedup']:.2f}  ({p['seconds_before']:.1f} s vs {p['seconds']:.1f} s, {p['questions']} "
-                   f"questions, {p['subjects']} subjects, identical predictions: {p['identical_predictions']})"),
+        (
+            "HPSE edit / EasyEdit LoRA",
+            report["easyedit_lora"],
+            lambda p: (
+                f"{hpse / p['seconds']:.2f}  ({p['seconds']:.1f} s, {p['num_steps']} steps, "
+                f"r{p['rank']} on {'/'.join(p['target_modules'])})"
+            ),
+        ),
+        (
+            "COIN* edit / HPSE edit",
+            report.get("coin", {"skipped": "not measured in this report"}),
+            lambda p: (
+                f"{p['seconds'] / hpse:.2f}  ({p['seconds']:.1f} s, {p['steps']} steps, "
+                f"{p['chunks']} sentence chunks)"
+            ),
+        ),
+        (
+            "MMLU whole prompts / shared prefix",
+            report["mmlu"],
+            lambda p: (
+                f"{p['speedup']:.2f}  ({p['seconds_before']:.1f} s vs {p['seconds']:.1f} s, "
+                f"{p['questions']} questions, {p['subjects']} subjects, "
+                f"identical predictions: {p['identical_predictions']})"
+            ),
+        ),
     ):  # a part that did not run says why
         rows.append((name, f"n/a ({part['skipped']})" if "skipped" in part else text(part)))
     if "hpse_rollout_seconds" in report:
-        rows.append(("  of which HPSE rollouts", f"{report['hpse_rollout_seconds']:.1f} s for "
-                                                 f"{report['hpse_rollout_tokens']:.0f} tokens over {report['rounds']} rounds"))
+        rows.append(
+            (
+                "  of which HPSE rollouts",
+                f"{report['hpse_rollout_seconds']:.1f} s for "
+                f"{report['hpse_rollout_tokens']:.0f} tokens over {report['rounds']} rounds",
+            )
+        )
     if "memory" in report:
         m = report["memory"]
-        rows.append(("memory HPSE / NLL-only", f"{m['ratio']:.3f}  ({m['hpse'] / gib:.3f} GiB vs {m['nll_only'] / gib:.3f} GiB; "
-                                               f"above the model: {m['hpse_extra'] / gib:.3f} vs {m['nll_only_extra'] / gib:.3f} GiB)"))
+        rows.append(
+            (
+                "memory HPSE / NLL-only",
+                f"{m['ratio']:.3f}  ({m['hpse'] / gib:.3f} GiB vs {m['nll_only'] / gib:.3f} GiB; "
+                f"above the model: {m['hpse_extra'] / gib:.3f} "
+                f"vs {m['nll_only_extra'] / gib:.3f} GiB)",
+            )
+        )
         if "isolated" in m:
             i = m["isolated"]
-            rows.append(("  each edit in a fresh process", f"{i['ratio']:.3f}  ({i['hpse'] / gib:.3f} GiB vs {i['nll_only'] / gib:.3f} GiB; "
-                                                          f"above the warmed-up model: {i['hpse_extra'] / gib:.3f} vs "
-                                                          f"{i['nll_only_extra'] / gib:.3f} GiB)"))
+            rows.append(
+                (
+                    "  each edit in a fresh process",
+                    f"{i['ratio']:.3f}  ({i['hpse'] / gib:.3f} GiB vs {i['nll_only'] / gib:.3f} "
+                    f"GiB; above the warmed-up model: {i['hpse_extra'] / gib:.3f} vs "
+                    f"{i['nll_only_extra'] / gib:.3f} GiB)",
+                )
+            )
     rows.append(("teacher forward tokens / edit", str(report["teacher_forward_tokens_per_edit"])))
     rows.append(("teacher passes in inner steps", str(report["inner_step_teacher_passes"])))
     if "sequential" in report:
         s = report["sequential"]
         after = ", ".join(f"{k}: {v / gib:.3f} GiB" for k, v in s["bytes_after"].items())
-        rows.append((f"{s['kind']} after N sequential edits", f"{after} (growth {100 * s['growth_vs_first']:+.1f}%)"))
+        rows.append(
+            (
+                f"{s['kind']} after N sequential edits",
+                f"{after} (growth {100 * s['growth_vs_first']:+.1f}%)",
+            )
+        )
     width = max(len(r[0]) for r in rows)
     return "\n".join(f"| {k:<{width}} | {v} |" for k, v in rows)
-

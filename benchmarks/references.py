@@ -1,16 +1,18 @@
-"""Two reference rows for a results table: the model before any edit, and the model reading the passages.
+"""Two reference rows for a results table: the model before any edit, and the model reading the
+passages.
 
 - ``UNEDITED``: the edit changes nothing, so the answers are the pre-edit model's (the "before" of
   a before/after case study, and the floor every editor should clear).
 - ``IN_CONTEXT``: the edit changes nothing either, but every question of the case is asked with the
   case's passages (all of them) in the system prompt, worded as HPSE's privileged teacher reads them
   (paper Fig. ``teacher_prompt``). On a one-edit case that is the teacher HPSE distils from; with
-  several edits HPSE's teacher reads one request's passage per rollout unless ``teacher_facts: all``,
-  so there the row shows what the passages allow in context, not what the shipped teacher sees.
+  several edits HPSE's teacher reads one request's passage per rollout unless ``teacher_facts:
+  all``, so there the row shows what the passages allow in context, not what the shipped teacher
+  sees.
 
-Both run through the ordinary runner (``alg_name: UNEDITED`` / ``IN_CONTEXT`` in a small hparams file,
-``hparams/REFERENCE/``; registered in ``benchmarks.methods``), so they are scored, stored, resumed and
-compared like any editor.
+Both run through the ordinary runner (``alg_name: UNEDITED`` / ``IN_CONTEXT`` in a small hparams
+file, ``hparams/REFERENCE/``; registered in ``benchmarks.methods``), so they are scored, stored,
+resumed and compared like any editor.
 """
 
 from __future__ import annotations
@@ -22,8 +24,14 @@ from typing import Any, ClassVar, Sequence
 from hpse_easyedit.hparams import EditorHParams, hp_field
 
 __all__ = [
-    "InContextHParams", "ReferenceHParams", "ReferenceResult", "answer_system", "keep_model", "reference_edit",
+    "InContextHParams",
+    "ReferenceHParams",
+    "ReferenceResult",
+    "answer_system",
+    "keep_model",
+    "reference_edit",
 ]
+
 
 @dataclass
 class ReferenceHParams(EditorHParams):
@@ -40,22 +48,28 @@ class InContextHParams(ReferenceHParams):
 
     ALG_NAME: ClassVar[str] = "IN_CONTEXT"
 
-    alg_name: str = hp_field("IN_CONTEXT", "Method name; must be IN_CONTEXT.", choices=("IN_CONTEXT",))
+    alg_name: str = hp_field(
+        "IN_CONTEXT", "Method name; must be IN_CONTEXT.", choices=("IN_CONTEXT",)
+    )
     teacher_prompt_style: str = hp_field(
-        "auto", "System-prompt wording, as HPSE's teacher_prompt_style ('auto' = from model_type).",
+        "auto",
+        "System-prompt wording, as HPSE's teacher_prompt_style ('auto' = from model_type).",
         choices=("auto", "default", "llama", "plain"),
     )
 
 
 @dataclass
 class ReferenceResult:
-    """What the runner reads from an edit result; ``context`` is what the answers are conditioned on."""
+    """What the runner reads from an edit result; ``context`` is what the answers are conditioned
+    on."""
 
     model: Any
     weights_copy: dict = field(default_factory=dict)
     rounds: list = field(default_factory=list)
     seconds: float = 0.0
-    context: list = field(default_factory=list)  # [(subject, passage)] for IN_CONTEXT, [] for UNEDITED
+    context: list = field(
+        default_factory=list
+    )  # [(subject, passage)] for IN_CONTEXT, [] for UNEDITED
 
 
 def keep_model(model: Any, weights_copy: Any) -> Any:
@@ -63,7 +77,9 @@ def keep_model(model: Any, weights_copy: Any) -> Any:
     return model
 
 
-def reference_edit(model: Any, tok: Any, requests: list[dict], hp: ReferenceHParams) -> ReferenceResult:
+def reference_edit(
+    model: Any, tok: Any, requests: list[dict], hp: ReferenceHParams
+) -> ReferenceResult:
     """No weight changes; IN_CONTEXT keeps the requests' passages for the answers' system prompt
     (requests checked and read exactly as an HPSE edit reads them)."""
     from hpse_easyedit.edit_requests import normalize_requests
@@ -77,7 +93,8 @@ def reference_edit(model: Any, tok: Any, requests: list[dict], hp: ReferenceHPar
 
 def answer_system(model: Any, results: Sequence[Any], hp: Any) -> str | None:
     """The system prompt the answers of these edits are generated under: ``None`` unless some result
-    carries ``context`` (IN_CONTEXT), else the privileged teacher's wording with all their passages."""
+    carries ``context`` (IN_CONTEXT), else the privileged teacher's wording with all their
+    passages."""
     from hpse_easyedit.prompts import privileged_system, teacher_style_for
 
     context = [c for res in results for c in (getattr(res, "context", None) or [])]

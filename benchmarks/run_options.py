@@ -1,15 +1,25 @@
 """What one benchmark run depends on, checked by pydantic before any file is read or model loaded.
 
-``RunOptions`` holds the options every run shares; the options a task declares (``Task.options``, e.g.
-UnKEBench's subjects and MMLU subset) are given by name like the others and kept in ``task_options``, so an
-MQuAKE-uns run has none of UnKEBench's. A bad value is one ``UsageError`` line naming the command-line option.
+``RunOptions`` holds the options every run shares; the options a task declares (``Task.options``,
+e.g. UnKEBench's subjects and MMLU subset) are given by name like the others and kept in
+``task_options``, so an MQuAKE-uns run has none of UnKEBench's. A bad value is one ``UsageError``
+line naming the command-line option.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Callable, Mapping
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, InstanceOf, ValidationError, create_model, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    InstanceOf,
+    ValidationError,
+    create_model,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from hpse_easyedit.errors import UsageError, check_new_dir, choice_text
@@ -33,11 +43,16 @@ _RANGES = {
 
 
 def _one_of(flag: str, choices: Any) -> Callable[[Any], Any]:
-    """A check against a registry's live list (a judge or subject mode registered later is accepted)."""
+    """A check against a registry's live list (a judge or subject mode registered later is
+    accepted)."""
 
     def check(value: Any) -> Any:
         if value not in choices:
-            raise PydanticCustomError("choice", "{line}", {"line": f"{flag} must be {choice_text(choices)}, got {value!r}"})
+            raise PydanticCustomError(
+                "choice",
+                "{line}",
+                {"line": f"{flag} must be {choice_text(choices)}, got {value!r}"},
+            )
         return value
 
     return check
@@ -47,16 +62,21 @@ def _task_model(task: Task) -> type[BaseModel]:
     """The pydantic model of a task's declared options: ranges, registry choices, no other key."""
     fields: dict[str, Any] = {}
     for o in task.options:
-        annotation: Any = o.type | None if isinstance(o.type, type) else Any  # a converter function: its result
+        # a type, or a converter function: then whatever it returns
+        annotation: Any = o.type | None if isinstance(o.type, type) else Any
         if o.choices is not None:
             annotation = Annotated[annotation, AfterValidator(_one_of(o.flag, o.choices))]
         fields[o.name] = (annotation, Field(o.default, ge=o.minimum))
-    return create_model(f"{type(task).__name__}Options", __config__=ConfigDict(extra="forbid"), **fields)
+    return create_model(
+        f"{type(task).__name__}Options", __config__=ConfigDict(extra="forbid"), **fields
+    )
 
 
 def _judge_settings_ranges(settings: JudgeSettings) -> None:
     """The judge request settings' ranges (``JudgeSettings`` is the judge's own dataclass)."""
-    _JudgeRanges.model_validate({"max_attempts": settings.max_attempts, "timeout": settings.timeout})
+    _JudgeRanges.model_validate(
+        {"max_attempts": settings.max_attempts, "timeout": settings.timeout}
+    )
 
 
 class _JudgeRanges(BaseModel):
@@ -65,7 +85,8 @@ class _JudgeRanges(BaseModel):
 
 
 class RunOptions(BaseModel):
-    """Everything one benchmark run depends on (``benchmarks.cli.add_run_arguments`` says what each means)."""
+    """Everything one benchmark run depends on (``benchmarks.cli.add_run_arguments`` says what each
+    means)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -100,12 +121,15 @@ class RunOptions(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _gather_task_options(cls, data: Any) -> Any:
-        """The task's options, given by name beside the shared ones, into ``task_options`` (checked there)."""
+        """The task's options, given by name beside the shared ones, into ``task_options`` (checked
+        there)."""
         if not isinstance(data, Mapping):
             return data
         task = TASKS.get(data.get("benchmark"))
         if task is None:
-            raise UsageError(f"benchmark must be one of {sorted(TASKS)}, got {data.get('benchmark')!r}")
+            raise UsageError(
+                f"benchmark must be one of {sorted(TASKS)}, got {data.get('benchmark')!r}"
+            )
         own = {o.name for o in task.options}
         given = {**data.get("task_options", {}), **{k: v for k, v in data.items() if k in own}}
         shared = {k: v for k, v in data.items() if k not in own}
@@ -115,24 +139,36 @@ class RunOptions(BaseModel):
     def _check(self) -> RunOptions:
         """The judge's ranges, the task's options, then what one field alone cannot say."""
         try:
-            self.task_options = _task_model(TASKS[self.benchmark]).model_validate(self.task_options).model_dump()
+            self.task_options = (
+                _task_model(TASKS[self.benchmark]).model_validate(self.task_options).model_dump()
+            )
             _judge_settings_ranges(self.judge_settings)
         except ValidationError as err:
             raise UsageError(_one_line(err)) from None
         if self.cases is not None:
             self.cases = [str(c).strip() for c in self.cases if str(c).strip()]
             if not self.cases:
-                raise UsageError("--cases names no case id; give comma-separated ids, e.g. --cases 6,24,68")
+                raise UsageError(
+                    "--cases names no case id; give comma-separated ids, e.g. --cases 6,24,68"
+                )
             if self.sequential:
-                raise UsageError("--cases picks single cases; continual editing (--sequential) edits consecutive "
-                                 "cases, so use --limit there")
+                raise UsageError(
+                    "--cases picks single cases; continual editing (--sequential) edits "
+                    "consecutive cases, so use --limit there"
+                )
         if self.checkpoints is not None:
             if not self.sequential:
-                raise UsageError("--checkpoints evaluates a continual sequence part-way; give --sequential T with it")
+                raise UsageError(
+                    "--checkpoints evaluates a continual sequence "
+                    "part-way; give --sequential T with it"
+                )
             bad = [c for c in self.checkpoints if not 1 <= c < self.sequential]
             if bad or not self.checkpoints:
-                raise UsageError(f"--checkpoints must be edit counts from 1 to {self.sequential - 1} (T itself is "
-                                 f"always evaluated), e.g. 10,20,50 with --sequential 100; got {bad or 'none'}")
+                raise UsageError(
+                    f"--checkpoints must be edit counts from 1 to {self.sequential - 1} (T itself "
+                    "is always evaluated), e.g. 10,20,50 with "
+                    f"--sequential 100; got {bad or 'none'}"
+                )
             self.checkpoints = sorted(set(self.checkpoints))
         _one_of("--judge", JUDGE_KINDS)(self.judge)
         check_new_dir("--out", self.out_dir, may_hold_files=True)
@@ -156,7 +192,10 @@ def _one_line(err: ValidationError) -> str:
     if first["type"] == "choice":
         return first["ctx"]["line"]
     if first["type"] == "extra_forbidden":
-        return f"{first['loc'][-1]!r} is no option of this run (the task declares its own: Task.options)"
+        return (
+            f"{first['loc'][-1]!r} is no option of this "
+            "run (the task declares its own: Task.options)"
+        )
     options = {o.name: o for task in TASKS.values() for o in task.options}
     flag, what = _flag(first["loc"], options)
     value = first["input"]

@@ -1,9 +1,10 @@
 """Run an editing method over a benchmark task, resumably, and summarise it in the paper's layout.
 
 ``run_benchmark`` resolves the options into four stages, each with one job: the run directory
-(``benchmarks.run_dir``: config.json, resume, results files, lock), the case loop (``benchmarks.case_loop``:
-edit, answer, restore; single or continual editing), the scorer (``benchmarks.scorer``: the task's scores,
-the judge, rejudging) and the summary (``benchmarks.summary``: summary.json, table.md).
+(``benchmarks.run_dir``: config.json, resume, results files, lock), the case loop
+(``benchmarks.case_loop``: edit, answer, restore; single or continual editing), the scorer
+(``benchmarks.scorer``: the task's scores, the judge, rejudging) and the summary
+(``benchmarks.summary``: summary.json, table.md).
 
 Each finished case (in continual mode, each finished block of T) is appended to ``results.jsonl`` at
 once, so a killed run loses only the work in flight, and rerunning with the same output directory
@@ -14,9 +15,9 @@ process R runs every N-th case (every N-th block of T in continual mode) startin
 ``results.rankR-of-N.jsonl``; after ``wait_for_everyone`` the results files are merged, and the main
 process writes ``summary.json`` and ``table.md`` only if every case is there exactly once.
 
-What differs between benchmarks (data file and loader, options, generation limit, judge, MMLU) is the
-``Task``'s (``benchmarks.tasks``); what a rerun may change is ``store.config_policy``; the command line is
-``benchmarks.cli``, which imports this module (never the reverse).
+What differs between benchmarks (data file and loader, options, generation limit, judge, MMLU) is
+the ``Task``'s (``benchmarks.tasks``); what a rerun may change is ``store.config_policy``; the
+command line is ``benchmarks.cli``, which imports this module (never the reverse).
 """
 
 from __future__ import annotations
@@ -44,22 +45,29 @@ from .summary import RunSummary, failed_note, unjudged_note
 from .tasks import TASKS, data_path
 
 __all__ = [
-    "PLACEMENT_KEYS", "RunOptions", "config_policy", "default_out_dir", "failed_note", "run_benchmark",
-    "stepin_rate_by_round", "unjudged_note",
+    "PLACEMENT_KEYS",
+    "RunOptions",
+    "config_policy",
+    "default_out_dir",
+    "failed_note",
+    "run_benchmark",
+    "stepin_rate_by_round",
+    "unjudged_note",
 ]
 
 log = logging.getLogger(__name__)
 
 
 def _computing(overrides: Sequence[str]) -> list[str]:
-    """The overrides that change what a run computes: placement overrides (``device=...``) say only where it runs,
-    kernel overrides (``fast_decode=...``) only which kernels compute it."""
+    """The overrides that change what a run computes: placement overrides (``device=...``) say only
+    where it runs, kernel overrides (``fast_decode=...``) only which kernels compute it."""
     return [o for o in overrides if o.split("=", 1)[0].strip() not in PLACEMENT_KEYS + KERNEL_KEYS]
 
 
 def default_out_dir(benchmark: str, hparams: str, overrides: Sequence[str]) -> Path:
-    """``runs/<benchmark>/<hparams name>[+key=value...]``: distinct overrides get distinct directories
-    (placement overrides such as ``device=cuda`` do not: moving a run to another device resumes it)."""
+    """``runs/<benchmark>/<hparams name>[+key=value...]``: distinct overrides get distinct
+    directories (placement overrides such as ``device=cuda`` do not: moving a run to another device
+    resumes it)."""
     name = Path(hparams).stem + "".join(f"+{o}" for o in _computing(overrides))
     return Path("runs") / benchmark / re.sub(r"[^\w.+=-]+", "_", name)
 
@@ -68,14 +76,16 @@ def _check_data_paths(opts: RunOptions, data_dir: Path) -> None:
     """The data directory and the files the options name exist (before anything is loaded)."""
     if not data_dir.is_dir():
         raise UsageError(
-            f"--data {data_dir}: no such directory; point --data (or $HPSE_DATA_DIR) at the benchmark data "
-            "(README, section Data)"
+            f"--data {data_dir}: no such directory; point --data (or $HPSE_DATA_DIR) at the "
+            "benchmark data (README, section Data)"
         )
     task = TASKS[opts.benchmark]
     path = data_path(data_dir, opts.data_file or task.data_file)
     if not path.is_file():
         option = task.data_option.flag
-        raise UsageError(f"{option} {path}: no such file; check --data and {option} (README, section Data)")
+        raise UsageError(
+            f"{option} {path}: no such file; check --data and {option} (README, section Data)"
+        )
     for o in task.options:
         value = opts.task_options[o.name]
         if o.must_exist and value and not Path(value).is_file():
@@ -83,7 +93,8 @@ def _check_data_paths(opts: RunOptions, data_dir: Path) -> None:
 
 
 class _Run:
-    """One benchmark run's options resolved: its task, method, hparams, process, directory and stages."""
+    """One benchmark run's options resolved: its task, method, hparams, process, directory and
+    stages."""
 
     def __init__(self, opts: RunOptions, context: ProcessContext | None = None) -> None:
         self.opts = opts
@@ -93,34 +104,65 @@ class _Run:
         _check_data_paths(opts, self.data_dir)
         self.method = method_for_file(opts.hparams)
         requested = self.method.load_hparams(opts.hparams, opts.overrides)
-        if self.method.preflight is not None:  # e.g. covariance statistics that cannot be had: refused before loading
+        if (
+            self.method.preflight is not None
+        ):  # e.g. covariance statistics that cannot be had: refused before loading
             self.method.preflight(requested)
         self.hp_dict = json_plain(self.method.hparams_dict(requested))
         self.ctx = context or process_context(
-            model_parallel=bool(self.hp_dict.get("model_parallel")), timeout=timedelta(hours=opts.dist_timeout_hours),
+            model_parallel=bool(self.hp_dict.get("model_parallel")),
+            timeout=timedelta(hours=opts.dist_timeout_hours),
         )
         # The recorded hparams (config.json, summary.json) are the requested ones; each process of a
         # multi-process launch runs them on the device accelerate gave it.
-        hp = requested if self.ctx.device is None else self.method.load_hparams(
-            opts.hparams, [*opts.overrides, f"device={self.ctx.device}"])
+        hp = (
+            requested
+            if self.ctx.device is None
+            else self.method.load_hparams(
+                opts.hparams, [*opts.overrides, f"device={self.ctx.device}"]
+            )
+        )
         method = method_label(self.method.name, self.hp_dict)
-        label = opts.label or f"{method} ({Path(opts.hparams).stem})" + "".join(f" {o}" for o in _computing(opts.overrides))
+        label = opts.label or f"{method} ({Path(opts.hparams).stem})" + "".join(
+            f" {o}" for o in _computing(opts.overrides)
+        )
         self.scorer = Scorer(self.task, opts.judge, opts.judge_settings, cache_dir)
         self.cache_dir = cache_dir
-        out_dir = Path(opts.out_dir) if opts.out_dir else default_out_dir(opts.benchmark, opts.hparams, opts.overrides)
+        out_dir = (
+            Path(opts.out_dir)
+            if opts.out_dir
+            else default_out_dir(opts.benchmark, opts.hparams, opts.overrides)
+        )
         self.directory = RunDirectory(out_dir, self.ctx, config_policy(requested))
-        self.probe = MMLUProbe(opts.task_options, self.task.measures_mmlu and opts.task_options["mmlu_n"] > 0,
-                               self.data_dir, out_dir)
-        self.editing = Editing(self.method, hp, self.hp_dict.get("model_name", "the model"), self.task,
-                               max_new_tokens=opts.max_new_tokens or self.task.default_max_new_tokens,
-                               batch_size=opts.batch_size, store_rollouts=opts.store_rollouts,
-                               show_progress=self.ctx.is_main)
-        self.summary = RunSummary(self.task, out_dir, label=label, method=method,
-                                  judge=self.scorer.judge.name if self.scorer.judge else None,
-                                  sequential=opts.sequential, checkpoints=opts.checkpoints)
+        self.probe = MMLUProbe(
+            opts.task_options,
+            self.task.measures_mmlu and opts.task_options["mmlu_n"] > 0,
+            self.data_dir,
+            out_dir,
+        )
+        self.editing = Editing(
+            self.method,
+            hp,
+            self.hp_dict.get("model_name", "the model"),
+            self.task,
+            max_new_tokens=opts.max_new_tokens or self.task.default_max_new_tokens,
+            batch_size=opts.batch_size,
+            store_rollouts=opts.store_rollouts,
+            show_progress=self.ctx.is_main,
+        )
+        self.summary = RunSummary(
+            self.task,
+            out_dir,
+            label=label,
+            method=method,
+            judge=self.scorer.judge.name if self.scorer.judge else None,
+            sequential=opts.sequential,
+            checkpoints=opts.checkpoints,
+        )
 
     def config(self, data_paths: list[Path]) -> dict:
-        """What the results depend on; a rerun into the same directory must match it (``limit`` may grow)."""
+        """What the results depend on; a rerun into the same directory must match it (``limit`` may
+        grow)."""
         o = self.opts
         config: dict[str, Any] = {
             "benchmark": self.task.name,
@@ -131,7 +173,9 @@ class _Run:
             "sequential": o.sequential,
             "max_new_tokens": self.editing.max_new_tokens,
         }
-        if o.checkpoints:  # only when set: the directories of runs without checkpoints keep resuming
+        if (
+            o.checkpoints
+        ):  # only when set: the directories of runs without checkpoints keep resuming
             config["checkpoints"] = o.checkpoints
         config.update(self.task.run_config(o.task_options, self.scorer.judge, self.probe.enabled))
         return config
@@ -139,32 +183,48 @@ class _Run:
     def load_cases(self) -> tuple[Any, list[Path]]:
         """The selected cases, and the input files their results depend on."""
         o = self.opts
-        # the requests carry the method's own editing prompt, so `--set editing_prompt=...` takes effect
+        # the requests carry the method's own editing prompt, so `--set editing_prompt=...` takes
+        # effect
         template = self.hp_dict.get("editing_prompt") or EDIT_PROMPT
-        cases, paths = self.task.load(self.data_dir, o, self.scorer.client, self.cache_dir, template)
+        cases, paths = self.task.load(
+            self.data_dir, o, self.scorer.client, self.cache_dir, template
+        )
         if o.cases:
             ids = [str(c) for c in cases["case_id"]]
             missing = [c for c in o.cases if c not in set(ids)]
             if missing:
                 within = f" among the first {o.limit} cases (--limit)" if o.limit else ""
-                raise UsageError(f"--cases: no case_id {', '.join(missing)}{within} in {paths[0]}; "
-                                 "check the ids (the case_id field of the data file)" + (" or raise --limit" if within else ""))
+                raise UsageError(
+                    f"--cases: no case_id {', '.join(missing)}{within} in {paths[0]}; "
+                    "check the ids (the case_id field of the data file)"
+                    + (" or raise --limit" if within else "")
+                )
             wanted = set(o.cases)
             cases = cases.select([i for i, c in enumerate(ids) if c in wanted])
         if len(cases) == 0:
-            raise UsageError(f"no cases selected from {paths[0]} (limit {o.limit}); check the data file")
+            raise UsageError(
+                f"no cases selected from {paths[0]} (limit {o.limit}); check the data file"
+            )
         return cases, paths
 
     def run(self) -> dict:
-        """Run (or resume) this process's share, then merge every process's records into the summary."""
+        """Run (or resume) this process's share, then merge every process's records into the
+        summary."""
         ctx, d = self.ctx, self.directory
         self.scorer.probe()
-        with ctx.main_first():  # the main process fills shared caches and repairs files; the others then read them
+        with (
+            ctx.main_first()
+        ):  # the main process fills shared caches and repairs files; the others then read them
             cases, paths = self.load_cases()
             ids = [str(c) for c in cases["case_id"]]
             blocks = units(len(ids), self.opts.sequential)
-            done = d.open(self.config(paths), ids, blocks, sequential=bool(self.opts.sequential),
-                          retry_failed=self.opts.retry_failed)
+            done = d.open(
+                self.config(paths),
+                ids,
+                blocks,
+                sequential=bool(self.opts.sequential),
+                retry_failed=self.opts.retry_failed,
+            )
             self.scorer.rejudge(d.results, cases, ids)
             mine = ctx.shard(list(enumerate(blocks)))
             todo = [(b, unit) for b, unit in mine if not all(ids[i] in done for i in unit)]
@@ -173,33 +233,56 @@ class _Run:
                 self.editing.ensure_model()
         n_mine, n_todo = sum(len(u) for _, u in mine), sum(len(u) for _, u in todo)
         if ctx.world > 1:
-            log.info("%s: %d of %d case(s) are this process's, %d to do, into %s", ctx.describe(), n_mine, len(ids),
-                     n_todo, d.results.path.name)
+            log.info(
+                "%s: %d of %d case(s) are this process's, %d to do, into %s",
+                ctx.describe(),
+                n_mine,
+                len(ids),
+                n_todo,
+                d.results.path.name,
+            )
         elif n_todo < len(ids):
-            log.info("resuming %s: %d of %d case(s) already done", d.path, len(ids) - n_todo, len(ids))
+            log.info(
+                "resuming %s: %d of %d case(s) already done", d.path, len(ids) - n_todo, len(ids)
+            )
         mmlu_before = self.probe.before(self.editing.unedited) if ctx.is_main else None
         if n_todo:
             d.record_environment([ids[i] for _, unit in todo for i in unit])
             self._edit_cases(cases, todo, n_mine, n_todo)
-        ctx.barrier()  # every process has written its last case; no results file changes from here on
+        # every process has written its last case; no results file changes from here on
+        ctx.barrier()
         records = merge_results(d.path, ids)
         if mmlu_before is None:
             mmlu_before = self.probe.before(None)
-        summary = self.summary.build(mmlu_before, [records[cid] for cid in ids], d.recorded_hparams(self.hp_dict))
+        summary = self.summary.build(
+            mmlu_before, [records[cid] for cid in ids], d.recorded_hparams(self.hp_dict)
+        )
         if ctx.is_main:
             self.summary.write(summary)
         return summary
 
-    def _edit_cases(self, cases: Any, todo: list[tuple[int, list[int]]], n_mine: int, n_todo: int) -> None:
+    def _edit_cases(
+        self, cases: Any, todo: list[tuple[int, list[int]]], n_mine: int, n_todo: int
+    ) -> None:
         """The case loop over this process's cases still to do, under a progress bar."""
         from tqdm.auto import tqdm
         from tqdm.contrib.logging import logging_redirect_tqdm
 
-        ctx, d = self.ctx, self.directory
-        desc = f"{self.task.name} {self.summary.label}" + (f" [{ctx.rank}/{ctx.world}]" if ctx.world > 1 else "")
-        with logging_redirect_tqdm(), tqdm(
-            total=n_mine, initial=n_mine - n_todo, desc=desc, unit="case", dynamic_ncols=True, disable=not ctx.is_main,
-        ) as bar:
+        ctx = self.ctx
+        desc = f"{self.task.name} {self.summary.label}" + (
+            f" [{ctx.rank}/{ctx.world}]" if ctx.world > 1 else ""
+        )
+        with (
+            logging_redirect_tqdm(),
+            tqdm(
+                total=n_mine,
+                initial=n_mine - n_todo,
+                desc=desc,
+                unit="case",
+                dynamic_ncols=True,
+                disable=not ctx.is_main,
+            ) as bar,
+        ):
             finished = [n_mine - n_todo]
 
             def progress(n: int, postfix: Mapping[str, str] | None) -> None:
@@ -215,19 +298,30 @@ class _Run:
     def _loop(self, cases: Any, todo: list[tuple[int, list[int]]], progress: Progress) -> None:
         d = self.directory
         if self.opts.sequential:
-            SequentialLoop(self.editing, cases, self.scorer, self.probe, d.results, d.sequence,
-                           self.opts.checkpoints or ()).run(todo, progress)
+            SequentialLoop(
+                self.editing,
+                cases,
+                self.scorer,
+                self.probe,
+                d.results,
+                d.sequence,
+                self.opts.checkpoints or (),
+            ).run(todo, progress)
         else:
-            SingleLoop(self.editing, cases, self.scorer, self.probe, d.results).run([u[0] for _, u in todo], progress)
+            SingleLoop(self.editing, cases, self.scorer, self.probe, d.results).run(
+                [u[0] for _, u in todo], progress
+            )
 
 
 def run_benchmark(opts: RunOptions, context: ProcessContext | None = None) -> dict:
-    """Run (or resume) one benchmark for one hparams file; returns the summary written to summary.json.
+    """Run (or resume) one benchmark for one hparams file; returns the summary written to
+    summary.json.
 
     Under a multi-process launch every process calls this with the same options, runs its share and
-    returns the same summary; only the main process writes it. ``context`` defaults to this process's
-    (``benchmarks.distributed.process_context``); passing one runs that shard of an N-process layout
-    without a process group (its barriers do nothing), e.g. to drive shards one after another.
+    returns the same summary; only the main process writes it. ``context`` defaults to this
+    process's (``benchmarks.distributed.process_context``); passing one runs that shard of an
+    N-process layout without a process group (its barriers do nothing), e.g. to drive shards one
+    after another.
     """
     run = _Run(opts, context)
     try:

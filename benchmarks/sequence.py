@@ -1,22 +1,25 @@
 """Continual editing that can stop in the middle of a sequence, and be evaluated part-way through.
 
-A sequence of T edits (``--sequential T``) takes hours at T = 100 on a CPU, longer than a machine may stay up. Two
-files of the run directory keep what a stopped sequence had done, and one folder what it had edited:
+A sequence of T edits (``--sequential T``) takes hours at T = 100 on a CPU, longer than a machine
+may stay up. Two files of the run directory keep what a stopped sequence had done, and one folder
+what it had edited:
 
-- ``sequence.jsonl``: one line per finished edit of the block in progress (its record without scores:
-  subjects, seconds, rounds, rollouts), appended and fsync'ed after each edit. When the block finishes its
-  records move to ``results.jsonl`` with their scores and these lines are dropped.
-- ``checkpoints.jsonl``: with ``--checkpoints 10,20,50``, the scores of the cases edited so far after the
-  10th, 20th and 50th edit of each block (one line per case and checkpoint, ``checkpoint`` = edits made).
-- ``sequence-state/``: the tensors the sequence has changed so far (and their values before its first edit),
-  rewritten after each edit. Weights: never commit this folder.
+- ``sequence.jsonl``: one line per finished edit of the block in progress (its record without
+  scores: subjects, seconds, rounds, rollouts), appended and fsync'ed after each edit. When the
+  block finishes its records move to ``results.jsonl`` with their scores and these lines are
+  dropped.
+- ``checkpoints.jsonl``: with ``--checkpoints 10,20,50``, the scores of the cases edited so far
+  after the 10th, 20th and 50th edit of each block (one line per case and checkpoint, ``checkpoint``
+  = edits made).
+- ``sequence-state/``: the tensors the sequence has changed so far (and their values before its
+  first edit), rewritten after each edit. Weights: never commit this folder.
 
-A rerun into the same directory resumes the block after its last recorded edit: from the snapshot when the
-method can load one (``MethodSpec.resume``: HPSE, its plain executors and COIN*), otherwise by replaying the
-recorded edits from the unedited model. A replayed edit must reproduce its recorded losses; when one does
-not (another machine, other kernels) the lines from it on and the checkpoints after it are dropped and
-redone, so a block never mixes two trajectories. Under a multi-process launch each process has its own
-files (``sequence.rankR-of-N.jsonl``, ...), as for ``results``.
+A rerun into the same directory resumes the block after its last recorded edit: from the snapshot
+when the method can load one (``MethodSpec.resume``: HPSE, its plain executors and COIN*), otherwise
+by replaying the recorded edits from the unedited model. A replayed edit must reproduce its recorded
+losses; when one does not (another machine, other kernels) the lines from it on and the checkpoints
+after it are dropped and redone, so a block never mixes two trajectories. Under a multi-process
+launch each process has its own files (``sequence.rankR-of-N.jsonl``, ...), as for ``results``.
 """
 
 from __future__ import annotations
@@ -33,8 +36,17 @@ from hpse_easyedit.atomic import replacing
 
 from .store import ResultFile, read_results, result_files, results_name
 
-__all__ = ["CHECKPOINTS", "SEQUENCE", "STATE_DIR", "SequenceLog", "checkpoint_key", "checkpoint_records",
-           "parse_checkpoints", "same_edit", "split_checkpoint"]
+__all__ = [
+    "CHECKPOINTS",
+    "SEQUENCE",
+    "STATE_DIR",
+    "SequenceLog",
+    "checkpoint_key",
+    "checkpoint_records",
+    "parse_checkpoints",
+    "same_edit",
+    "split_checkpoint",
+]
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +65,14 @@ def parse_checkpoints(value: str) -> list[int]:
     try:
         return [int(v) for v in value.split(",") if v.strip()]
     except ValueError:
-        raise ValueError(f"--checkpoints takes comma-separated edit counts, e.g. 10,20,50; got {value!r}") from None
+        raise ValueError(
+            f"--checkpoints takes comma-separated edit counts, e.g. 10,20,50; got {value!r}"
+        ) from None
 
 
 def split_checkpoint(run: str | Path) -> tuple[Path, int | None]:
-    """``"runs/uk-seq100@20"`` -> ``(Path("runs/uk-seq100"), 20)``: a run directory at one of its checkpoints
-    (the reading tools take that form); a plain directory -> ``(dir, None)``."""
+    """``"runs/uk-seq100@20"`` -> ``(Path("runs/uk-seq100"), 20)``: a run directory at one of its
+    checkpoints (the reading tools take that form); a plain directory -> ``(dir, None)``."""
     text = str(run)
     head, sep, tail = text.rpartition("@")
     if sep and tail.isdigit() and not Path(text).exists():
@@ -67,7 +81,8 @@ def split_checkpoint(run: str | Path) -> tuple[Path, int | None]:
 
 
 def checkpoint_records(out_dir: str | Path) -> dict[int, dict[str, dict]]:
-    """Every checkpoint record of a run directory: ``{checkpoint: {case_id: record}}`` (read only)."""
+    """Every checkpoint record of a run directory: ``{checkpoint: {case_id: record}}`` (read
+    only)."""
     out: dict[int, dict[str, dict]] = {}
     for path in result_files(out_dir, CHECKPOINTS):
         for rec in read_results(path, checkpoint_key).values():
@@ -80,7 +95,8 @@ def _plain(value: Any) -> Any:
 
 
 def same_edit(recorded: Mapping[str, Any], replayed: Mapping[str, Any]) -> bool:
-    """Did a replayed edit compute what was recorded? Everything but the timing fields must be equal."""
+    """Did a replayed edit compute what was recorded? Everything but the timing fields must be
+    equal."""
 
     def strip(value: Any) -> Any:
         if isinstance(value, dict):
@@ -93,19 +109,24 @@ def same_edit(recorded: Mapping[str, Any], replayed: Mapping[str, Any]) -> bool:
 
 
 class SequenceLog:
-    """The block in progress of one process: its edits' lines, its checkpoint records and its snapshot."""
+    """The block in progress of one process: its edits' lines, its checkpoint records and its
+    snapshot."""
 
     def __init__(self, out_dir: Path, rank: int, world: int) -> None:
         self.edits = ResultFile(out_dir / results_name(rank, world, SEQUENCE))
-        self.checkpoints = ResultFile(out_dir / results_name(rank, world, CHECKPOINTS), checkpoint_key)
+        self.checkpoints = ResultFile(
+            out_dir / results_name(rank, world, CHECKPOINTS), checkpoint_key
+        )
         self.state_dir = out_dir / STATE_DIR
         self.state = self.state_dir / results_name(rank, world, "state").replace(".jsonl", ".pt")
 
-    # ------------------------------------------------------------------------------------- recorded edits
+    # ------------------------------------------------------------------------------- recorded edits
     def recorded(self, block: int) -> list[dict]:
         """The recorded edits of ``block``, in the order they were made."""
-        return sorted((r for r in self.edits.records.values() if r.get("block") == block),
-                      key=lambda r: r["position"])
+        return sorted(
+            (r for r in self.edits.records.values() if r.get("block") == block),
+            key=lambda r: r["position"],
+        )
 
     def append(self, record: Mapping[str, Any]) -> None:
         self.edits.append([record])
@@ -115,9 +136,12 @@ class SequenceLog:
         self.edits.drop(keep)
 
     def forget_from(self, block: int, position: int) -> None:
-        """Drop ``block``'s recorded edits from ``position`` on and its checkpoints after ``position`` edits."""
+        """Drop ``block``'s recorded edits from ``position`` on and its checkpoints after
+        ``position`` edits."""
         self.edits.drop(lambda r: not (r.get("block") == block and r["position"] >= position))
-        self.checkpoints.drop(lambda r: not (r.get("block") == block and r["checkpoint"] > position))
+        self.checkpoints.drop(
+            lambda r: not (r.get("block") == block and r["checkpoint"] > position)
+        )
 
     def finish(self, block: int) -> None:
         """The block's records are in the results file: its edit lines and its snapshot go."""
@@ -125,7 +149,7 @@ class SequenceLog:
         if self.state.is_file():
             self.state.unlink()
 
-    # ------------------------------------------------------------------------------------- checkpoints
+    # ---------------------------------------------------------------------------------- checkpoints
     def has_checkpoint(self, block: int, checkpoint: int, case_ids: list[str]) -> bool:
         return all(f"{checkpoint}:{cid}" in self.checkpoints.records for cid in case_ids)
 
@@ -135,22 +159,37 @@ class SequenceLog:
         self.checkpoints.append(records)
 
     # ------------------------------------------------------------------------------------- snapshot
-    def save_state(self, model: Any, block: int, edits: int, weights0: Mapping[str, torch.Tensor]) -> None:
-        """The values after ``edits`` edits of every tensor the sequence changes, and their values before it."""
+    def save_state(
+        self, model: Any, block: int, edits: int, weights0: Mapping[str, torch.Tensor]
+    ) -> None:
+        """The values after ``edits`` edits of every tensor the sequence changes, and their values
+        before it."""
         tensors = {name: model.get_parameter(name).detach().cpu().clone() for name in weights0}
         self.state_dir.mkdir(parents=True, exist_ok=True)
         with replacing(self.state) as tmp:
-            torch.save({"block": block, "edits": edits, "tensors": tensors,
-                        "weights0": {k: v.detach().cpu() for k, v in weights0.items()}}, tmp)
+            torch.save(
+                {
+                    "block": block,
+                    "edits": edits,
+                    "tensors": tensors,
+                    "weights0": {k: v.detach().cpu() for k, v in weights0.items()},
+                },
+                tmp,
+            )
 
     def load_state(self, block: int) -> dict | None:
-        """The snapshot of ``block`` if there is a readable one (else None: the edits are replayed)."""
+        """The snapshot of ``block`` if there is a readable one (else None: the edits are
+        replayed)."""
         if not self.state.is_file():
             return None
         try:
             state = torch.load(self.state, map_location="cpu", weights_only=True)
-        except Exception as err:  # a snapshot cut off by a kill, or from another torch: replay instead
-            log.warning("%s cannot be read (%s); replaying the recorded edits instead", self.state, err)
+        except (
+            Exception
+        ) as err:  # a snapshot cut off by a kill, or from another torch: replay instead
+            log.warning(
+                "%s cannot be read (%s); replaying the recorded edits instead", self.state, err
+            )
             return None
         return state if state.get("block") == block else None
 

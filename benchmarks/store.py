@@ -4,15 +4,16 @@ Each process appends its finished cases to its own results file, one JSON line p
 fsync'ed as soon as the case is done, so a kill loses at most the case in flight:
 
 - ``results.jsonl`` when one process runs (what every single-process run writes),
-- ``results.rank{R}-of-{N}.jsonl`` for process R of an N-process launch (see ``benchmarks.distributed``).
+- ``results.rank{R}-of-{N}.jsonl`` for process R of an N-process launch (see
+  ``benchmarks.distributed``).
 
 A file has exactly one writer. On reopening it, a torn last line (killed mid-write) is cut off. The
 cases recorded in ANY results file of the directory count as done, so a rerun with another number of
 processes resumes too; ``merge_results`` reads them all back and insists that every expected case is
 there exactly once before anything is summarised.
 
-``config.json`` holds what the results depend on (method and hparams, benchmark, data files and their
-hashes, judge, generation settings); reopening the directory with a different configuration is
+``config.json`` holds what the results depend on (method and hparams, benchmark, data files and
+their hashes, judge, generation settings); reopening the directory with a different configuration is
 refused, so results of two configurations never mix and nobody's results are overwritten. A
 ``ConfigPolicy`` says which differences are not a change of configuration: where the model ran
 (``device``), and hparams fields that are new in the code and still at their default value.
@@ -34,8 +35,23 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from hpse_easyedit.atomic import replacing
 
 __all__ = [
-    "KERNEL_KEYS", "PLACEMENT_KEYS", "ConfigMismatchError", "case_key", "ConfigPolicy", "IncompleteRunError", "ResultFile", "check_run_config",
-    "config_policy", "json_plain", "merge_results", "read_results", "result_files", "results_name", "write_json_atomic", "write_new_json", "write_text_atomic",
+    "KERNEL_KEYS",
+    "PLACEMENT_KEYS",
+    "ConfigMismatchError",
+    "case_key",
+    "ConfigPolicy",
+    "IncompleteRunError",
+    "ResultFile",
+    "check_run_config",
+    "config_policy",
+    "json_plain",
+    "merge_results",
+    "read_results",
+    "result_files",
+    "results_name",
+    "write_json_atomic",
+    "write_new_json",
+    "write_text_atomic",
 ]
 
 log = logging.getLogger(__name__)
@@ -56,8 +72,8 @@ class IncompleteRunError(RuntimeError):
 
 
 def results_name(rank: int = 0, world: int = 1, stem: str = "results") -> str:
-    """The results file of process ``rank`` of ``world`` (``results.jsonl`` for a single process); ``stem``
-    names another per-process file of the same layout (``checkpoints``, ``sequence``)."""
+    """The results file of process ``rank`` of ``world`` (``results.jsonl`` for a single process);
+    ``stem`` names another per-process file of the same layout (``checkpoints``, ``sequence``)."""
     if not 0 <= rank < world:
         raise ValueError(f"rank must be in [0, {world}), got {rank}")
     return f"{stem}.jsonl" if world == 1 else f"{stem}.rank{rank}-of-{world}.jsonl"
@@ -69,7 +85,11 @@ def result_files(out_dir: str | os.PathLike, stem: str = "results") -> list[Path
     out_dir = Path(out_dir)
     if not out_dir.is_dir():
         return []
-    pattern = _RESULTS_RE if stem == "results" else re.compile(rf"^{re.escape(stem)}(?:\.rank(\d+)-of-(\d+))?\.jsonl$")
+    pattern = (
+        _RESULTS_RE
+        if stem == "results"
+        else re.compile(rf"^{re.escape(stem)}(?:\.rank(\d+)-of-(\d+))?\.jsonl$")
+    )
     found = []
     for p in out_dir.iterdir():
         m = pattern.match(p.name)
@@ -97,7 +117,8 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
 
 
 def write_new_json(path: str | os.PathLike, obj: Any) -> None:
-    """``write_json_atomic`` into a file that must not exist yet (parents created): a report never replaces one."""
+    """``write_json_atomic`` into a file that must not exist yet (parents created): a report never
+    replaces one."""
     path = Path(path)
     if path.exists():
         raise FileExistsError(f"{path} exists; choose a new file (reports are never overwritten)")
@@ -105,19 +126,20 @@ def write_new_json(path: str | os.PathLike, obj: Any) -> None:
     write_json_atomic(path, obj)
 
 
-# ------------------------------------------------------------------------------------------ config.json
+# -------------------------------------------------------------------------------------- config.json
 _MISSING = "<missing>"
 
 
 @dataclass(frozen=True)
 class ConfigPolicy:
-    """Which differences between a recorded ``config.json`` and the current configuration are no change.
+    """Which differences between a recorded ``config.json`` and the current configuration are no
+    change.
 
-    ``ignored(path)``: keys whose value may differ freely (where the run executes, not what it computes).
-    ``new_default(path, value)``: a key absent from the recorded config whose current ``value`` is the
-    default of a field that is new in the code; old results were computed without that field, i.e. with
-    the behaviour its default keeps. Such keys are added to ``config.json`` (by the writing process), so
-    a later change of that default is caught as a real change.
+    ``ignored(path)``: keys whose value may differ freely (where the run executes, not what it
+    computes). ``new_default(path, value)``: a key absent from the recorded config whose current
+    ``value`` is the default of a field that is new in the code; old results were computed without
+    that field, i.e. with the behaviour its default keeps. Such keys are added to ``config.json``
+    (by the writing process), so a later change of that default is caught as a real change.
     """
 
     ignored: Callable[[KeyPath], bool] = lambda path: False
@@ -125,7 +147,8 @@ class ConfigPolicy:
 
 
 def _diff(old: Any, new: Any, path: KeyPath = ()) -> list[tuple[KeyPath, Any, Any]]:
-    """(path, old, new) for every leaf where two JSON values differ; a missing key reads as ``_MISSING``."""
+    """(path, old, new) for every leaf where two JSON values differ; a missing key reads as
+    ``_MISSING``."""
     if isinstance(old, Mapping) and isinstance(new, Mapping):
         out = []
         for k in sorted(set(old) | set(new), key=str):
@@ -141,14 +164,22 @@ def _insert(config: dict, path: KeyPath, value: Any) -> None:
     node[path[-1]] = value
 
 
-# ---------------------------------------------------------------------------------------------- config policy
+# ------------------------------------------------------------------------------------ config policy
 #: hparams keys that say where a run executes, not what it computes: a rerun may change them freely
-#: (move a half-done run to other GPUs, or under accelerate launch, where each process sets its own device).
+#: (move a half-done run to other GPUs, or under accelerate launch, where each process sets its own
+#: device).
 PLACEMENT_KEYS = ("device", "model_parallel")
-#: hparams keys that choose kernels for the same computation (results differ only in float rounding, as they do
-#: on another CPU's BLAS): a rerun may change them too; config.json keeps the value the run started with.
-KERNEL_KEYS = ("fast_decode", "scored_logits_only", "static_decode", "decode_stop_every", "attn_implementation",
-               "gradient_checkpointing")
+#: hparams keys that choose kernels for the same computation (results differ only in float rounding,
+#: as they do on another CPU's BLAS): a rerun may change them too; config.json keeps the value the
+#: run started with.
+KERNEL_KEYS = (
+    "fast_decode",
+    "scored_logits_only",
+    "static_decode",
+    "decode_stop_every",
+    "attn_implementation",
+    "gradient_checkpointing",
+)
 
 
 def json_plain(value: Any) -> Any:
@@ -188,7 +219,10 @@ def _field_defaults(obj: Any) -> dict[str, Any]:
                 continue
             try:
                 value = json.loads(json.dumps(json_plain(default)))
-            except (TypeError, ValueError):  # not a JSON value, so never in a recorded config either
+            except (
+                TypeError,
+                ValueError,
+            ):  # not a JSON value, so never in a recorded config either
                 continue
             if f.name in out and out[f.name] != value:
                 clash.add(f.name)
@@ -199,29 +233,42 @@ def _field_defaults(obj: Any) -> dict[str, Any]:
 
 
 def config_policy(hparams: Any) -> ConfigPolicy:
-    """What a rerun may differ in from a run directory's ``config.json`` without being another configuration.
+    """What a rerun may differ in from a run directory's ``config.json`` without being another
+    configuration.
 
-    Placement and kernel keys of the hparams (``PLACEMENT_KEYS``, ``KERNEL_KEYS``) are ignored; a key directly
-    under ``hparams`` that the recorded config does not have is accepted when its value is the default of that field in
-    the code (a field added to the hparams after the run started, at the behaviour the old code had).
-    Anything else that differs, nested keys included, is a different configuration.
+    Placement and kernel keys of the hparams (``PLACEMENT_KEYS``, ``KERNEL_KEYS``) are ignored; a
+    key directly under ``hparams`` that the recorded config does not have is accepted when its value
+    is the default of that field in the code (a field added to the hparams after the run started, at
+    the behaviour the old code had). Anything else that differs, nested keys included, is a
+    different configuration.
     """
     defaults = _field_defaults(hparams)
     return ConfigPolicy(
-        ignored=lambda path: len(path) == 2 and path[0] == "hparams" and path[1] in PLACEMENT_KEYS + KERNEL_KEYS,
+        ignored=lambda path: (
+            len(path) == 2 and path[0] == "hparams" and path[1] in PLACEMENT_KEYS + KERNEL_KEYS
+        ),
         new_default=lambda path, value: (
-            len(path) == 2 and path[0] == "hparams" and path[1] in defaults and defaults[path[1]] == value
+            len(path) == 2
+            and path[0] == "hparams"
+            and path[1] in defaults
+            and defaults[path[1]] == value
         ),
     )
 
 
-def check_run_config(out_dir: str | os.PathLike, config: Mapping[str, Any], *, write: bool = True,
-                     policy: ConfigPolicy | None = None) -> None:
-    """Make sure ``out_dir`` holds results of ``config`` only; record ``config.json`` when ``write``.
+def check_run_config(
+    out_dir: str | os.PathLike,
+    config: Mapping[str, Any],
+    *,
+    write: bool = True,
+    policy: ConfigPolicy | None = None,
+) -> None:
+    """Make sure ``out_dir`` holds results of ``config`` only; record ``config.json`` when
+    ``write``.
 
-    A directory with results files but no ``config.json`` was not written by this runner and is refused.
-    With ``write=False`` (every process but the main one) ``config.json`` must already be there: the
-    main process records it before the others open the directory.
+    A directory with results files but no ``config.json`` was not written by this runner and is
+    refused. With ``write=False`` (every process but the main one) ``config.json`` must already be
+    there: the main process records it before the others open the directory.
     """
     out_dir = Path(out_dir)
     policy = policy or ConfigPolicy()
@@ -231,12 +278,14 @@ def check_run_config(out_dir: str | os.PathLike, config: Mapping[str, Any], *, w
         foreign = [p for p in result_files(out_dir) if p.stat().st_size]
         if foreign:
             raise ConfigMismatchError(
-                f"{foreign[0]} exists without {CONFIG}; it was not written by this runner. Use another --out directory."
+                f"{foreign[0]} exists without {CONFIG}; it was not "
+                "written by this runner. Use another --out directory."
             )
         if not write:
             raise ConfigMismatchError(
-                f"{config_path} is missing although the main process writes it before the other processes open "
-                f"{out_dir}; with several hosts, --out must be on a filesystem every host sees (NFS, Lustre, ...)"
+                f"{config_path} is missing although the main process writes it before the other "
+                f"processes open {out_dir}; with several hosts, --out must be on a filesystem "
+                "every host sees (NFS, Lustre, ...)"
             )
         out_dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(config_path, config)
@@ -254,26 +303,36 @@ def check_run_config(out_dir: str | os.PathLike, config: Mapping[str, Any], *, w
     if changed:
         raise ConfigMismatchError(
             f"{out_dir} already holds results of a different configuration ("
-            + "; ".join(changed[:8]) + ("; ..." if len(changed) > 8 else "")
+            + "; ".join(changed[:8])
+            + ("; ..." if len(changed) > 8 else "")
             + "). Use another --out directory, or delete this one to start over."
         )
     if added and write:
         for path, value in added:
             _insert(old, path, value)
         write_json_atomic(config_path, old)
-        log.info("%s: recorded %s (new in this version of the code, at their defaults: the results there stay valid)",
-                 config_path, ", ".join(f"{'.'.join(p)}={v!r}" for p, v in added))
+        log.info(
+            "%s: recorded %s (new in this version of the code, "
+            "at their defaults: the results there stay valid)",
+            config_path,
+            ", ".join(f"{'.'.join(p)}={v!r}" for p, v in added),
+        )
 
 
-# ------------------------------------------------------------------------------------------ results files
+# ------------------------------------------------------------------------------------ results files
 def case_key(record: Mapping[str, Any]) -> str:
     """What identifies a record of a results file: its ``case_id``."""
     return str(record.get("case_id"))
 
 
-def _parse(path: Path, data: bytes, key: Callable[[Mapping[str, Any]], str] = case_key) -> tuple[dict[str, dict], bytes]:
-    """Records of a results file's bytes (by ``key``), and the torn tail after its last newline (b'' if none)."""
-    *complete, torn = data.split(b"\n")  # every record ends with a newline; text after the last one is torn
+def _parse(
+    path: Path, data: bytes, key: Callable[[Mapping[str, Any]], str] = case_key
+) -> tuple[dict[str, dict], bytes]:
+    """Records of a results file's bytes (by ``key``), and the torn tail after its last newline (b''
+    if none)."""
+    *complete, torn = data.split(
+        b"\n"
+    )  # every record ends with a newline; text after the last one is torn
     records: dict[str, dict] = {}
     for n, raw in enumerate(complete, 1):
         if not raw.strip():
@@ -281,17 +340,23 @@ def _parse(path: Path, data: bytes, key: Callable[[Mapping[str, Any]], str] = ca
         try:
             rec = json.loads(raw)
         except ValueError:
-            raise ValueError(f"{path}: line {n} is not valid JSON; repair or delete the file") from None
+            raise ValueError(
+                f"{path}: line {n} is not valid JSON; repair or delete the file"
+            ) from None
         cid = key(rec)
         if cid in records:
-            raise ValueError(f"{path}: case_id {cid} appears twice (line {n}); repair or delete the file")
+            raise ValueError(
+                f"{path}: case_id {cid} appears twice (line {n}); repair or delete the file"
+            )
         records[cid] = rec
     return records, torn
 
 
-def read_results(path: str | os.PathLike, key: Callable[[Mapping[str, Any]], str] = case_key) -> dict[str, dict]:
-    """The records of a results file, read only: a last line without its newline (torn, or still being
-    written by its process) is left out and left alone."""
+def read_results(
+    path: str | os.PathLike, key: Callable[[Mapping[str, Any]], str] = case_key
+) -> dict[str, dict]:
+    """The records of a results file, read only: a last line without its newline (torn, or still
+    being written by its process) is left out and left alone."""
     path = Path(path)
     if not path.is_file():
         return {}
@@ -299,9 +364,12 @@ def read_results(path: str | os.PathLike, key: Callable[[Mapping[str, Any]], str
 
 
 class ResultFile:
-    """One append-only results file, keyed by ``case_id`` (or ``key``); only its own process writes to it."""
+    """One append-only results file, keyed by ``case_id`` (or ``key``); only its own process writes
+    to it."""
 
-    def __init__(self, path: str | os.PathLike, key: Callable[[Mapping[str, Any]], str] = case_key) -> None:
+    def __init__(
+        self, path: str | os.PathLike, key: Callable[[Mapping[str, Any]], str] = case_key
+    ) -> None:
         self.path = Path(path)
         self.key = key
         self.records: dict[str, dict] = {}
@@ -309,7 +377,10 @@ class ResultFile:
             data = self.path.read_bytes()
             self.records, torn = _parse(self.path, data, key)
             if torn:
-                log.warning("%s: dropping a torn last line (the previous run was killed while writing it)", self.path)
+                log.warning(
+                    "%s: dropping a torn last line (the previous run was killed while writing it)",
+                    self.path,
+                )
                 with open(self.path, "r+b") as fh:
                     fh.truncate(len(data) - len(torn))
 
@@ -320,13 +391,15 @@ class ResultFile:
         return len(self.records)
 
     def append(self, records: Iterable[Mapping[str, Any]]) -> None:
-        """Append records (one line each) in a single write, then flush and fsync; if the write fails the file is
-        cut back to what it held, so the same records can be appended again."""
+        """Append records (one line each) in a single write, then flush and fsync; if the write
+        fails the file is cut back to what it held, so the same records can be appended again."""
         records = [dict(r) for r in records]
         for r in records:
             cid = self.key(r)
             if cid in self.records:
-                raise ValueError(f"case {cid} is already recorded in {self.path}; refusing to write it twice")
+                raise ValueError(
+                    f"case {cid} is already recorded in {self.path}; refusing to write it twice"
+                )
         payload = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
         size = self.path.stat().st_size if self.path.exists() else 0
         try:
@@ -334,7 +407,9 @@ class ResultFile:
                 fh.write(payload)
                 fh.flush()
                 os.fsync(fh.fileno())
-        except OSError:  # e.g. a full disk: no partial line is left behind, the caller may write them again
+        except (
+            OSError
+        ):  # e.g. a full disk: no partial line is left behind, the caller may write them again
             with contextlib.suppress(OSError):
                 os.truncate(self.path, size)
             raise
@@ -342,7 +417,8 @@ class ResultFile:
             self.records[self.key(r)] = r
 
     def drop(self, keep: Callable[[dict], bool]) -> list[str]:
-        """Rewrite the file keeping only records for which ``keep`` is true; returns the dropped case ids."""
+        """Rewrite the file keeping only records for which ``keep`` is true; returns the dropped
+        case ids."""
         dropped = [cid for cid, r in self.records.items() if not keep(r)]
         if not dropped:
             return []
@@ -351,11 +427,14 @@ class ResultFile:
         return dropped
 
     def replace(self, records: Iterable[Mapping[str, Any]]) -> None:
-        """Put new versions of already recorded cases in place (same order), rewriting the file atomically."""
+        """Put new versions of already recorded cases in place (same order), rewriting the file
+        atomically."""
         records = [dict(r) for r in records]
         for r in records:
             if self.key(r) not in self.records:
-                raise ValueError(f"case {r['case_id']} is not recorded in {self.path}; append it instead")
+                raise ValueError(
+                    f"case {r['case_id']} is not recorded in {self.path}; append it instead"
+                )
         if not records:
             return
         for r in records:
@@ -364,15 +443,18 @@ class ResultFile:
 
     def _rewrite(self) -> None:
         with replacing(self.path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
-            fh.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in self.records.values()))
+            fh.write(
+                "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in self.records.values())
+            )
             fh.flush()
             os.fsync(fh.fileno())
 
 
-def merge_results(out_dir: str | os.PathLike, case_ids: Sequence[str] | None, *,
-                  require_all: bool = True) -> dict[str, dict]:
-    """The records of ``case_ids`` (``None``: every recorded case) from every results file of ``out_dir``,
-    each found exactly once.
+def merge_results(
+    out_dir: str | os.PathLike, case_ids: Sequence[str] | None, *, require_all: bool = True
+) -> dict[str, dict]:
+    """The records of ``case_ids`` (``None``: every recorded case) from every results file of
+    ``out_dir``, each found exactly once.
 
     Raises ``IncompleteRunError`` when a case is recorded in two files (two runs wrote into the
     directory at once, or a file was copied in) or, with ``require_all``, when a case is missing.
@@ -388,15 +470,17 @@ def merge_results(out_dir: str | os.PathLike, case_ids: Sequence[str] | None, *,
                 continue
             if cid in found:
                 raise IncompleteRunError(
-                    f"case {cid} is recorded twice, in {where[cid].name} and {path.name} ({out_dir}); two runs wrote "
-                    "into this directory at once, or a results file was copied in. Remove the line from one of them."
+                    f"case {cid} is recorded twice, in {where[cid].name} and {path.name} "
+                    f"({out_dir}); two runs wrote into this directory at once, or a results file "
+                    "was copied in. Remove the line from one of them."
                 )
             found[cid], where[cid] = rec, path
     missing = [c for c in case_ids or () if str(c) not in found]
     if require_all and missing:
         files = ", ".join(p.name for p in result_files(out_dir)) or "none"
         raise IncompleteRunError(
-            f"{out_dir}: {len(missing)} of {len(case_ids)} case(s) have no result (first: {', '.join(missing[:5])}; "
-            f"results files: {files}); not summarising a partial run. Rerun the same command to finish them."
+            f"{out_dir}: {len(missing)} of {len(case_ids)} case(s) have no result (first: "
+            f"{', '.join(missing[:5])}; results files: {files}); not summarising a partial run. "
+            "Rerun the same command to finish them."
         )
     return found

@@ -1,8 +1,8 @@
 """A finished run's summary: ``summary.json`` and ``table.md`` from all its records.
 
-Failed edits (diverged) are left out of every mean and counted; cases the judge could not judge are left
-out of the judge's metrics and counted; in continual mode with checkpoints each checkpoint gets the task's
-summary of the cases evaluated there.
+Failed edits (diverged) are left out of every mean and counted; cases the judge could not judge are
+left out of the judge's metrics and counted; in continual mode with checkpoints each checkpoint gets
+the task's summary of the cases evaluated there.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ __all__ = ["RunSummary", "failed_note", "unjudged_note"]
 
 @dataclass
 class RunSummary:
-    """The summary of one run directory's records, as the task averages them, with the run's description."""
+    """The summary of one run directory's records, as the task averages them, with the run's
+    description."""
 
     task: Task
     out_dir: Path
@@ -34,7 +35,8 @@ class RunSummary:
     checkpoints: Sequence[int] | None
 
     def build(self, mmlu_before: float | None, all_records: list[dict], hparams: dict) -> dict:
-        """The summary of ``all_records``; ``hparams``: as config.json recorded them when the run started."""
+        """The summary of ``all_records``; ``hparams``: as config.json recorded them when the run
+        started."""
         records = [r for r in all_records if "failed" not in r]  # failed edits have no scores
         out: dict[str, Any] = self.task.summarize(records)
         if len(records) < len(all_records):
@@ -42,7 +44,9 @@ class RunSummary:
         if self.task.measures_mmlu:
             out["MMLU_before"] = mmlu_before
             out["MMLU_after"] = mean(r.get("MMLU_after") for r in records)
-            out["MMLU_edits"] = sum(r.get("MMLU_after") is not None for r in records)  # < n_cases under --mmlu-every
+            out["MMLU_edits"] = sum(
+                r.get("MMLU_after") is not None for r in records
+            )  # < n_cases under --mmlu-every
         if self.task.needs_judge:
             out["judge"] = self.judge
             out["unjudged_cases"] = sum(bool(unjudged_metrics(r)) for r in records)
@@ -50,21 +54,27 @@ class RunSummary:
             n_cases=len(all_records),
             stepin_rate_by_round=stepin_rate_by_round(records),
             edit_seconds_mean=mean(r["edit_seconds"] for r in all_records),
-            **({"algorithm_seconds_mean": mean(r["algorithm_seconds"] for r in records)}
-               if records and all("algorithm_seconds" in r for r in records) else {}),
+            **(
+                {"algorithm_seconds_mean": mean(r["algorithm_seconds"] for r in records)}
+                if records and all("algorithm_seconds" in r for r in records)
+                else {}
+            ),
             label=self.label,
             benchmark=self.task.name,
             editor=self.method,
             mode="sequential" if self.sequential else "single",
             sequential=self.sequential,
-            **({"checkpoints": self._checkpoint_summaries(all_records)} if self.checkpoints else {}),
+            **(
+                {"checkpoints": self._checkpoint_summaries(all_records)} if self.checkpoints else {}
+            ),
             out_dir=str(self.out_dir),
             hparams=hparams,
         )
         return out
 
     def _checkpoint_summaries(self, records: list[dict]) -> dict:
-        """Per checkpoint (edits made in each sequence), the task's summary of the cases evaluated there."""
+        """Per checkpoint (edits made in each sequence), the task's summary of the cases evaluated
+        there."""
         blocks = {r.get("block") for r in records}
         out = {}
         for c, recs in sorted(checkpoint_records(self.out_dir).items()):
@@ -81,36 +91,51 @@ class RunSummary:
         return out
 
     def write(self, summary: dict) -> None:
-        """``summary.json``, ``table.md`` (a row per checkpoint, then the run's), and UnKE's own metrics."""
+        """``summary.json``, ``table.md`` (a row per checkpoint, then the run's), and UnKE's own
+        metrics."""
         write_json_atomic(self.out_dir / "summary.json", summary)
-        rows = [(f"{self.label} after {c} edits", {self.task.name: part})
-                for c, part in summary.get("checkpoints", {}).items()]
+        rows = [
+            (f"{self.label} after {c} edits", {self.task.name: part})
+            for c, part in summary.get("checkpoints", {}).items()
+        ]
         write_text_atomic(
             self.out_dir / "table.md",
-            paper_table([*rows, (self.label, {self.task.name: summary})]) + judge_note([summary])
-            + unjudged_note([summary]) + failed_note([summary]),
+            paper_table([*rows, (self.label, {self.task.name: summary})])
+            + judge_note([summary])
+            + unjudged_note([summary])
+            + failed_note([summary]),
         )
-        if summary.get("unke_metrics"):  # UnKE's own metrics: the same section `unke_metrics --write` adds
+        if summary.get(
+            "unke_metrics"
+        ):  # UnKE's own metrics: the same section `unke_metrics --write` adds
             from .unke_metrics import write_run
 
             write_run(self.out_dir, summary["unke_metrics"])
 
 
 def failed_note(summaries: Sequence[Mapping]) -> str:
-    """A line under a table saying how many cases' edits diverged (left out of the means, not counted as 0)."""
+    """A line under a table saying how many cases' edits diverged (left out of the means, not
+    counted as 0)."""
     n = sum(int(s.get("failed_cases") or 0) for s in summaries if s)
     if not n:
         return ""
     total = sum(int(s.get("n_cases") or 0) for s in summaries if s)
-    return (f"\nFAILED: the edits of {n} of {total} case(s) diverged (results.jsonl says why); they are left out of "
-            "every mean, not counted as 0. Lower lr and rerun with --retry-failed to edit them again.\n")
+    return (
+        f"\nFAILED: the edits of {n} of {total} case(s) diverged (results.jsonl says why); they "
+        "are left out of every mean, not counted as 0. Lower "
+        "lr and rerun with --retry-failed to edit them again.\n"
+    )
 
 
 def unjudged_note(summaries: Sequence[Mapping]) -> str:
-    """A line under a table saying how many cases the judge could not judge (stored unjudged, not as 0)."""
+    """A line under a table saying how many cases the judge could not judge (stored unjudged, not as
+    0)."""
     n = sum(int(s.get("unjudged_cases") or 0) for s in summaries if s)
     if not n:
         return ""
     total = sum(int(s.get("n_cases") or 0) for s in summaries if s and "unjudged_cases" in s)
-    return (f"\nUNJUDGED: {n} of {total} UnKEBench case(s) have no Jnt/Dmp yet (the judge could not judge them; they "
-            "are left out of Jnt/Dmp, not counted as 0). Rerun the same command to judge them; nothing is edited again.\n")
+    return (
+        f"\nUNJUDGED: {n} of {total} UnKEBench case(s) have no Jnt/Dmp yet (the judge could not "
+        "judge them; they are left out of Jnt/Dmp, not counted as 0). Rerun the same command to "
+        "judge them; nothing is edited again.\n"
+    )

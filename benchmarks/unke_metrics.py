@@ -22,8 +22,20 @@ from typing import Any, Mapping, Sequence
 from hpse_easyedit.cli import OneLineParser, run_cli
 from hpse_easyedit.errors import UsageError
 
-from .unke_scores import (BERT, BLEU, KEY, MINILM, ORIGINAL, PARA, ROUGE, SUB, Encoder,
-                          case_metrics, load_encoder, summarize_metrics)
+from .unke_scores import (
+    BERT,
+    BLEU,
+    KEY,
+    MINILM,
+    ORIGINAL,
+    PARA,
+    ROUGE,
+    SUB,
+    Encoder,
+    case_metrics,
+    load_encoder,
+    summarize_metrics,
+)
 
 __all__ = ["main", "metrics_table", "run_metrics", "write_run"]
 
@@ -32,12 +44,23 @@ log = logging.getLogger(__name__)
 _TABLE_MARK = "<!-- unke-metrics: python -m benchmarks.unke_metrics -->"
 # (group, metric) of the table's columns, in EasyEdit's order
 _COLUMNS = [(g, m) for g in (ORIGINAL, PARA) for m in (BLEU, *ROUGE)] + [(SUB, m) for m in ROUGE]
-_SHORT = {ORIGINAL: "Ori", PARA: "Para", SUB: "Sub", BLEU: "BLEU",
-          "ROUGE-1": "R-1", "ROUGE-2": "R-2", "ROUGE-L": "R-L"}
+_SHORT = {
+    ORIGINAL: "Ori",
+    PARA: "Para",
+    SUB: "Sub",
+    BLEU: "BLEU",
+    "ROUGE-1": "R-1",
+    "ROUGE-2": "R-2",
+    "ROUGE-L": "R-L",
+}
 
 
-def run_metrics(run_dir: str | Path, cases: Mapping[str, Mapping[str, Any]],
-                encoder: Encoder | None = None, bert_reason: str = "") -> dict:
+def run_metrics(
+    run_dir: str | Path,
+    cases: Mapping[str, Mapping[str, Any]],
+    encoder: Encoder | None = None,
+    bert_reason: str = "",
+) -> dict:
     """``summarize_metrics`` of an UnKEBench run directory (finished or not), from its records'
     stored answers and the passages and gold sub-answers of ``cases`` (case id -> loaded case)."""
     from .paired import load_run
@@ -49,8 +72,10 @@ def run_metrics(run_dir: str | Path, cases: Mapping[str, Mapping[str, Any]],
     for cid, rec in sorted(recs.items(), key=lambda kv: kv[1].get("index", 0)):
         case = cases.get(cid)
         if case is None:
-            raise ValueError(f"{run_dir}: case {cid} is not in the UnKEBench data given; "
-                             "pass the --data the run used")
+            raise ValueError(
+                f"{run_dir}: case {cid} is not in the UnKEBench data given; "
+                "pass the --data the run used"
+            )
         answers = rec.get("answers") or {}
         missing = [k for k in ("question", "para_question", "sub_questions") if k not in answers]
         if missing:
@@ -59,8 +84,9 @@ def run_metrics(run_dir: str | Path, cases: Mapping[str, Mapping[str, Any]],
     return summarize_metrics(per_case, bert_reason=bert_reason)
 
 
-def metrics_table(rows: Sequence[tuple[str, Mapping[str, Any]]],
-                  caps: Sequence[int | None] | None = None) -> str:
+def metrics_table(
+    rows: Sequence[tuple[str, Mapping[str, Any]]], caps: Sequence[int | None] | None = None
+) -> str:
     """A markdown table: per (label, ``summarize_metrics`` output) row its cases, the answer cap
     when ``caps`` are given, and every BLEU and ROUGE column in percent; then a line on
     ``Bert Score``, which the table shows only for the rows that have it."""
@@ -73,14 +99,22 @@ def metrics_table(rows: Sequence[tuple[str, Mapping[str, Any]]],
         lines.append("| " + " | ".join(cells) + " |")
     bert = [(label, m) for label, m in rows if BERT in m[ORIGINAL] and BERT in m[PARA]]
     if bert:
-        lines += ["", "Bert Score (MiniLM cosine, Ori / Para): " + "; ".join(
-            f"{label} {m[ORIGINAL][BERT]:.1f} / {m[PARA][BERT]:.1f}" for label, m in bert)]
+        lines += [
+            "",
+            "Bert Score (MiniLM cosine, Ori / Para): "
+            + "; ".join(
+                f"{label} {m[ORIGINAL][BERT]:.1f} / {m[PARA][BERT]:.1f}" for label, m in bert
+            ),
+        ]
     if len(bert) < len(rows):
-        lines += ["", f"Bert Score ({MINILM} cosine) is not in this table"
-                  + (" for the other runs" if bert else "")
-                  + ": `python -m benchmarks.unke_metrics RUN --write` computes it, into "
-                  "summary.json, only where sentence-transformers and that model are on the "
-                  "machine."]
+        lines += [
+            "",
+            f"Bert Score ({MINILM} cosine) is not in this table"
+            + (" for the other runs" if bert else "")
+            + ": `python -m benchmarks.unke_metrics RUN --write` computes it, into "
+            "summary.json, only where sentence-transformers and that model are on the "
+            "machine.",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -92,8 +126,9 @@ def write_run(run_dir: str | Path, metrics: Mapping[str, Any]) -> None:
     run_dir = Path(run_dir)
     summary_file = run_dir / "summary.json"
     if not summary_file.is_file():
-        raise ValueError(f"{run_dir}: no summary.json yet (the run has not finished); "
-                         "finish it first")
+        raise ValueError(
+            f"{run_dir}: no summary.json yet (the run has not finished); finish it first"
+        )
     summary = json.loads(summary_file.read_text(encoding="utf-8"))
     summary[KEY] = dict(metrics)
     write_json_atomic(summary_file, summary)
@@ -101,8 +136,10 @@ def write_run(run_dir: str | Path, metrics: Mapping[str, Any]) -> None:
     if table.is_file():
         kept = table.read_text(encoding="utf-8").split("\n" + _TABLE_MARK)[0].rstrip("\n") + "\n"
         label = summary.get("label") or run_dir.name
-        section = (f"\n{_TABLE_MARK}\nUnKE's own metrics (EasyEdit's `eval_akew_unstructured`, "
-                   "percent):\n\n" + metrics_table([(label, metrics)]))
+        section = (
+            f"\n{_TABLE_MARK}\nUnKE's own metrics (EasyEdit's `eval_akew_unstructured`, "
+            "percent):\n\n" + metrics_table([(label, metrics)])
+        )
         write_text_atomic(table, kept + section)
 
 
@@ -114,8 +151,11 @@ def _unkebench_runs(paths: Sequence[str]) -> list[Path]:
             raise UsageError(f"{p}: no such directory")
         own = p / "config.json"
         configs = [own] if own.is_file() else sorted(p.rglob("config.json"))
-        found += [c.parent for c in configs
-                  if json.loads(c.read_text(encoding="utf-8")).get("benchmark") == "unkebench"]
+        found += [
+            c.parent
+            for c in configs
+            if json.loads(c.read_text(encoding="utf-8")).get("benchmark") == "unkebench"
+        ]
     if not found:
         raise UsageError(f"no UnKEBench run directory in {', '.join(paths)}")
     return found
@@ -131,25 +171,38 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str]) -> int:
-    parser = OneLineParser(prog="python -m benchmarks.unke_metrics",
-                           description=__doc__.split("\n")[0])
-    parser.add_argument("runs", nargs="+", metavar="RUN",
-                        help="UnKEBench run directories, or directories to search for them "
-                             "(docs/study)")
-    parser.add_argument("--label", action="append", default=[], metavar="NAME",
-                        help="row label of each run, in order (repeat; default: the directory "
-                             "names)")
-    parser.add_argument("--data", help="data directory the runs used (default: $HPSE_DATA_DIR or "
-                                       "../shared/data)")
-    parser.add_argument("--write", action="store_true",
-                        help="add the metrics to each run's summary.json and table.md (Bert "
-                             "Score where the MiniLM is on the machine) instead of printing a "
-                             "table")
+    parser = OneLineParser(
+        prog="python -m benchmarks.unke_metrics", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "runs",
+        nargs="+",
+        metavar="RUN",
+        help="UnKEBench run directories, or directories to search for them (docs/study)",
+    )
+    parser.add_argument(
+        "--label",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="row label of each run, in order (repeat; default: the directory names)",
+    )
+    parser.add_argument(
+        "--data", help="data directory the runs used (default: $HPSE_DATA_DIR or ../shared/data)"
+    )
+    parser.add_argument(
+        "--write",
+        action="store_true",
+        help="add the metrics to each run's summary.json and table.md (Bert "
+        "Score where the MiniLM is on the machine) instead of printing a "
+        "table",
+    )
     args = parser.parse_args(argv)
     runs = _unkebench_runs(args.runs)
     if args.label and len(args.label) != len(runs):
-        raise UsageError(f"{len(args.label)} --label for {len(runs)} runs; "
-                         "give one per run or none")
+        raise UsageError(
+            f"{len(args.label)} --label for {len(runs)} runs; give one per run or none"
+        )
     from .paired import load_cases
 
     cases = load_cases("unkebench", args.data, "UnKE's metrics")
@@ -166,8 +219,10 @@ def _main(argv: Sequence[str]) -> int:
             log.info("%s: %s added", run, KEY)
         rows.append(metrics)
     if args.write:
-        print(f"added {KEY} to {len(runs)} UnKEBench run(s)"
-              + (f" (no Bert Score: {reason})" if reason else ""))
+        print(
+            f"added {KEY} to {len(runs)} UnKEBench run(s)"
+            + (f" (no Bert Score: {reason})" if reason else "")
+        )
         return 0
     labels = args.label or [run.name for run in runs]
     print(metrics_table(list(zip(labels, rows)), [_answer_cap(run) for run in runs]), end="")

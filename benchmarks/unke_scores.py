@@ -67,8 +67,10 @@ BLEU, BERT = "BLEU SCORE", "Bert Score"
 ROUGE = ("ROUGE-1", "ROUGE-2", "ROUGE-L")
 #: the sentence-embedding model of EasyEdit's ``Bert Score`` (its ``model_path`` default)
 MINILM = "all-MiniLM-L6-v2"
-_NO_BERT = ("not in every record (computed only where sentence-transformers and the MiniLM are on "
-            "the machine)")
+_NO_BERT = (
+    "not in every record (computed only where sentence-transformers and the MiniLM are on "
+    "the machine)"
+)
 
 
 class Encoder(Protocol):
@@ -130,8 +132,12 @@ def load_encoder(name: str = MINILM) -> tuple[Encoder | None, str]:
         return None, f"{name} is not on this machine (it is loaded offline only, never downloaded)"
 
 
-def case_metrics(passage: str, sub_answers: Sequence[str], answers: Mapping[str, Any],
-                 encoder: Encoder | None = None) -> dict[str, dict[str, float]]:
+def case_metrics(
+    passage: str,
+    sub_answers: Sequence[str],
+    answers: Mapping[str, Any],
+    encoder: Encoder | None = None,
+) -> dict[str, dict[str, float]]:
     """One UnKEBench case's metrics, as fractions.
 
     ``answers`` is a record's ``answers`` (``question``, ``para_question``, ``sub_questions``); the
@@ -141,8 +147,10 @@ def case_metrics(passage: str, sub_answers: Sequence[str], answers: Mapping[str,
     subs = [_padded(a) for a in answers["sub_questions"]]
     if not subs:
         raise ValueError("the record keeps no sub-question answers")
-    out = {group: {BLEU: bleu(passage, text), **rouge_recall(passage, text)}
-           for group, text in ((ORIGINAL, original), (PARA, para))}
+    out = {
+        group: {BLEU: bleu(passage, text), **rouge_recall(passage, text)}
+        for group, text in ((ORIGINAL, original), (PARA, para))
+    }
     # as EasyEdit: answer i against gold sub-answer i, divided by the number of answers
     per_sub = [rouge_recall(sub_answers[i], text) for i, text in enumerate(subs)]
     out[SUB] = {m: sum(s[m] for s in per_sub) / len(per_sub) for m in ROUGE}
@@ -172,8 +180,11 @@ def summarize_metrics(per_case: Sequence[Mapping[str, Any]], *, bert_reason: str
     out: dict[str, Any] = {}
     for group in (ORIGINAL, PARA, SUB):
         names = (BLEU, *ROUGE, BERT) if group != SUB else ROUGE
-        out[group] = {m: 100.0 * mean(c[group][m] for c in per_case)
-                      for m in names if per_case and all(m in c[group] for c in per_case)}
+        out[group] = {
+            m: 100.0 * mean(c[group][m] for c in per_case)
+            for m in names
+            if per_case and all(m in c[group] for c in per_case)
+        }
     if not all(BERT in c[g] for c in per_case for g in (ORIGINAL, PARA)):
         out["not_computed"] = {BERT: bert_reason or (given[0] if given else _NO_BERT)}
     out["n_cases"] = len(per_case)

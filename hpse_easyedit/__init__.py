@@ -16,7 +16,8 @@ __version__ = "0.1.0"
 
 
 def register() -> None:
-    """Register the registry's methods (HPSE, COIN*, UnKE, AnyEdit) as EasyEdit methods (imports EasyEdit; idempotent)."""
+    """Register the registry's methods (HPSE, COIN*, UnKE, AnyEdit) as EasyEdit methods (imports
+    EasyEdit; idempotent)."""
     from .integrations.registration import register as _register
 
     _register()

@@ -25,7 +25,8 @@ def writer_tmp(path: str | os.PathLike, suffix: str = ".tmp") -> Path:
 
 @contextmanager
 def replacing(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[Path]:
-    """Yield this writer's temporary path beside ``path``; rename it over ``path`` when the block ends.
+    """Yield this writer's temporary path beside ``path``; rename it over ``path`` when the block
+    ends.
 
     ``suffix`` ends the temporary name (``.tmp.npz`` for ``np.savez``, which appends ``.npz`` to any
     other name). If the block raises, the temporary file is removed and ``path`` is left as it was.
@@ -39,10 +40,13 @@ def replacing(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[Path]:
         raise
 
 
-def write_aside(write: Callable[[Path], None], prefix: str, *, suffix: str = "", directory: bool = False) -> Path | None:
-    """Where a write failed on the machine's state (a full disk), write the same thing whole under a new temporary
-    name instead: in the system's temporary directory, else in ``/dev/shm``. ``write(path)`` fills ``path`` (a new
-    empty file, or with ``directory`` a new empty directory). Returns that path, or None when neither could hold it."""
+def write_aside(
+    write: Callable[[Path], None], prefix: str, *, suffix: str = "", directory: bool = False
+) -> Path | None:
+    """Where a write failed on the machine's state (a full disk), write the same thing whole under a
+    new temporary name instead: in the system's temporary directory, else in ``/dev/shm``.
+    ``write(path)`` fills ``path`` (a new empty file, or with ``directory`` a new empty directory).
+    Returns that path, or None when neither could hold it."""
     for root in (tempfile.gettempdir(), "/dev/shm"):
         try:
             if directory:

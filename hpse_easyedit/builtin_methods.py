@@ -1,6 +1,7 @@
-"""The project's methods in the registry (``methods.register_method``): HPSE and COIN* (the engine's edits),
-UnKE and AnyEdit (EasyEdit's code through the adapter) and MEMIT and AlphaEdit (EasyEdit's own ``ALG_DICT``
-entries, statistics computed offline). Imported with the package, so every front door finds them.
+"""The project's methods in the registry (``methods.register_method``): HPSE and COIN* (the engine's
+edits), UnKE and AnyEdit (EasyEdit's code through the adapter) and MEMIT and AlphaEdit (EasyEdit's
+own ``ALG_DICT`` entries, statistics computed offline). Imported with the package, so every front
+door finds them.
 """
 
 from __future__ import annotations
@@ -18,23 +19,70 @@ from .integrations.baselines import (
     check_statistics_obtainable,
     restore_copied_weights,
 )
-from .integrations.entries import apply_coin_to_model, apply_hpse_to_model, apply_unke_family_to_model
+from .integrations.entries import (
+    apply_coin_to_model,
+    apply_hpse_to_model,
+    apply_unke_family_to_model,
+)
 from .integrations.factory import load_checked_model
 from .loading import load_model
 from .methods import MethodSpec, hparams_dict, register_method, timed_edit
 
 __all__: list[str] = []
 
-register_method(MethodSpec("HPSE", HPSEHyperParams.load, hparams_dict, load_model, hpse_edit, restore_weights,
-                           easyedit_apply=apply_hpse_to_model, callable_restore=True, resume=resume_edit))
-register_method(MethodSpec("COIN", COINHyperParams.load, hparams_dict, load_checked_model, coin_edit, restore_weights,
-                           easyedit_apply=apply_coin_to_model, callable_restore=True, resume=resume_edit))
-for _name, _hparams in (("UnKE", UnKEHyperParams), ("AnyEdit", AnyEditHyperParams)):  # EasyEdit's unke / unke_ARE
-    register_method(MethodSpec(_name, _hparams.load, hparams_dict, load_checked_model,
-                               timed_edit(apply_unke_family_to_model, timer=True), restore_copied_weights,
-                               needs_easyedit=True, easyedit_apply=apply_unke_family_to_model,
-                               preflight=check_locality_data))
+register_method(
+    MethodSpec(
+        "HPSE",
+        HPSEHyperParams.load,
+        hparams_dict,
+        load_model,
+        hpse_edit,
+        restore_weights,
+        easyedit_apply=apply_hpse_to_model,
+        callable_restore=True,
+        resume=resume_edit,
+    )
+)
+register_method(
+    MethodSpec(
+        "COIN",
+        COINHyperParams.load,
+        hparams_dict,
+        load_checked_model,
+        coin_edit,
+        restore_weights,
+        easyedit_apply=apply_coin_to_model,
+        callable_restore=True,
+        resume=resume_edit,
+    )
+)
+for _name, _hparams in (
+    ("UnKE", UnKEHyperParams),
+    ("AnyEdit", AnyEditHyperParams),
+):  # EasyEdit's unke / unke_ARE
+    register_method(
+        MethodSpec(
+            _name,
+            _hparams.load,
+            hparams_dict,
+            load_checked_model,
+            timed_edit(apply_unke_family_to_model, timer=True),
+            restore_copied_weights,
+            needs_easyedit=True,
+            easyedit_apply=apply_unke_family_to_model,
+            preflight=check_locality_data,
+        )
+    )
 for _name in ("MEMIT", "AlphaEdit"):  # EasyEdit's own ALG_DICT entries, statistics computed offline
-    register_method(MethodSpec(_name, LocateThenEditHParams.load, hparams_dict, load_checked_model,
-                               timed_edit(apply_locate_then_edit, timer=True), restore_copied_weights,
-                               needs_easyedit=True, preflight=check_statistics_obtainable))
+    register_method(
+        MethodSpec(
+            _name,
+            LocateThenEditHParams.load,
+            hparams_dict,
+            load_checked_model,
+            timed_edit(apply_locate_then_edit, timer=True),
+            restore_copied_weights,
+            needs_easyedit=True,
+            preflight=check_statistics_obtainable,
+        )
+    )

@@ -6,10 +6,10 @@ Example::
         --subject "Selma Varrick" --passage-file passage.txt \\
         --ask "Where was Selma Varrick born?" --save runs/selma --set rounds=3
 
-Every entry point of the project (this one, the demo, ``run_examples/*``, ``python -m benchmarks.perf``
-and ``.inspect_rollout``) runs its ``main`` through ``run_cli``: a user's mistake (a bad hparams file or option, a missing
-file or model) is ONE line on stderr naming the field or file and the fix, and exit code 2; the
-traceback only with ``--debug`` (or ``HPSE_DEBUG=1``).
+Every entry point of the project (this one, the demo, ``run_examples/*``, ``python -m
+benchmarks.perf`` and ``.inspect_rollout``) runs its ``main`` through ``run_cli``: a user's mistake
+(a bad hparams file or option, a missing file or model) is ONE line on stderr naming the field or
+file and the fix, and exit code 2; the traceback only with ``--debug`` (or ``HPSE_DEBUG=1``).
 """
 
 from __future__ import annotations
@@ -44,14 +44,22 @@ from .locks import DirectoryBusyError, writer_lock
 from .model_io import save_edit
 from .training import EditDivergedError, describe_loss
 
-__all__ = ["OneLineFormatter", "OneLineParser", "build_parser", "main", "run_cli", "user_error_types"]
+__all__ = [
+    "OneLineFormatter",
+    "OneLineParser",
+    "build_parser",
+    "main",
+    "run_cli",
+    "user_error_types",
+]
 
 DEBUG_FLAG = "--debug"
 DEBUG_HELP = "show the full traceback of an error instead of one line (or set HPSE_DEBUG=1)"
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose errors are one line on stderr (``error: ...; see PROG --help``) and exit code 2."""
+    """An ``ArgumentParser`` whose errors are one line on stderr (``error: ...; see PROG --help``)
+    and exit code 2."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"error: {' '.join(message.split())}; see {self.prog} --help\n")
@@ -61,27 +69,47 @@ def user_error_types(extra: Sequence[type[BaseException]] = ()) -> tuple[type[Ba
     """Exceptions that mean bad input (one line, exit 2), not a bug (a traceback)."""
     from .integrations.easyedit_import import EasyEditNotFoundError, EasyEditVersionError
 
-    return (UsageError, HParamsError, ModelNotFoundError, RequestError, EasyEditNotFoundError, EasyEditVersionError,
-            DirectoryBusyError, EditDivergedError, TextEncodingError, FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError, *extra)
+    return (
+        UsageError,
+        HParamsError,
+        ModelNotFoundError,
+        RequestError,
+        EasyEditNotFoundError,
+        EasyEditVersionError,
+        DirectoryBusyError,
+        EditDivergedError,
+        TextEncodingError,
+        FileNotFoundError,
+        FileExistsError,
+        IsADirectoryError,
+        NotADirectoryError,
+        *extra,
+    )
 
 
 class OneLineFormatter(logging.Formatter):
-    """The log format of a run, except for ``run_cli``'s one-line errors, which read ``error: ...`` exactly as
-    every other entry point prints them."""
+    """The log format of a run, except for ``run_cli``'s one-line errors, which read ``error: ...``
+    exactly as every other entry point prints them."""
 
     def format(self, record: logging.LogRecord) -> str:
         prefix = getattr(record, "hpse_one_line", None)
         return f"{prefix}: {record.getMessage()}" if prefix else super().format(record)
 
 
-def run_cli(main: Callable[[list[str]], int], argv: Sequence[str] | None = None,
-            extra: Sequence[type[BaseException]] = (), logger: logging.Logger | None = None) -> int:
-    """Run ``main(argv)``; a user error becomes one ``error: ...`` line on stderr and exit code 2, Ctrl-C one
-    ``interrupted: ...`` line (what was finished, from ``Interrupted``) and exit code 130.
+def run_cli(
+    main: Callable[[list[str]], int],
+    argv: Sequence[str] | None = None,
+    extra: Sequence[type[BaseException]] = (),
+    logger: logging.Logger | None = None,
+) -> int:
+    """Run ``main(argv)``; a user error becomes one ``error: ...`` line on stderr and exit code 2,
+    Ctrl-C one ``interrupted: ...`` line (what was finished, from ``Interrupted``) and exit code
+    130.
 
-    ``--debug`` (anywhere in ``argv``, removed before ``main`` sees it) or ``HPSE_DEBUG=1`` re-raises
-    the error with its traceback instead. With ``logger`` (and logging configured) the line goes through it
-    (so log handlers see it), formatted as the same ``error: ...`` line (``OneLineFormatter``).
+    ``--debug`` (anywhere in ``argv``, removed before ``main`` sees it) or ``HPSE_DEBUG=1``
+    re-raises the error with its traceback instead. With ``logger`` (and logging configured) the
+    line goes through it (so log handlers see it), formatted as the same ``error: ...`` line
+    (``OneLineFormatter``).
     """
     args = list(sys.argv[1:] if argv is None else argv)
     debug = DEBUG_FLAG in args or os.environ.get("HPSE_DEBUG", "").lower() in ("1", "true", "yes")
@@ -102,14 +130,19 @@ def run_cli(main: Callable[[list[str]], int], argv: Sequence[str] | None = None,
         say("interrupted", str(err) or "stopped by Ctrl-C")
         return 130
     except OSError as err:
-        if debug or (err.errno not in ENVIRONMENT_ERRNOS and not isinstance(err, user_error_types(extra))):
+        if debug or (
+            err.errno not in ENVIRONMENT_ERRNOS and not isinstance(err, user_error_types(extra))
+        ):
             raise
         if err.errno not in ENVIRONMENT_ERRNOS:
             say("error", _user_error_text(err))
             return 2
         where = f"{err.filename}: " if err.filename else ""
-        say("error", f"{where}{err.strerror or err}; free space or give a writable location, then run the same "
-                     "command again (what was finished is kept)")
+        say(
+            "error",
+            f"{where}{err.strerror or err}; free space or give a writable location, then run the "
+            "same command again (what was finished is kept)",
+        )
         return 2
     except user_error_types(extra) as err:
         if debug:
@@ -125,17 +158,24 @@ def _user_error_text(err: BaseException) -> str:
     return text
 
 
-def _save_elsewhere(result: Any, hparams: HPSEHyperParams, requests: list[dict], option_dir: Path,
-                    err: OSError) -> UsageError:
-    """``--save`` failed on the machine's state: save the edit whole to a temporary directory instead, so it is not
-    lost; returns the one-line error that says where it is."""
+def _save_elsewhere(
+    result: Any, hparams: HPSEHyperParams, requests: list[dict], option_dir: Path, err: OSError
+) -> UsageError:
+    """``--save`` failed on the machine's state: save the edit whole to a temporary directory
+    instead, so it is not lost; returns the one-line error that says where it is."""
     reason = err.strerror or str(err)
-    fallback = write_aside(lambda path: save_edit(result, hparams, path, requests), "hpse-edit-", directory=True)
+    fallback = write_aside(
+        lambda path: save_edit(result, hparams, path, requests), "hpse-edit-", directory=True
+    )
     if fallback is not None:
-        return UsageError(f"--save {option_dir}: {reason}; the edit was saved whole to {fallback} instead: move it "
-                          "where you want it once space is freed")
-    return UsageError(f"--save {option_dir}: {reason}, and no temporary directory could hold the edit either; free space "
-                      "and run the same command again")
+        return UsageError(
+            f"--save {option_dir}: {reason}; the edit was saved whole to {fallback} instead: move "
+            "it where you want it once space is freed"
+        )
+    return UsageError(
+        f"--save {option_dir}: {reason}, and no temporary directory could hold the edit either; "
+        "free space and run the same command again"
+    )
 
 
 def _print_answers(title: str, questions: Sequence[str], answers: Sequence[str]) -> None:
@@ -154,14 +194,22 @@ def _cmd_edit(args: argparse.Namespace) -> int:
     for path in args.passage_file:
         text = read_text(check_text_file("--passage-file", path)).strip()
         if not text:
-            raise UsageError(f"--passage-file {path}: the file is empty; put the passage to inject in it")
+            raise UsageError(
+                f"--passage-file {path}: the file is empty; put the passage to inject in it"
+            )
         passages.append(text)
     subjects = [s.strip() for s in args.subject]
     if len(subjects) != len(passages):
-        raise UsageError(f"got {len(subjects)} --subject and {len(passages)} --passage-file; give one subject per passage")
+        raise UsageError(
+            f"got {len(subjects)} --subject and {len(passages)} "
+            "--passage-file; give one subject per passage"
+        )
     if not all(subjects):
         raise UsageError("--subject is empty; give the topic phrase s of 'Introduce {s}.'")
-    requests = [{"subject": s, "target_new": c, "prompt": hp.editing_prompt.format(subject=s)} for s, c in zip(subjects, passages)]
+    requests = [
+        {"subject": s, "target_new": c, "prompt": hp.editing_prompt.format(subject=s)}
+        for s, c in zip(subjects, passages)
+    ]
     with writer_lock(args.save, "--save") if args.save else contextlib.nullcontext():
         return _edit_and_save(args, hp, requests)
 
@@ -177,13 +225,21 @@ def _edit_and_save(args: argparse.Namespace, hp: HPSEHyperParams, requests: list
     try:
         result = hpse_edit(model, tok, requests, hp)
     except KeyboardInterrupt:
-        raise Interrupted("stopped during the edit; nothing was saved" + (f" to --save {args.save}" if args.save else "")
-                          + "; run the same command again to edit") from None
+        raise Interrupted(
+            "stopped during the edit; nothing was saved"
+            + (f" to --save {args.save}" if args.save else "")
+            + "; run the same command again to edit"
+        ) from None
     print(f"\n== edit: {time.perf_counter() - t0:.1f} s")
     for r in result.rounds:
         rate = "n/a" if r["stepin_rate"] is None else f"{100 * r['stepin_rate']:.1f}%"
-        print(f"round {r['round']}: step-in {rate}, {describe_loss(r, hp.inner_steps)}, {r['seconds']:.1f} s")
-    _print_answers("after the edit", questions, generate_answers(result.model, tok, questions, **kwargs))
+        print(
+            f"round {r['round']}: step-in {rate}, "
+            f"{describe_loss(r, hp.inner_steps)}, {r['seconds']:.1f} s"
+        )
+    _print_answers(
+        "after the edit", questions, generate_answers(result.model, tok, questions, **kwargs)
+    )
     if args.save:
         try:
             print(f"saved to {save_edit(result, hp, args.save, requests)}")
@@ -205,8 +261,11 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         print(json.dumps(plan, indent=1))
         return 0
     cards = " ".join(f"{c:>4}" for c in CARDS_GIB)
-    print(f"{plan['model_name']} ({plan['dtype']}, {plan['executor']}), {plan['benchmark']}: peak "
-          f"{plan['peak_gib']:.1f} GiB of tensors + {plan['cuda_overhead_gib']:.1f} GiB CUDA overhead (estimate)")
+    print(
+        f"{plan['model_name']} ({plan['dtype']}, {plan['executor']}), {plan['benchmark']}: peak "
+        f"{plan['peak_gib']:.1f} GiB of tensors + "
+        f"{plan['cuda_overhead_gib']:.1f} GiB CUDA overhead (estimate)"
+    )
     print(f"{'phase':<16} {'GiB':>6}  fits {cards}  knob for {args.gpu_gib:g} GiB")
     for name, phase in plan["phases"].items():
         fits = " ".join(f"{'yes' if phase['fits'][str(c)] else 'no':>4}" for c in CARDS_GIB)
@@ -219,27 +278,75 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="python -m hpse_easyedit", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     edit = sub.add_parser("edit", help="edit a model with one or more passages and compare answers")
-    edit.add_argument("--hparams", required=True, help="HPSE YAML file, e.g. hparams/HPSE/smollm2-135m.yaml")
-    edit.add_argument("--subject", action="append", required=True,
-                      help="topic phrase s of 'Introduce {s}.'; repeat once per --passage-file")
-    edit.add_argument("--passage-file", action="append", required=True, help="text file holding one passage; repeatable")
-    edit.add_argument("--ask", action="append", default=[], help="a question to answer before and after; repeatable")
-    edit.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                      help="override an hparams field, e.g. --set rounds=3 --set kl_weight=0")
-    edit.add_argument("--save", metavar="DIR", help="write the edited weights (adapter or FT-M matrix) + hparams here")
-    edit.add_argument("--max-answer-tokens", type=int, default=64, help="new tokens per answer (default 64)")
+    edit.add_argument(
+        "--hparams", required=True, help="HPSE YAML file, e.g. hparams/HPSE/smollm2-135m.yaml"
+    )
+    edit.add_argument(
+        "--subject",
+        action="append",
+        required=True,
+        help="topic phrase s of 'Introduce {s}.'; repeat once per --passage-file",
+    )
+    edit.add_argument(
+        "--passage-file",
+        action="append",
+        required=True,
+        help="text file holding one passage; repeatable",
+    )
+    edit.add_argument(
+        "--ask",
+        action="append",
+        default=[],
+        help="a question to answer before and after; repeatable",
+    )
+    edit.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override an hparams field, e.g. --set rounds=3 --set kl_weight=0",
+    )
+    edit.add_argument(
+        "--save",
+        metavar="DIR",
+        help="write the edited weights (adapter or FT-M matrix) + hparams here",
+    )
+    edit.add_argument(
+        "--max-answer-tokens", type=int, default=64, help="new tokens per answer (default 64)"
+    )
     edit.add_argument("-v", "--verbose", action="store_true", help="log per-round progress")
     edit.add_argument(DEBUG_FLAG, action="store_true", help=DEBUG_HELP)
     edit.set_defaults(func=_cmd_edit)
-    plan = sub.add_parser("plan", help="predict the GPU memory of one edit per phase, without weights or a GPU")
-    plan.add_argument("--hparams", required=True, help="HPSE YAML file, e.g. hparams/HPSE/qwen2.5-7b.yaml")
-    plan.add_argument("--gpu-gib", type=float, default=24, help="the card's memory in GiB (default 24)")
-    plan.add_argument("--benchmark", choices=("unkebench", "mquake"), default="unkebench",
-                      help="the sequence lengths of one edit: one UnKEBench passage, or three MQuAKE-uns passages")
-    plan.add_argument("--layers", type=int, help="plan the model cut to this many layers (default: all)")
-    plan.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                      help="override an hparams field, e.g. --set executor=ft_m --set gradient_checkpointing=true")
-    plan.add_argument("--json", action="store_true", help="print the plan as JSON (peak_gib, phases, fits, knobs)")
+    plan = sub.add_parser(
+        "plan", help="predict the GPU memory of one edit per phase, without weights or a GPU"
+    )
+    plan.add_argument(
+        "--hparams", required=True, help="HPSE YAML file, e.g. hparams/HPSE/qwen2.5-7b.yaml"
+    )
+    plan.add_argument(
+        "--gpu-gib", type=float, default=24, help="the card's memory in GiB (default 24)"
+    )
+    plan.add_argument(
+        "--benchmark",
+        choices=("unkebench", "mquake"),
+        default="unkebench",
+        help="the sequence lengths of one edit: one "
+        "UnKEBench passage, or three MQuAKE-uns passages",
+    )
+    plan.add_argument(
+        "--layers", type=int, help="plan the model cut to this many layers (default: all)"
+    )
+    plan.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override an hparams field, e.g. --set "
+        "executor=ft_m --set gradient_checkpointing=true",
+    )
+    plan.add_argument(
+        "--json", action="store_true", help="print the plan as JSON (peak_gib, phases, fits, knobs)"
+    )
     plan.add_argument(DEBUG_FLAG, action="store_true", help=DEBUG_HELP)
     plan.set_defaults(func=_cmd_plan)
     return parser
@@ -247,13 +354,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
     return args.func(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m hpse_easyedit edit ...``; user errors are one line on stderr and exit code 2 (see ``run_cli``)."""
+    """``python -m hpse_easyedit edit ...``; user errors are one line on stderr and exit code 2 (see
+    ``run_cli``)."""
     return run_cli(_main, argv)
 
 

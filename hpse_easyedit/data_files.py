@@ -1,10 +1,11 @@
-"""The benchmark data files, defined once: the data directory, where each file lies in it, the MMLU CSV reader.
+"""The benchmark data files, defined once: the data directory, where each file lies in it, the MMLU
+CSV reader.
 
 The data directory is read-only input: ``$HPSE_DATA_DIR``, else ``../shared/data`` next to the
 repository. Every benchmark file the project reads is named here, relative to that directory; the
 core package's built-in corpora (``covariance``), the UnKE/AnyEdit locality data
-(``integrations.baselines``) and the benchmark loaders (``benchmarks.datasets``) all take their paths
-from these names, and all MMLU CSV files are read by ``read_mmlu_csv``.
+(``integrations.baselines``) and the benchmark loaders (``benchmarks.datasets``) all take their
+paths from these names, and all MMLU CSV files are read by ``read_mmlu_csv``.
 """
 
 from __future__ import annotations
@@ -33,11 +34,13 @@ __all__ = [
 EDITEVERY_FILE = "anyedit/editevery.json"
 #: UnKEBench's edit cases (v2 schema).
 UNKE_FILE = "unkebench/final_data_v2.json"
-#: A JSON object record id -> subject phrase for UnKEBench (optional; generated subjects live in the cache).
+#: A JSON object record id -> subject phrase for UnKEBench (optional; generated subjects live in the
+#: cache).
 UNKE_SUBJECTS_FILE = "unkebench/subjects.json"
 #: AKEW's MQuAKE-CF with the unstructured ``fact_new_uns`` passages.
 MQUAKE_FILE = "akew/MQuAKE-CF.json"
-#: MMLU: ``test/<subject>_test.csv`` and ``dev/<subject>_dev.csv``, rows ``question,A,B,C,D,answer``.
+#: MMLU: ``test/<subject>_test.csv`` and ``dev/<subject>_dev.csv``, rows
+#: ``question,A,B,C,D,answer``.
 MMLU_DIR = "mmlu"
 MMLU_LETTERS = "ABCD"
 _ANSWERS = tuple(MMLU_LETTERS)
@@ -47,36 +50,49 @@ MMLURow = tuple[str, tuple[str, str, str, str], int]
 
 
 class DataError(ValueError):
-    """A data file is missing or does not have the expected schema; the message names file, field and fix."""
+    """A data file is missing or does not have the expected schema; the message names file, field
+    and fix."""
 
 
 def data_dir() -> Path:
-    """The benchmark data directory: ``$HPSE_DATA_DIR``, else ``../shared/data`` next to the repository."""
+    """The benchmark data directory: ``$HPSE_DATA_DIR``, else ``../shared/data`` next to the
+    repository."""
     env = os.environ.get("HPSE_DATA_DIR")
     return Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
 def mmlu_file(root: str | os.PathLike, split: str, subject: str, subdir: str = MMLU_DIR) -> Path:
-    """One MMLU file under data directory ``root``: ``<subdir>/<split>/<subject>_<split>.csv`` (split test or dev)."""
+    """One MMLU file under data directory ``root``: ``<subdir>/<split>/<subject>_<split>.csv``
+    (split test or dev)."""
     return Path(root) / subdir / split / f"{subject}_{split}.csv"
 
 
 def mmlu_test_files(root: str | os.PathLike, subdir: str = MMLU_DIR) -> list[Path]:
-    """The MMLU test files under data directory ``root``, sorted (one ``<subject>_test.csv`` per subject)."""
+    """The MMLU test files under data directory ``root``, sorted (one ``<subject>_test.csv`` per
+    subject)."""
     return sorted((Path(root) / subdir / "test").glob("*_test.csv"))
 
 
 def read_mmlu_csv(path: str | os.PathLike) -> list[MMLURow]:
-    """The rows of one MMLU CSV file; a row that is not ``question,A,B,C,D,answer(A-D)`` is a ``DataError``."""
+    """The rows of one MMLU CSV file; a row that is not ``question,A,B,C,D,answer(A-D)`` is a
+    ``DataError``."""
     rows = []
     with open(path, newline="", encoding="utf-8") as fh:
         for n, row in enumerate(csv.reader(fh), 1):
             if len(row) != 6 or row[5] not in _ANSWERS:
-                raise DataError(f"{path}: row {n} must have 6 fields 'question,A,B,C,D,answer(A-D)', got {row[:1]}...")
+                raise DataError(
+                    f"{path}: row {n} must have 6 fields "
+                    f"'question,A,B,C,D,answer(A-D)', got {row[:1]}..."
+                )
             rows.append((row[0], (row[1], row[2], row[3], row[4]), MMLU_LETTERS.index(row[5])))
     return rows
 
 
 def mmlu_text(question: str, choices: tuple[str, ...]) -> str:
-    """A question with its lettered choices, one a line (``Q\nA. ...\nB. ...``): MMLU as a plain text corpus."""
-    return question + "\n" + "\n".join(f"{letter}. {choice}" for letter, choice in zip(MMLU_LETTERS, choices))
+    """A question with its lettered choices, one a line (``Q\nA. ...\nB. ...``): MMLU as a plain
+    text corpus."""
+    return (
+        question
+        + "\n"
+        + "\n".join(f"{letter}. {choice}" for letter, choice in zip(MMLU_LETTERS, choices))
+    )

@@ -1,5 +1,6 @@
-"""Text files users give (passages, hparams): UTF-8, or UTF-8/UTF-16 with a byte-order mark; anything else is
-refused in one line naming the file and the encoding it looks like (``charset_normalizer``'s guess)."""
+"""Text files users give (passages, hparams): UTF-8, or UTF-8/UTF-16 with a byte-order mark;
+anything else is refused in one line naming the file and the encoding it looks like
+(``charset_normalizer``'s guess)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,13 @@ from pathlib import Path
 
 __all__ = ["TextEncodingError", "decode_text", "read_text"]
 
-_BOMS = ((codecs.BOM_UTF8, "utf-8-sig"), (codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"),
-         (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
+_BOMS = (
+    (codecs.BOM_UTF8, "utf-8-sig"),
+    (codecs.BOM_UTF32_LE, "utf-32"),
+    (codecs.BOM_UTF32_BE, "utf-32"),
+    (codecs.BOM_UTF16_LE, "utf-16"),
+    (codecs.BOM_UTF16_BE, "utf-16"),
+)
 
 
 class TextEncodingError(ValueError):
@@ -19,7 +25,10 @@ class TextEncodingError(ValueError):
 
 def decode_text(data: bytes, name: str) -> str:
     """``data`` as text: by its byte-order mark where it has one, else as UTF-8."""
-    for bom, encoding in _BOMS:  # UTF-32 LE's mark starts with UTF-16 LE's: the longer ones are tried first
+    for (
+        bom,
+        encoding,
+    ) in _BOMS:  # UTF-32 LE's mark starts with UTF-16 LE's: the longer ones are tried first
         if data.startswith(bom):
             try:
                 return data.decode(encoding)
@@ -35,8 +44,8 @@ def decode_text(data: bytes, name: str) -> str:
     best = from_bytes(data).best()
     looks = f"it looks like {best.encoding}" if best is not None else "it does not look like text"
     raise TextEncodingError(
-        f"{name}: not UTF-8 ({looks}); save it as UTF-8 (e.g. iconv -f {best.encoding if best else 'ENCODING'} "
-        f"-t utf-8 {name} > fixed.txt)"
+        f"{name}: not UTF-8 ({looks}); save it as UTF-8 (e.g. iconv -f "
+        f"{best.encoding if best else 'ENCODING'} -t utf-8 {name} > fixed.txt)"
     )
 
 

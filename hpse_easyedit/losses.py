@@ -16,8 +16,15 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-__all__ = ["KL_STUDENT_FORMS", "StepIn", "renormalise_topk", "sequence_nll", "stepin_decision", "stepin_gate",
-           "topk_forward_kl"]
+__all__ = [
+    "KL_STUDENT_FORMS",
+    "StepIn",
+    "renormalise_topk",
+    "sequence_nll",
+    "stepin_decision",
+    "stepin_gate",
+    "topk_forward_kl",
+]
 
 # The student side of the top-K KL: "full" = the paper's (full-vocabulary log-probabilities of the
 # teacher's top-K tokens); "topk" = renormalised over those K tokens too (not the paper's).
@@ -25,7 +32,8 @@ KL_STUDENT_FORMS = ("full", "topk")
 
 
 def renormalise_topk(topk_logprobs: torch.Tensor) -> torch.Tensor:
-    """Log-probabilities of the teacher restricted to its top-K tokens, renormalised to sum to one."""
+    """Log-probabilities of the teacher restricted to its top-K tokens, renormalised to sum to
+    one."""
     topk_logprobs = topk_logprobs.float()
     return topk_logprobs - torch.logsumexp(topk_logprobs, dim=-1, keepdim=True)
 
@@ -42,11 +50,12 @@ def topk_forward_kl(
     Args:
         student_logits: ``[..., V]`` student logits at the rollout positions.
         teacher_topk_ids: ``[..., K]`` the teacher's top-K token ids at the same positions.
-        teacher_topk_logprobs: ``[..., K]`` the teacher's log-probabilities of those ids (any normalisation).
+        teacher_topk_logprobs: ``[..., K]`` the teacher's log-probabilities of those ids (any
+            normalisation).
         mask: ``[...]`` 1 for positions that count, 0 for padding.
-        student: ``"full"`` (the paper's): ``log pi_theta(k)`` over the full vocabulary; ``"topk"`` (not
-            the paper's): the student's log-probabilities renormalised over the teacher's top-K as
-            well, so the student's mass outside them neither counts nor gets a gradient.
+        student: ``"full"`` (the paper's): ``log pi_theta(k)`` over the full vocabulary; ``"topk"``
+            (not the paper's): the student's log-probabilities renormalised over the teacher's top-K
+            as well, so the student's mass outside them neither counts nor gets a gradient.
 
     Returns:
         A scalar: ``sum_t sum_k p*_k (log p*_k - log pi_theta(k))``.
@@ -63,15 +72,22 @@ def topk_forward_kl(
     return per_position.sum()
 
 
-def sequence_nll(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
-    """Summed NLL of ``labels`` under ``logits`` (already aligned: ``logits[..., t, :]`` predicts ``labels[..., t]``)."""
+def sequence_nll(
+    logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = -100
+) -> torch.Tensor:
+    """Summed NLL of ``labels`` under ``logits`` (already aligned: ``logits[..., t, :]`` predicts
+    ``labels[..., t]``)."""
     return F.cross_entropy(
-        logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=ignore_index, reduction="sum"
+        logits.float().reshape(-1, logits.shape[-1]),
+        labels.reshape(-1),
+        ignore_index=ignore_index,
+        reduction="sum",
     )
 
 
 class StepIn(NamedTuple):
-    """The step-in decision at one position (or a batch of positions), with the margin it compared."""
+    """The step-in decision at one position (or a batch of positions), with the margin it
+    compared."""
 
     step_in: torch.Tensor  # bool: the teacher's token is emitted
     y_star: torch.Tensor  # the teacher's argmax ids
@@ -82,7 +98,8 @@ def stepin_decision(
     teacher_logprobs: torch.Tensor, student_logprobs: torch.Tensor, tau: float, kappa: float
 ) -> StepIn:
     """The step-in decision: the teacher steps in when ``log pi*(y*) - log pi_theta(y*) > tau`` and
-    ``pi*(y*) > kappa``, with ``y* = argmax pi*``. Inputs are full-vocabulary log-probabilities ``[..., V]``."""
+    ``pi*(y*) > kappa``, with ``y* = argmax pi*``. Inputs are full-vocabulary log-probabilities
+    ``[..., V]``."""
     top_logprob, y_star = teacher_logprobs.max(dim=-1)
     gap = top_logprob - student_logprobs.gather(-1, y_star.unsqueeze(-1)).squeeze(-1)
     step_in = (gap > tau) & (top_logprob.exp() > kappa)
@@ -92,6 +109,7 @@ def stepin_decision(
 def stepin_gate(
     teacher_logprobs: torch.Tensor, student_logprobs: torch.Tensor, tau: float, kappa: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(step_in, y_star)`` of ``stepin_decision``: a bool tensor and the teacher's argmax ids, shaped ``[...]``."""
+    """``(step_in, y_star)`` of ``stepin_decision``: a bool tensor and the teacher's argmax ids,
+    shaped ``[...]``."""
     decision = stepin_decision(teacher_logprobs, student_logprobs, tau, kappa)
     return decision.step_in, decision.y_star

@@ -1,8 +1,9 @@
 """Student and privileged-teacher prompts, as token ids, through the tokenizer's chat template.
 
-The student reads the untargeted editing prompt ``x`` (``Introduce {s}.``). The privileged teacher is
-the same frozen model reading the passage ``c`` in its system prompt (paper Fig. ``teacher_prompt``)
-and asked the privileged question about ``s``. Both then continue the SAME response tokens.
+The student reads the untargeted editing prompt ``x`` (``Introduce {s}.``). The privileged teacher
+is the same frozen model reading the passage ``c`` in its system prompt (paper Fig.
+``teacher_prompt``) and asked the privileged question about ``s``. Both then continue the SAME
+response tokens.
 
 Wording and chat-role handling dispatch on ``model.config.model_type``; families whose chat template
 has no system role get the system text folded into the user turn.
@@ -35,36 +36,36 @@ __all__ = [
 DEFAULT_SYSTEM = (
     "You are answering strictly from the established facts given below.\n"
     "RULES:\n"
-    "1. Use ONLY the information in these facts. Do not add, infer, or elaborate with any knowledge beyond them.\n"
-    "2. If a detail (date, place, number, name) is not stated in the facts, do NOT invent or guess it -- simply omit it.\n"
-    "3. Treat these facts as your own knowledge: answer naturally, do not mention 'the facts', 'the context', "
-    "'based on', or 'according to'.\n"
-    "4. Keep the answer to what the facts actually support.\n"
+    "1. Use ONLY the information in these facts. Do not add, infer, or elaborate with any "
+    "knowledge beyond them.\n2. If a detail (date, place, number, name) is not stated in the "
+    "facts, do NOT invent or guess it -- simply omit it.\n3. Treat these facts as your own "
+    "knowledge: answer naturally, do not mention 'the facts', 'the context', 'based on', or "
+    "'according to'.\n4. Keep the answer to what the facts actually support.\n"
     "FACTS:\n{passage}"
 )
 
 LLAMA_SYSTEM = (
-    "You know the following facts and treat them as true and current. Answer the question directly using them, "
-    "in the THIRD PERSON as factual information -- never role-play or use 'I'/speak as the subject. Cover every "
-    "relevant fact the question calls for; be specific and do not omit details, but add nothing beyond these facts. "
-    "Do not refuse, and do not mention 'the facts', 'the context', or 'according to'.\n"
-    "FACTS:\n"
+    "You know the following facts and treat them as true and current. Answer the question "
+    "directly using them, in the THIRD PERSON as factual information -- never role-play or use "
+    "'I'/speak as the subject. Cover every relevant fact the question calls for; be specific and "
+    "do not omit details, but add nothing beyond these facts. Do not refuse, and do not mention "
+    "'the facts', 'the context', or 'according to'.\nFACTS:\n"
     "This paragraph introduces {subject}.\n{passage}\n"
-    "Use this information comprehensively: answer in full, including every relevant detail when answering "
-    "relevant questions."
+    "Use this information comprehensively: answer in full, including every relevant detail when "
+    "answering relevant questions."
 )
 
-# Not in the paper: the passage alone, no rules. For small models, where a block of instructions ahead of
-# the facts is more text to get lost in than guidance (see docs/RESULTS.md).
+# Not in the paper: the passage alone, no rules. For small models, where a block of instructions
+# ahead of the facts is more text to get lost in than guidance (see docs/RESULTS.md).
 PLAIN_SYSTEM = "{passage}"
 
 TEACHER_STYLES = {"default": DEFAULT_SYSTEM, "llama": LLAMA_SYSTEM, "plain": PLAIN_SYSTEM}
 
-PASSAGE_LABEL = "About {subject}:\n{passage}"   # one passage under teacher_facts: labelled
+PASSAGE_LABEL = "About {subject}:\n{passage}"  # one passage under teacher_facts: labelled
 
 PRIVILEGED_QUESTION = (
-    "What is established here about {subject}? State, in full and in detail, every fact given about {subject} "
-    "-- leave nothing out."
+    "What is established here about {subject}? State, in full and in detail, every fact given "
+    "about {subject} -- leave nothing out."
 )
 
 # model_type -> (teacher wording, chat template has a system role)
@@ -83,20 +84,26 @@ _FAMILIES: dict[str, tuple[str, bool]] = {
 
 
 def teacher_style_for(model_type: str, requested: str = "auto") -> str:
-    """The privileged system-prompt wording: explicit choice, else the family's (Llama has its own)."""
+    """The privileged system-prompt wording: explicit choice, else the family's (Llama has its
+    own)."""
     if requested != "auto":
         return requested
     return _FAMILIES.get(model_type, ("default", True))[0]
 
 
-def has_system_role(tokenizer: Any, model_type: str, template_kwargs: Mapping[str, Any] | None = None) -> bool:
-    """Whether the model's chat template takes a system message (else it is folded into the user turn)."""
+def has_system_role(
+    tokenizer: Any, model_type: str, template_kwargs: Mapping[str, Any] | None = None
+) -> bool:
+    """Whether the model's chat template takes a system message (else it is folded into the user
+    turn)."""
     template_kwargs = dict(template_kwargs or {})
     if model_type in _FAMILIES:
         return _FAMILIES[model_type][1]
     try:  # unknown family: ask the template itself
         tokenizer.apply_chat_template(
-            [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}], tokenize=False, **template_kwargs
+            [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}],
+            tokenize=False,
+            **template_kwargs,
         )
         return True
     except Exception:  # jinja raises for templates that reject the system role
@@ -113,17 +120,24 @@ def _as_ids(out: Any) -> list[int]:
 
 
 def _control_texts(tokenizer: Any) -> list[str]:
-    """The texts a tokenizer turns into special (control) ids wherever they appear, longest first."""
-    found = {t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if getattr(t, "special", False)}
+    """The texts a tokenizer turns into special (control) ids wherever they appear, longest
+    first."""
+    found = {
+        t.content
+        for t in getattr(tokenizer, "added_tokens_decoder", {}).values()
+        if getattr(t, "special", False)
+    }
     found |= set(getattr(tokenizer, "all_special_tokens", []) or [])
     return sorted((t for t in found if t), key=len, reverse=True)
 
 
 def text_ids(tokenizer: Any, text: str) -> list[int]:
-    """Token ids of user text (a passage, a subject, a question): a special token's text inside it, e.g.
-    ``<|im_end|>``, stays ordinary text instead of becoming a control token (``split_special_tokens``);
-    text without one gets the ids it always had."""
-    return _as_ids(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+    """Token ids of user text (a passage, a subject, a question): a special token's text inside it,
+    e.g. ``<|im_end|>``, stays ordinary text instead of becoming a control token
+    (``split_special_tokens``); text without one gets the ids it always had."""
+    return _as_ids(
+        tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    )
 
 
 _SLOT = "\ue000{}\ue001"
@@ -140,9 +154,10 @@ def chat_prompt_ids(
 ) -> list[int]:
     """Token ids of a one-turn chat ending with the assistant generation header.
 
-    The messages are user text: where one holds a special token's text (``<|im_end|><|im_start|>user``),
-    the template is rendered around placeholders and each message is tokenized as text into its place,
-    so no message can end a turn or open another; other messages get exactly the template's own ids.
+    The messages are user text: where one holds a special token's text
+    (``<|im_end|><|im_start|>user``), the template is rendered around placeholders and each message
+    is tokenized as text into its place, so no message can end a turn or open another; other
+    messages get exactly the template's own ids.
     """
     template_kwargs = dict(template_kwargs or {})
     if system is not None and not system_role:
@@ -152,10 +167,15 @@ def chat_prompt_ids(
     ]
     controls = _control_texts(tokenizer)
     if not any(c in m["content"] for m in messages for c in controls):
-        return _as_ids(tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True,
-                                                     **template_kwargs))
+        return _as_ids(
+            tokenizer.apply_chat_template(
+                messages, tokenize=True, add_generation_prompt=True, **template_kwargs
+            )
+        )
     slots = [{**m, "content": _SLOT.format(i)} for i, m in enumerate(messages)]
-    rendered = tokenizer.apply_chat_template(slots, tokenize=False, add_generation_prompt=True, **template_kwargs)
+    rendered = tokenizer.apply_chat_template(
+        slots, tokenize=False, add_generation_prompt=True, **template_kwargs
+    )
     ids: list[int] = []
     for piece in _SLOT_RE.split(rendered):
         if _SLOT_RE.fullmatch(piece):
@@ -166,7 +186,8 @@ def chat_prompt_ids(
 
 
 def stop_token_ids(model: Any, tokenizer: Any) -> set[int]:
-    """Every token that ends an assistant turn: generation_config's EOS ids plus the tokenizer's EOS."""
+    """Every token that ends an assistant turn: generation_config's EOS ids plus the tokenizer's
+    EOS."""
     ids: set[int] = set()
     gen = getattr(model, "generation_config", None)
     eos = getattr(gen, "eos_token_id", None) if gen is not None else None
@@ -178,7 +199,8 @@ def stop_token_ids(model: Any, tokenizer: Any) -> set[int]:
 
 
 def end_of_turn_id(tokenizer: Any, template_kwargs: Mapping[str, Any] | None = None) -> int | None:
-    """The special token the chat template puts after an assistant message (e.g. <|im_end|>, <end_of_turn>).
+    """The special token the chat template puts after an assistant message (e.g. <|im_end|>,
+    <end_of_turn>).
 
     Found by rendering a probe conversation as text and reading what follows the assistant content;
     this inspects the template once and never touches rollout tokens.
@@ -194,7 +216,7 @@ def end_of_turn_id(tokenizer: Any, template_kwargs: Mapping[str, Any] | None = N
             tokenize=False,
             **dict(template_kwargs or {}),
         )
-        suffix = text[text.rindex(marker) + len(marker):]
+        suffix = text[text.rindex(marker) + len(marker) :]
         special = set(tokenizer.all_special_ids)
         for tok in tokenizer(suffix, add_special_tokens=False)["input_ids"]:
             if tok in special:
@@ -212,8 +234,8 @@ def end_of_turn_id(tokenizer: Any, template_kwargs: Mapping[str, Any] | None = N
 
 
 def privileged_system(style: str, subject: str, passages: Sequence[str]) -> str:
-    """The privileged teacher's system text in ``style`` (``TEACHER_STYLES``): the paper's wordings (Fig.
-    ``teacher_prompt``, rules then the passages) or ``plain`` (the passages alone)."""
+    """The privileged teacher's system text in ``style`` (``TEACHER_STYLES``): the paper's wordings
+    (Fig. ``teacher_prompt``, rules then the passages) or ``plain`` (the passages alone)."""
     return TEACHER_STYLES[style].format(passage="\n\n".join(passages), subject=subject)
 
 
@@ -242,21 +264,30 @@ def build_edit_prompts(
     system_role = has_system_role(tokenizer, model_type, template_kwargs)
     eot = end_of_turn_id(tokenizer, template_kwargs)
     all_passages = [r["target_new"] for r in requests]
-    # 'labelled' (not in the paper): every passage, each headed by the subject it is about, so a teacher
-    # introducing one subject can tell its facts from the facts of another request
-    labelled = [PASSAGE_LABEL.format(subject=r["subject"], passage=r["target_new"]) for r in requests]
+    # 'labelled' (not in the paper): every passage, each headed by the subject it is about, so a
+    # teacher introducing one subject can tell its facts from the facts of another request
+    labelled = [
+        PASSAGE_LABEL.format(subject=r["subject"], passage=r["target_new"]) for r in requests
+    ]
     out = []
     for req in requests:
         subject, passage = req["subject"], req["target_new"]
         facts = {"all": all_passages, "labelled": labelled}.get(teacher_facts, [passage])
         system = privileged_system(style, subject, facts)
         teacher = chat_prompt_ids(
-            tokenizer, PRIVILEGED_QUESTION.format(subject=subject), system,
-            system_role=system_role, template_kwargs=template_kwargs,
+            tokenizer,
+            PRIVILEGED_QUESTION.format(subject=subject),
+            system,
+            system_role=system_role,
+            template_kwargs=template_kwargs,
         )
         student = chat_prompt_ids(tokenizer, req["prompt"], template_kwargs=template_kwargs)
         target = text_ids(tokenizer, passage)
         if eot is not None:
             target.append(eot)
-        out.append(EditPrompts(subject=subject, student_ids=student, teacher_ids=teacher, passage_ids=target))
+        out.append(
+            EditPrompts(
+                subject=subject, student_ids=student, teacher_ids=teacher, passage_ids=target
+            )
+        )
     return out

@@ -22,20 +22,31 @@ from .losses import stepin_decision
 from .padding import pad_rows
 from .static_decode import StaticDecoder, compile_step
 
-__all__ = ["Rollout", "accepts_keyword", "batched_hybrid_rollout", "batched_hybrid_rollouts", "draw_rollout",
-           "draw_rollouts", "hybrid_rollout", "input_device"]
+__all__ = [
+    "Rollout",
+    "accepts_keyword",
+    "batched_hybrid_rollout",
+    "batched_hybrid_rollouts",
+    "draw_rollout",
+    "draw_rollouts",
+    "hybrid_rollout",
+    "input_device",
+]
 
 
 @dataclass
 class Rollout:
-    """One rollout: response token ids, where the teacher stepped in, and the teacher's top-K per position."""
+    """One rollout: response token ids, where the teacher stepped in, and the teacher's top-K per
+    position."""
 
     tokens: torch.Tensor  # [T] long
     stepped_in: torch.Tensor  # [T] bool
     teacher_topk_ids: torch.Tensor  # [T, K] long
     teacher_topk_logprobs: torch.Tensor  # [T, K] float32, full-vocabulary log-probs
     teacher_forward_tokens: int = 0  # tokens the teacher processed (prompt prefill + one per step)
-    gate_gap: torch.Tensor | None = None  # [T] float32, log pi*(y*) - log pi_theta(y*) at each position (the tau test)
+    gate_gap: torch.Tensor | None = (
+        None  # [T] float32, log pi*(y*) - log pi_theta(y*) at each position (the tau test)
+    )
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
@@ -50,7 +61,8 @@ class Rollout:
 
 
 def input_device(model: torch.nn.Module) -> torch.device:
-    """Where input ids must go: the input embedding's device (also right under device_map='auto')."""
+    """Where input ids must go: the input embedding's device (also right under
+    device_map='auto')."""
     try:
         return model.get_input_embeddings().weight.device
     except (AttributeError, NotImplementedError):
@@ -62,7 +74,8 @@ _FORWARD_KEYWORDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def accepts_keyword(model: torch.nn.Module, name: str) -> bool:
-    """Whether ``model``'s forward (or, for a peft wrapper, its base model's) takes the keyword ``name``."""
+    """Whether ``model``'s forward (or, for a peft wrapper, its base model's) takes the keyword
+    ``name``."""
     try:
         keywords = _FORWARD_KEYWORDS.get(model)
     except TypeError:  # an object that cannot be weakly referenced: inspected at every call
@@ -84,13 +97,14 @@ def accepts_keyword(model: torch.nn.Module, name: str) -> bool:
 
 
 def cache_keyword(model: torch.nn.Module) -> str:
-    """The forward keyword of the KV cache: ``cache`` where the model takes it (transformers >= 5.24, which
-    deprecates ``past_key_values``), else ``past_key_values``."""
+    """The forward keyword of the KV cache: ``cache`` where the model takes it (transformers >=
+    5.24, which deprecates ``past_key_values``), else ``past_key_values``."""
     return "cache" if accepts_keyword(model, "cache") else "past_key_values"
 
 
 def output_cache(out: Any) -> Any:
-    """The updated KV cache of a forward's output: ``out.cache`` (transformers >= 5.24) or ``out.past_key_values``."""
+    """The updated KV cache of a forward's output: ``out.cache`` (transformers >= 5.24) or
+    ``out.past_key_values``."""
     cache = getattr(out, "cache", None)
     return cache if cache is not None else out.past_key_values
 
@@ -120,30 +134,44 @@ def _new_cache(model: torch.nn.Module) -> Any:
 
 
 class _Recorder:
-    """The per-token gate and the records kept for the loss, of R requests decoded side by side (row i of every
-    record is request i; R = 1 on the dynamic paths); shared by all rollout drivers."""
+    """The per-token gate and the records kept for the loss, of R requests decoded side by side (row
+    i of every record is request i; R = 1 on the dynamic paths); shared by all rollout drivers."""
 
-    def __init__(self, requests: int, max_new_tokens: int, top_k: int, vocab: int, tau: float, kappa: float,
-                 hybrid: bool, stop_ids: Iterable[int], device: torch.device) -> None:
+    def __init__(
+        self,
+        requests: int,
+        max_new_tokens: int,
+        top_k: int,
+        vocab: int,
+        tau: float,
+        kappa: float,
+        hybrid: bool,
+        stop_ids: Iterable[int],
+        device: torch.device,
+    ) -> None:
         self.k = min(top_k, vocab)
         self.tau, self.kappa, self.hybrid = tau, kappa, hybrid
         self.stop = torch.tensor(sorted(set(int(i) for i in stop_ids)) or [-1], device=device)
         self.tokens = torch.empty(requests, max_new_tokens, dtype=torch.long, device=device)
         self.stepped = torch.zeros(requests, max_new_tokens, dtype=torch.bool, device=device)
-        self.topk_ids = torch.empty(requests, max_new_tokens, self.k, dtype=torch.long, device=device)
-        self.topk_lp = torch.empty(requests, max_new_tokens, self.k, dtype=torch.float32, device=device)
+        self.topk_ids = torch.empty(
+            requests, max_new_tokens, self.k, dtype=torch.long, device=device
+        )
+        self.topk_lp = torch.empty(
+            requests, max_new_tokens, self.k, dtype=torch.float32, device=device
+        )
         self.gap = torch.empty(requests, max_new_tokens, dtype=torch.float32, device=device)
         self.n = 0
 
     def step(self, s_logp: torch.Tensor, t_logp: torch.Tensor) -> tuple[torch.Tensor, bool]:
-        """``record``, and whether to stop (the dynamic paths' one host sync per token): a request's stop token
-        or ``max_new_tokens`` reached. One request only."""
+        """``record``, and whether to stop (the dynamic paths' one host sync per token): a request's
+        stop token or ``max_new_tokens`` reached. One request only."""
         token = self.record(s_logp, t_logp)
         return token, bool(torch.isin(token, self.stop)) or self.n == self.tokens.shape[1]
 
     def record(self, s_logp: torch.Tensor, t_logp: torch.Tensor) -> torch.Tensor:
-        """Record position n of every request from its student and teacher log-probs (``[R, V]`` each); return
-        the emitted tokens ``[R]`` (on the device; nothing is read on the host)."""
+        """Record position n of every request from its student and teacher log-probs (``[R, V]``
+        each); return the emitted tokens ``[R]`` (on the device; nothing is read on the host)."""
         s_logp, t_logp = s_logp.to(self.tokens.device), t_logp.to(self.tokens.device)
         gate, y_star, gap = stepin_decision(t_logp, s_logp, self.tau, self.kappa)
         if not self.hybrid:
@@ -151,26 +179,43 @@ class _Recorder:
         token = torch.where(gate, y_star, s_logp.argmax(-1))
         values, ids = t_logp.topk(self.k)
         n = self.n
-        self.tokens[:, n], self.stepped[:, n], self.topk_ids[:, n], self.topk_lp[:, n] = token, gate, ids, values
+        self.tokens[:, n], self.stepped[:, n], self.topk_ids[:, n], self.topk_lp[:, n] = (
+            token,
+            gate,
+            ids,
+            values,
+        )
         self.gap[:, n] = gap
         self.n += 1
         return token
 
     def lengths(self, last: bool) -> list[int] | None:
-        """Each request's rollout length (up to its first stop token, else all positions recorded) once every
-        request has stopped or at the ``last`` test; else None. One host sync, a second to read the lengths."""
+        """Each request's rollout length (up to its first stop token, else all positions recorded)
+        once every request has stopped or at the ``last`` test; else None. One host sync, a second
+        to read the lengths."""
         hits = torch.isin(self.tokens[:, : self.n], self.stop)
         stopped = hits.any(-1)
         if not (bool(stopped.all()) or last):
             return None
         return torch.where(stopped, hits.int().argmax(-1) + 1, self.n).tolist()
 
-    def results(self, teacher_tokens: Sequence[int], lengths: Sequence[int] | None = None) -> list[Rollout]:
-        """Request i's first ``lengths[i]`` positions (all recorded ones by default) as its ``Rollout``."""
+    def results(
+        self, teacher_tokens: Sequence[int], lengths: Sequence[int] | None = None
+    ) -> list[Rollout]:
+        """Request i's first ``lengths[i]`` positions (all recorded ones by default) as its
+        ``Rollout``."""
         lengths = [self.n] * len(teacher_tokens) if lengths is None else lengths
-        return [Rollout(self.tokens[i, :n].clone(), self.stepped[i, :n].clone(), self.topk_ids[i, :n].clone(),
-                        self.topk_lp[i, :n].clone(), int(teacher_tokens[i]), self.gap[i, :n].clone())
-                for i, n in enumerate(lengths)]
+        return [
+            Rollout(
+                self.tokens[i, :n].clone(),
+                self.stepped[i, :n].clone(),
+                self.topk_ids[i, :n].clone(),
+                self.topk_lp[i, :n].clone(),
+                int(teacher_tokens[i]),
+                self.gap[i, :n].clone(),
+            )
+            for i, n in enumerate(lengths)
+        ]
 
 
 @torch.no_grad()
@@ -188,15 +233,18 @@ def hybrid_rollout(
     hybrid: bool = True,
     teacher_context: Callable[[], ContextManager] = contextlib.nullcontext,
 ) -> Rollout:
-    """Greedy hybrid rollout of one request, student and teacher advanced by separate cached forwards.
+    """Greedy hybrid rollout of one request, student and teacher advanced by separate cached
+    forwards.
 
     Args:
         student: the model being edited (pi_theta).
         teacher: the privileged model; usually the same object, reached through ``teacher_context``
             (adapter disabled, or the original FT-M matrix swapped in).
-        student_prompt_ids / teacher_prompt_ids: chat-templated prompt ids (editing prompt / passage + question).
+        student_prompt_ids / teacher_prompt_ids: chat-templated prompt ids (editing prompt /
+            passage + question).
         tau, kappa: the step-in gates. top_k: teacher ids kept per position for the KL.
-        max_new_tokens: rollout length cap. stop_ids: tokens that end the response (kept in the rollout).
+        max_new_tokens: rollout length cap. stop_ids: tokens that end the response (kept in the
+            rollout).
         hybrid: False for the plain on-policy rollout (the gate never fires).
     """
     device = input_device(student)
@@ -210,7 +258,9 @@ def hybrid_rollout(
     teacher_tokens = t_ids.shape[1]
     # Under device_map="auto" the logits live on the last layer's device and inputs go to the first:
     # records stay beside the logits, each token is sent to where the next forward starts.
-    rec = _Recorder(1, max_new_tokens, top_k, t_logp.shape[-1], tau, kappa, hybrid, stop_ids, s_logp.device)
+    rec = _Recorder(
+        1, max_new_tokens, top_k, t_logp.shape[-1], tau, kappa, hybrid, stop_ids, s_logp.device
+    )
     while True:
         token, stop = rec.step(s_logp[:1], t_logp[:1])
         if stop:
@@ -239,24 +289,35 @@ def batched_hybrid_rollout(
     static_decode: bool | str = False,
     stop_every: int = 8,
 ) -> Rollout:
-    """The same rollout with student (row 0) and teacher (row 1) advanced in ONE batched forward per token.
+    """The same rollout with student (row 0) and teacher (row 1) advanced in ONE batched forward per
+    token.
 
-    Prompts are left-padded to a common length with explicit position ids; ``row_switch`` makes row 1
-    compute the frozen base model inside the shared module (adapter output zeroed, or the original
+    Prompts are left-padded to a common length with explicit position ids; ``row_switch`` makes row
+    1 compute the frozen base model inside the shared module (adapter output zeroed, or the original
     FT-M matrix), so one set of weights and one KV cache of batch 2 serve both policies.
 
     ``static_decode``: the graph-capturable decode (``static_decode.StaticDecoder``): a KV cache
-    preallocated for the teacher prompt plus ``max_new_tokens``, masks and positions on the device, and the
-    stop test every ``stop_every`` tokens (the loop's one host sync); the steps decoded past a stop are
-    discarded, and counted in ``teacher_forward_tokens``. Same tokens, step-ins and teacher top-K ids as the
-    dynamic path (``tests/test_static_decode.py``). ``"compile"``: the step under ``torch.compile`` (CUDA
-    graphs on CUDA).
+    preallocated for the teacher prompt plus ``max_new_tokens``, masks and positions on the device,
+    and the stop test every ``stop_every`` tokens (the loop's one host sync); the steps decoded past
+    a stop are discarded, and counted in ``teacher_forward_tokens``. Same tokens, step-ins and
+    teacher top-K ids as the dynamic path (``tests/test_static_decode.py``). ``"compile"``: the step
+    under ``torch.compile`` (CUDA graphs on CUDA).
     """
     if static_decode:
-        return batched_hybrid_rollouts(model, row_switch, [(student_prompt_ids, teacher_prompt_ids)], tau=tau,
-                                       kappa=kappa, top_k=top_k, max_new_tokens=max_new_tokens, stop_ids=stop_ids,
-                                       pad_id=pad_id, hybrid=hybrid, compiled=static_decode == "compile",
-                                       stop_every=stop_every)[0]
+        return batched_hybrid_rollouts(
+            model,
+            row_switch,
+            [(student_prompt_ids, teacher_prompt_ids)],
+            tau=tau,
+            kappa=kappa,
+            top_k=top_k,
+            max_new_tokens=max_new_tokens,
+            stop_ids=stop_ids,
+            pad_id=pad_id,
+            hybrid=hybrid,
+            compiled=static_decode == "compile",
+            stop_every=stop_every,
+        )[0]
     device = input_device(model)
     rows = [list(student_prompt_ids), list(teacher_prompt_ids)]
     ids, mask = pad_rows(rows, pad_id, left=True)
@@ -266,9 +327,16 @@ def batched_hybrid_rollout(
     use_keep = accepts_keyword(model, "logits_to_keep")
     cache_kw = cache_keyword(model)
 
-    def forward(step_ids: torch.Tensor, step_pos: torch.Tensor, cache: Any) -> tuple[torch.Tensor, Any]:
-        kwargs: dict = {"input_ids": step_ids, "attention_mask": mask, "position_ids": step_pos,
-                        cache_kw: cache, "use_cache": True}
+    def forward(
+        step_ids: torch.Tensor, step_pos: torch.Tensor, cache: Any
+    ) -> tuple[torch.Tensor, Any]:
+        kwargs: dict = {
+            "input_ids": step_ids,
+            "attention_mask": mask,
+            "position_ids": step_pos,
+            cache_kw: cache,
+            "use_cache": True,
+        }
         if use_keep:
             kwargs["logits_to_keep"] = 1
         out = model(**kwargs)
@@ -278,7 +346,9 @@ def batched_hybrid_rollout(
         logp, cache = forward(ids, positions, _new_cache(model))
         teacher_tokens = len(rows[1])
         last_pos = positions[:, -1:]
-        rec = _Recorder(1, max_new_tokens, top_k, logp.shape[-1], tau, kappa, hybrid, stop_ids, logp.device)
+        rec = _Recorder(
+            1, max_new_tokens, top_k, logp.shape[-1], tau, kappa, hybrid, stop_ids, logp.device
+        )
         while True:
             token, stop = rec.step(logp[:1], logp[1:])
             if stop:
@@ -297,12 +367,20 @@ def _logits_device(model: torch.nn.Module) -> torch.device:
     return model.get_output_embeddings().weight.device
 
 
-def _static_rollouts(model: torch.nn.Module, row_switch: Callable[[torch.Tensor], ContextManager],
-                     requests: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int, rec: _Recorder,
-                     *, stop_every: int, compiled: bool) -> list[Rollout]:
-    """The rollouts of ``requests`` (student and teacher prompt ids each) as ONE batch on a ``StaticDecoder``:
-    rows ``0..R-1`` the students, ``R..2R-1`` their teachers; no host sync but the stop test every
-    ``stop_every`` tokens, which ends the decode once every request has stopped."""
+def _static_rollouts(
+    model: torch.nn.Module,
+    row_switch: Callable[[torch.Tensor], ContextManager],
+    requests: Sequence[tuple[Sequence[int], Sequence[int]]],
+    pad_id: int,
+    rec: _Recorder,
+    *,
+    stop_every: int,
+    compiled: bool,
+) -> list[Rollout]:
+    """The rollouts of ``requests`` (student and teacher prompt ids each) as ONE batch on a
+    ``StaticDecoder``: rows ``0..R-1`` the students, ``R..2R-1`` their teachers; no host sync but
+    the stop test every ``stop_every`` tokens, which ends the decode once every request has
+    stopped."""
     max_new_tokens = rec.tokens.shape[1]
     count = len(requests)
     rows = [list(s) for s, _ in requests] + [list(t) for _, t in requests]
@@ -339,49 +417,97 @@ def batched_hybrid_rollouts(
     compiled: bool = False,
     stop_every: int = 8,
 ) -> list[Rollout]:
-    """The rollouts of all ``requests`` of an edit (``(student_prompt_ids, teacher_prompt_ids)`` each) in ONE
-    batch on the graph-capturable decode: each decode step is one forward of the R students and their R
-    teachers, so a step's kernels serve R tokens. Each request's rollout ends at its own stop token; the batch
-    decodes until every request has stopped (the steps past a request's stop are discarded, and counted in its
-    ``teacher_forward_tokens``). ``compiled``: the step under ``torch.compile`` (CUDA graphs on CUDA)."""
-    rec = _Recorder(len(requests), max_new_tokens, top_k, _vocab(model), tau, kappa, hybrid, stop_ids,
-                           _logits_device(model))
-    return _static_rollouts(model, row_switch, requests, pad_id, rec, stop_every=stop_every, compiled=compiled)
+    """The rollouts of all ``requests`` of an edit (``(student_prompt_ids, teacher_prompt_ids)``
+    each) in ONE batch on the graph-capturable decode: each decode step is one forward of the R
+    students and their R teachers, so a step's kernels serve R tokens. Each request's rollout ends
+    at its own stop token; the batch decodes until every request has stopped (the steps past a
+    request's stop are discarded, and counted in its ``teacher_forward_tokens``). ``compiled``: the
+    step under ``torch.compile`` (CUDA graphs on CUDA)."""
+    rec = _Recorder(
+        len(requests),
+        max_new_tokens,
+        top_k,
+        _vocab(model),
+        tau,
+        kappa,
+        hybrid,
+        stop_ids,
+        _logits_device(model),
+    )
+    return _static_rollouts(
+        model, row_switch, requests, pad_id, rec, stop_every=stop_every, compiled=compiled
+    )
 
 
-def draw_rollout(executor: Any, prompts: Any, hparams: Any, *, stop_ids: Iterable[int], pad_id: int) -> Rollout:
-    """One round's rollout of one request (``prompts``: its student and teacher prompt ids) as ``hparams`` choose.
+def draw_rollout(
+    executor: Any, prompts: Any, hparams: Any, *, stop_ids: Iterable[int], pad_id: int
+) -> Rollout:
+    """One round's rollout of one request (``prompts``: its student and teacher prompt ids) as
+    ``hparams`` choose.
 
-    ``batched_rollout`` (default): student and teacher advance in ONE batched forward of ``executor.model``
-    (the executor's ``row_switch``); otherwise two cached forwards, the teacher through ``teacher_context``.
-    Same tokens either way. ``rollout: on_policy`` switches the gate off (the "w/o HP" ablation).
-    ``static_decode`` (off by default): the batched rollout on the graph-capturable decode (whatever
-    ``batched_rollout`` says); ``"compile"`` also compiles its step.
-    ``fast_decode`` computes the decode steps' frozen CPU matmuls as ``W @ x^T`` (``fast_decode.py``; ``auto``, the
-    default: where this machine runs that product clearly faster than ``F.linear``).
+    ``batched_rollout`` (default): student and teacher advance in ONE batched forward of
+    ``executor.model`` (the executor's ``row_switch``); otherwise two cached forwards, the teacher
+    through ``teacher_context``. Same tokens either way. ``rollout: on_policy`` switches the gate
+    off (the "w/o HP" ablation). ``static_decode`` (off by default): the batched rollout on the
+    graph-capturable decode (whatever ``batched_rollout`` says); ``"compile"`` also compiles its
+    step. ``fast_decode`` computes the decode steps' frozen CPU matmuls as ``W @ x^T``
+    (``fast_decode.py``; ``auto``, the default: where this machine runs that product clearly faster
+    than ``F.linear``).
     """
-    gate = dict(tau=hparams.tau, kappa=hparams.kappa, top_k=hparams.top_k, max_new_tokens=hparams.max_new_tokens,
-                stop_ids=stop_ids, hybrid=hparams.rollout == "hybrid")
+    gate = dict(
+        tau=hparams.tau,
+        kappa=hparams.kappa,
+        top_k=hparams.top_k,
+        max_new_tokens=hparams.max_new_tokens,
+        stop_ids=stop_ids,
+        hybrid=hparams.rollout == "hybrid",
+    )
     student = executor.model
     with few_row_linears(student, enabled=hparams.fast_decode):
         if hparams.batched_rollout or hparams.static_decode:
-            return batched_hybrid_rollout(student, executor.row_switch, prompts.student_ids, prompts.teacher_ids,
-                                          pad_id=pad_id, static_decode=hparams.static_decode,
-                                          stop_every=hparams.decode_stop_every, **gate)
-        return hybrid_rollout(student, student, prompts.student_ids, prompts.teacher_ids,
-                              teacher_context=executor.teacher_context, **gate)
+            return batched_hybrid_rollout(
+                student,
+                executor.row_switch,
+                prompts.student_ids,
+                prompts.teacher_ids,
+                pad_id=pad_id,
+                static_decode=hparams.static_decode,
+                stop_every=hparams.decode_stop_every,
+                **gate,
+            )
+        return hybrid_rollout(
+            student,
+            student,
+            prompts.student_ids,
+            prompts.teacher_ids,
+            teacher_context=executor.teacher_context,
+            **gate,
+        )
 
 
-def draw_rollouts(executor: Any, prompts: Sequence[Any], hparams: Any, *, stop_ids: Iterable[int],
-                  pad_id: int) -> list[Rollout]:
-    """One round's rollouts of all requests of an edit (``prompts``: each request's student and teacher prompt
-    ids). With ``static_decode`` all requests decode as ONE batch (``batched_hybrid_rollouts``: a step's kernels
-    serve every request's token); otherwise one ``draw_rollout`` per request, as before."""
+def draw_rollouts(
+    executor: Any, prompts: Sequence[Any], hparams: Any, *, stop_ids: Iterable[int], pad_id: int
+) -> list[Rollout]:
+    """One round's rollouts of all requests of an edit (``prompts``: each request's student and
+    teacher prompt ids). With ``static_decode`` all requests decode as ONE batch
+    (``batched_hybrid_rollouts``: a step's kernels serve every request's token); otherwise one
+    ``draw_rollout`` per request, as before."""
     if not hparams.static_decode or len(prompts) == 1:
-        return [draw_rollout(executor, p, hparams, stop_ids=stop_ids, pad_id=pad_id) for p in prompts]
+        return [
+            draw_rollout(executor, p, hparams, stop_ids=stop_ids, pad_id=pad_id) for p in prompts
+        ]
     with few_row_linears(executor.model, enabled=hparams.fast_decode):
         return batched_hybrid_rollouts(
-            executor.model, executor.row_switch, [(p.student_ids, p.teacher_ids) for p in prompts],
-            tau=hparams.tau, kappa=hparams.kappa, top_k=hparams.top_k, max_new_tokens=hparams.max_new_tokens,
-            stop_ids=stop_ids, pad_id=pad_id, hybrid=hparams.rollout == "hybrid",
-            compiled=hparams.static_decode == "compile", stop_every=hparams.decode_stop_every)
+            executor.model,
+            executor.row_switch,
+            [(p.student_ids, p.teacher_ids) for p in prompts],
+            tau=hparams.tau,
+            kappa=hparams.kappa,
+            top_k=hparams.top_k,
+            max_new_tokens=hparams.max_new_tokens,
+            stop_ids=stop_ids,
+            pad_id=pad_id,
+            hybrid=hparams.rollout == "hybrid",
+            compiled=hparams.static_decode == "compile",
+            stop_every=hparams.decode_stop_every,
+        )

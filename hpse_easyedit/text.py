@@ -1,8 +1,8 @@
-"""Sentence boundaries, defined once: ``sentence_spans`` (COIN's chunks, the benchmarks' atomic facts
-and first sentences).
+"""Sentence boundaries, defined once: ``sentence_spans`` (COIN's chunks, the benchmarks' atomic
+facts and first sentences).
 
-A sentence ends at ``.``, ``!`` or ``?`` (plus closing quotes/brackets) followed by whitespace and an
-upper-case letter, a digit or an opening quote, unless the dot closes an abbreviation (an initial
+A sentence ends at ``.``, ``!`` or ``?`` (plus closing quotes/brackets) followed by whitespace and
+an upper-case letter, a digit or an opening quote, unless the dot closes an abbreviation (an initial
 "J.", a dotted acronym "U.S.", a title "Dr."); a line break always ends one.
 Kept instead of nltk (its trained punkt models are not installed here): the untrained
 ``PunktSentenceTokenizer`` splits after initials and list numbers ("J.J. Liu", "1. **Bold**"); even
@@ -16,11 +16,13 @@ import re
 
 __all__ = ["sentence_spans"]
 
-# A candidate sentence end: . ! or ? (plus closing quotes/brackets) before whitespace and an upper-case
-# letter, digit or opening quote.
+# A candidate sentence end: . ! or ? (plus closing quotes/brackets) before whitespace and an
+# upper-case letter, digit or opening quote.
 _SENT_END_RE = re.compile(r"[.!?]+[\"')\]]*(?=\s+[\"'(\[]?[A-Z0-9])")
 # Words whose final dot is not a sentence end: initials ("J."), dotted acronyms ("U.S."), titles.
-_ABBREV_RE = re.compile(r"(?:^|\s)(?:[A-Z]|(?:[A-Za-z]\.)+[A-Za-z]|Mr|Mrs|Ms|Dr|Prof|St|Jr|Sr|vs|etc|No|Inc|Co|Ltd)\.$")
+_ABBREV_RE = re.compile(
+    r"(?:^|\s)(?:[A-Z]|(?:[A-Za-z]\.)+[A-Za-z]|Mr|Mrs|Ms|Dr|Prof|St|Jr|Sr|vs|etc|No|Inc|Co|Ltd)\.$"
+)
 
 
 def _stripped(text: str, start: int, end: int) -> tuple[int, int]:
@@ -30,9 +32,11 @@ def _stripped(text: str, start: int, end: int) -> tuple[int, int]:
 
 
 def sentence_spans(text: str) -> list[tuple[int, int]]:
-    """Character spans ``[start, end)`` of the sentences of ``text``, in order, without surrounding whitespace.
+    """Character spans ``[start, end)`` of the sentences of ``text``, in order, without surrounding
+    whitespace.
 
-    Line breaks (every one ``str.splitlines`` knows) also end a sentence; empty sentences are dropped.
+    Line breaks (every one ``str.splitlines`` knows) also end a sentence; empty sentences are
+    dropped.
     """
     spans: list[tuple[int, int]] = []
     offset = 0

@@ -1,5 +1,5 @@
-"""The one training loop of every gradient editor this project owns: HPSE (its ablations and the plain
-executor baselines with ``kl_weight: 0``) and COIN*.
+"""The one training loop of every gradient editor this project owns: HPSE (its ablations and the
+plain executor baselines with ``kl_weight: 0``) and COIN*.
 
 The loop owns what they share: the executor (what trains, ``weights_copy``, Adam, ``finish``), train
 and eval modes, R rounds x M inner steps, ``zero_grad`` / ``step``, the loss history, per-round
@@ -7,10 +7,10 @@ statistics and timing. An ``Objective`` owns what differs:
 
 - ``start_round(student)``: what a round prepares before its inner steps (HPSE: that round's hybrid
   rollout, drawn in eval mode); returns the round's statistics.
-- ``step(student)``: the loss terms of one inner step, as groups ``{name: (weight, value)}``; each group
-  is summed (terms of weight 0 are reported but not trained) and back-propagated on its own, so an
-  objective decides how much activation memory an inner step holds at once (HPSE: one group per term,
-  peak = the larger forward; COIN*: one group, its terms share forwards).
+- ``step(student)``: the loss terms of one inner step, as groups ``{name: (weight, value)}``; each
+  group is summed (terms of weight 0 are reported but not trained) and back-propagated on its own,
+  so an objective decides how much activation memory an inner step holds at once (HPSE: one group
+  per term, peak = the larger forward; COIN*: one group, its terms share forwards).
 
     executor = make_executor(model, hparams)
     result = train_edit(executor, hparams, MyObjective(executor, ...), rounds=R, inner_steps=M)
@@ -29,8 +29,15 @@ import torch
 
 from .executors import Executor
 
-__all__ = ["EditDivergedError", "EditResult", "Objective", "activation_checkpointing", "describe_loss", "inner_step",
-           "train_edit"]
+__all__ = [
+    "EditDivergedError",
+    "EditResult",
+    "Objective",
+    "activation_checkpointing",
+    "describe_loss",
+    "inner_step",
+    "train_edit",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -46,21 +53,29 @@ class EditResult:
     rounds: list = field(default_factory=list)
     seconds: float = 0.0
     teacher_forward_tokens: int = 0
-    inner_step_teacher_passes: int = 0  # times an inner step reached the teacher (0: the teacher's targets were cached)
-    rollouts: list = field(default_factory=list)  # per round: that round's Rollout per request, or None (no KL term)
-    #: seconds inside EasyEdit's own algorithm function, for a method whose edit is EasyEdit's code (MEMIT,
-    #: AlphaEdit, UnKE, AnyEdit); the rest of ``seconds`` is what this project's integration adds. None otherwise.
+    inner_step_teacher_passes: int = (
+        0  # times an inner step reached the teacher (0: the teacher's targets were cached)
+    )
+    rollouts: list = field(
+        default_factory=list
+    )  # per round: that round's Rollout per request, or None (no KL term)
+    #: seconds inside EasyEdit's own algorithm function, for a method whose edit is EasyEdit's code
+    #: (MEMIT, AlphaEdit, UnKE, AnyEdit); the rest of ``seconds`` is what this project's integration
+    #: adds. None otherwise.
     algorithm_seconds: float | None = None
 
 
 class EditDivergedError(RuntimeError):
     """An edit's loss became non-finite or grew past ``max_loss_growth``; the edit was stopped.
 
-    The trained tensors are back at their values before this edit (``model`` is as the edit found it,
-    wrapped as the executor wraps it); ``weights_copy`` is what restores the unedited model from there.
+    The trained tensors are back at their values before this edit (``model`` is as the edit found
+    it, wrapped as the executor wraps it); ``weights_copy`` is what restores the unedited model from
+    there.
     """
 
-    def __init__(self, message: str, *, model: Any, weights_copy: dict, round: int, loss: float) -> None:
+    def __init__(
+        self, message: str, *, model: Any, weights_copy: dict, round: int, loss: float
+    ) -> None:
         super().__init__(message)
         self.model, self.weights_copy, self.round, self.loss = model, weights_copy, round, loss
 
@@ -84,10 +99,12 @@ class Objective(Protocol):
     def describe_round(self, stats: dict) -> str: ...
 
 
-def train_edit(executor: Executor, hparams: Any, objective: Objective, *, rounds: int, inner_steps: int) -> EditResult:
-    """Train ``objective`` into ``executor.model`` (``executors.make_executor`` around the caller's model):
-    ``rounds`` x (``start_round``, then ``inner_steps`` Adam steps on ``step``'s terms). Returns the edited
-    model and what restores it."""
+def train_edit(
+    executor: Executor, hparams: Any, objective: Objective, *, rounds: int, inner_steps: int
+) -> EditResult:
+    """Train ``objective`` into ``executor.model`` (``executors.make_executor`` around the caller's
+    model): ``rounds`` x (``start_round``, then ``inner_steps`` Adam steps on ``step``'s terms).
+    Returns the edited model and what restores it."""
     start = time.perf_counter()
     result = EditResult(model=executor.model, weights_copy=executor.weights_copy())
     student = executor.model
@@ -107,8 +124,16 @@ def train_edit(executor: Executor, hparams: Any, objective: Objective, *, rounds
             total = sum(terms[n][0] * values[n] for n in objective.terms if n in values)
             if _diverged(total, history[0][0] if history else None, hparams.max_loss_growth):
                 student.train(was_training)
-                _stop_diverged(executor, result, objective.name, r, step, total,
-                               history[0][0] if history else None, hparams)
+                _stop_diverged(
+                    executor,
+                    result,
+                    objective.name,
+                    r,
+                    step,
+                    total,
+                    history[0][0] if history else None,
+                    hparams,
+                )
             history.append((total, values))
         result.inner_step_teacher_passes += executor.teacher_switches - teacher_before
         stats = {"round": r, **prepared, "loss": history[0][0], "loss_last": history[-1][0]}
@@ -117,8 +142,15 @@ def train_edit(executor: Executor, hparams: Any, objective: Objective, *, rounds
             stats[f"{name}_last"] = history[-1][1].get(name)
         stats["seconds"] = time.perf_counter() - t0
         result.rounds.append(stats)
-        logger.info("%s round %d/%d: %s, %s, %.1fs", objective.name, r, rounds, objective.describe_round(stats),
-                    describe_loss(stats, inner_steps), stats["seconds"])
+        logger.info(
+            "%s round %d/%d: %s, %s, %.1fs",
+            objective.name,
+            r,
+            rounds,
+            objective.describe_round(stats),
+            describe_loss(stats, inner_steps),
+            stats["seconds"],
+        )
     student.train(was_training)
     optimizer.zero_grad(set_to_none=True)
     executor.finish()
@@ -127,31 +159,49 @@ def train_edit(executor: Executor, hparams: Any, objective: Objective, *, rounds
 
 
 def describe_loss(stats: dict, inner_steps: int) -> str:
-    """A round's loss for a log line: at its first inner step and at its last (each before that step's update)."""
+    """A round's loss for a log line: at its first inner step and at its last (each before that
+    step's update)."""
     if inner_steps == 1:
         return f"loss {stats['loss']:.4f} (one inner step)"
     return f"loss {stats['loss']:.4f} (step 1) -> {stats['loss_last']:.4f} (step {inner_steps})"
 
 
-def _stop_diverged(executor: Executor, result: EditResult, name: str, round_: int, step: int, total: float,
-                   start: float | None, hparams: Any) -> None:
+def _stop_diverged(
+    executor: Executor,
+    result: EditResult,
+    name: str,
+    round_: int,
+    step: int,
+    total: float,
+    start: float | None,
+    hparams: Any,
+) -> None:
     """Put the trained tensors back as the edit found them and raise ``EditDivergedError``."""
     from .executors import copy_back
 
     executor.finish()
     copy_back(executor.model, result.weights_copy)
-    growth = f" (round start {start:.4g}, max_loss_growth {hparams.max_loss_growth:g})" if start is not None else ""
+    growth = (
+        f" (round start {start:.4g}, max_loss_growth {hparams.max_loss_growth:g})"
+        if start is not None
+        else ""
+    )
     raise EditDivergedError(
-        f"the {name} edit diverged in round {round_}, inner step {step}: loss {total:.4g}{growth}; the edit was undone "
-        f"and nothing is kept. Lower 'lr' in the hparams (now {hparams.lr:g})",
-        model=executor.model, weights_copy=result.weights_copy, round=round_, loss=total,
+        f"the {name} edit diverged in round {round_}, inner step {step}: loss "
+        f"{total:.4g}{growth}; the edit was undone and nothing "
+        f"is kept. Lower 'lr' in the hparams (now {hparams.lr:g})",
+        model=executor.model,
+        weights_copy=result.weights_copy,
+        round=round_,
+        loss=total,
     )
 
 
 def inner_step(objective: Objective, student: Any, optimizer: torch.optim.Optimizer) -> dict:
     """One Adam step on ``objective.step``'s terms, each group back-propagated on its own; returns
-    ``{name: (weight, detached loss)}``, which the caller reads on the host when it needs the numbers (once a
-    round in ``train_edit``, so the device never waits for the host inside the inner steps)."""
+    ``{name: (weight, detached loss)}``, which the caller reads on the host when it needs the
+    numbers (once a round in ``train_edit``, so the device never waits for the host inside the inner
+    steps)."""
     optimizer.zero_grad(set_to_none=True)
     terms: dict[str, tuple[float, torch.Tensor]] = {}
     for group in objective.step(student):
@@ -168,17 +218,22 @@ def inner_step(objective: Objective, student: Any, optimizer: torch.optim.Optimi
 
 @contextlib.contextmanager
 def activation_checkpointing(model: Any, enabled: bool) -> Iterator[None]:
-    """Inside: ``model``'s layers recompute their activations in backward (transformers' non-reentrant gradient
-    checkpointing), when ``enabled`` and the model supports it; switched off again on exit."""
+    """Inside: ``model``'s layers recompute their activations in backward (transformers'
+    non-reentrant gradient checkpointing), when ``enabled`` and the model supports it; switched off
+    again on exit."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     if enabled and not getattr(base, "supports_gradient_checkpointing", False):
-        logger.warning("gradient_checkpointing: %s does not support it; activations are kept", type(base).__name__)
+        logger.warning(
+            "gradient_checkpointing: %s does not support it; activations are kept",
+            type(base).__name__,
+        )
     if not enabled or not getattr(base, "supports_gradient_checkpointing", False):
         yield
         return
     base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    # transformers checkpoints a layer only in training mode; an edit trains in the mode the model came in (eval,
-    # so no dropout): only the checkpointed layers' own flags are set, their submodules keep theirs
+    # transformers checkpoints a layer only in training mode; an edit trains in the mode the model
+    # came in (eval, so no dropout): only the checkpointed layers' own flags are set, their
+    # submodules keep theirs
     layers = [m for m in base.modules() if getattr(m, "gradient_checkpointing", False) is True]
     modes = [m.training for m in layers]
     for m in layers:
@@ -189,4 +244,3 @@ def activation_checkpointing(model: Any, enabled: bool) -> Iterator[None]:
         for m, mode in zip(layers, modes):
             m.training = mode
         base.gradient_checkpointing_disable()
-

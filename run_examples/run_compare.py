@@ -12,7 +12,9 @@ See docs/BENCHMARKS.md for every option and the output files.
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+sys.path.insert(
+    0, str(Path(__file__).resolve().parents[1])
+)  # run from a checkout without installing
 
 from benchmarks.compare import compare_main  # noqa: E402
 

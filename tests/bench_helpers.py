@@ -21,8 +21,8 @@ DATA_DIR = Path(os.environ.get("HPSE_DATA_DIR", DEFAULT_DATA_DIR))
 
 
 class ChatServer:
-    """A local chat-completions endpoint. Actions: ("sleep", seconds), ("status", code), ("text", content),
-    ("raw", body, content type)."""
+    """A local chat-completions endpoint. Actions: ("sleep", seconds), ("status", code), ("text",
+    content), ("raw", body, content type)."""
 
     def __init__(self, responder: Callable[[str], str] | None = None) -> None:
         self.script: list[tuple] = []
@@ -40,24 +40,45 @@ class ChatServer:
                 prompt = body["messages"][-1]["content"]
                 server.prompts.append(prompt)
                 server.auth_headers.append(self.headers.get("Authorization", ""))
-                action = server.script.pop(0) if server.script else ("text", server.responder(prompt))
+                action = (
+                    server.script.pop(0) if server.script else ("text", server.responder(prompt))
+                )
                 try:
                     if action[0] == "sleep":
                         time.sleep(action[1])
                         action = ("text", server.responder(prompt))
                     if action[0] == "status":
-                        self._send(action[1], {"error": {"message": "scripted failure", "type": "server_error"}})
+                        self._send(
+                            action[1],
+                            {"error": {"message": "scripted failure", "type": "server_error"}},
+                        )
                         return
-                    if action[0] == "raw":  # ("raw", body text, content type): HTTP 200 with any body
+                    if (
+                        action[0] == "raw"
+                    ):  # ("raw", body text, content type): HTTP 200 with any body
                         self._send_bytes(200, action[1].encode(), action[2])
                         return
-                    self._send(200, {
-                        "id": f"chatcmpl-{len(server.prompts)}", "object": "chat.completion", "created": int(time.time()),
-                        "model": body["model"],
-                        "choices": [{"index": 0, "message": {"role": "assistant", "content": action[1]},
-                                     "finish_reason": "stop"}],
-                        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-                    })
+                    self._send(
+                        200,
+                        {
+                            "id": f"chatcmpl-{len(server.prompts)}",
+                            "object": "chat.completion",
+                            "created": int(time.time()),
+                            "model": body["model"],
+                            "choices": [
+                                {
+                                    "index": 0,
+                                    "message": {"role": "assistant", "content": action[1]},
+                                    "finish_reason": "stop",
+                                }
+                            ],
+                            "usage": {
+                                "prompt_tokens": 1,
+                                "completion_tokens": 1,
+                                "total_tokens": 2,
+                            },
+                        },
+                    )
                 except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout test)
                     pass
 
@@ -100,17 +121,26 @@ def judge_like_responder(prompt: str) -> str:
         return "\n".join(f"ITEM {i}: <answer>{i % 2}</answer>" for i in range(1, n + 1))
     if "You are scoring atomic sub-questions" in prompt:
         n = len(re.findall(r"^ITEM \d+:\n", prompt, re.MULTILINE))
-        return "\n".join(f"ITEM {i}: <score>1</score> <explanation>fine.</explanation>" for i in range(1, n + 1))
+        return "\n".join(
+            f"ITEM {i}: <score>1</score> <explanation>fine.</explanation>" for i in range(1, n + 1)
+        )
     if "name its topic" in prompt:
         return "Generated Topic"
     return "A generated passage stating the fact."
 
 
-JUDGE_ENV = ("HPSE_JUDGE_BASE_URL", "OPENAI_BASE_URL", "HPSE_JUDGE_API_KEY", "OPENAI_API_KEY", "HPSE_JUDGE_MODEL")
+JUDGE_ENV = (
+    "HPSE_JUDGE_BASE_URL",
+    "OPENAI_BASE_URL",
+    "HPSE_JUDGE_API_KEY",
+    "OPENAI_API_KEY",
+    "HPSE_JUDGE_MODEL",
+)
 
 
 def isolate_judge_env(monkeypatch, tmp_path: Path) -> None:
-    """No judge endpoint from the developer's environment, and a cache directory of the test's own."""
+    """No judge endpoint from the developer's environment, and a cache directory of the test's
+    own."""
     for var in JUDGE_ENV:
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("HPSE_CACHE_DIR", str(tmp_path / "cache"))

@@ -26,10 +26,11 @@ def data_dir() -> Path:
 
 @pytest.fixture
 def gate_always_open(monkeypatch):
-    """Let a test set tau below its valid range (tau >= 0), to force the step-in gate open at every token.
+    """Let a test set tau below its valid range (tau >= 0), to force the step-in gate open at every
+    token.
 
-    The paper's tau is a log-probability margin >= 0 and hparams reject anything else; tests that need
-    the teacher to write the whole rollout (tau=-1e9, kappa=0) ask for this fixture.
+    The paper's tau is a log-probability margin >= 0 and hparams reject anything else; tests that
+    need the teacher to write the whole rollout (tau=-1e9, kappa=0) ask for this fixture.
     """
     from hpse_easyedit import hparams
 
@@ -46,10 +47,13 @@ def gate_always_open(monkeypatch):
 
 @pytest.fixture(scope="module")
 def he():
-    """``hpse_easyedit.easyedit`` on a real EasyEdit checkout (``$EASYEDIT_SRC``); skipped with the reason without one."""
+    """``hpse_easyedit.easyedit`` on a real EasyEdit checkout (``$EASYEDIT_SRC``); skipped with the
+    reason without one."""
     if not os.environ.get("EASYEDIT_SRC"):
-        pytest.skip("EASYEDIT_SRC is not set: point it at an EasyEdit source checkout (git clone "
-                    "https://github.com/zjunlp/EasyEdit) to run the tests that drive EasyEdit's BaseEditor")
+        pytest.skip(
+            "EASYEDIT_SRC is not set: point it at an EasyEdit source checkout (git clone "
+            "https://github.com/zjunlp/EasyEdit) to run the tests that drive EasyEdit's BaseEditor"
+        )
     import hpse_easyedit.easyedit as he
 
     return he
@@ -57,15 +61,17 @@ def he():
 
 @pytest.fixture
 def workdir(tmp_path, monkeypatch):
-    """BaseEditor writes ./logs; MEMIT/AlphaEdit write ./data/stats: keep both in the test's directory."""
+    """BaseEditor writes ./logs; MEMIT/AlphaEdit write ./data/stats: keep both in the test's
+    directory."""
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
 
 @pytest.fixture
 def another_writer_first(monkeypatch):
-    """Arm ``os.replace`` so that, just before the first rename whose source ``matches``, another thread runs
-    ``write_again`` (a whole write of the same target); returns a list that holds True once that happened."""
+    """Arm ``os.replace`` so that, just before the first rename whose source ``matches``, another
+    thread runs ``write_again`` (a whole write of the same target); returns a list that holds True
+    once that happened."""
 
     def arm(write_again, matches=lambda src: True):
         import threading

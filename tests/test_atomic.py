@@ -10,7 +10,8 @@ from hpse_easyedit.atomic import replacing, writer_tmp
 
 
 def test_two_writers_of_one_json_file_at_once_do_not_collide(tmp_path, another_writer_first):
-    """With one shared ``.tmp`` name the second writer renamed the first one's file away (FileNotFoundError)."""
+    """With one shared ``.tmp`` name the second writer renamed the first one's file away
+    (FileNotFoundError)."""
     path = tmp_path / "summary.json"
     done = another_writer_first(lambda: write_json_atomic(path, {"writer": "b"}))
     write_json_atomic(path, {"writer": "a"})
@@ -26,7 +27,9 @@ def test_two_rewrites_of_one_results_file_at_once_do_not_collide(tmp_path, anoth
     done = another_writer_first(lambda: other.replace([{"case_id": "a", "Ind": 0.5}]))
     ResultFile(path).replace([{"case_id": "a", "Ind": 1.0}])
     assert done
-    assert [json.loads(line) for line in path.read_text().splitlines()] == [{"case_id": "a", "Ind": 1.0}]
+    assert [json.loads(line) for line in path.read_text().splitlines()] == [
+        {"case_id": "a", "Ind": 1.0}
+    ]
     assert [p.name for p in tmp_path.iterdir()] == ["results.jsonl"]
 
 

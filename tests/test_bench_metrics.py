@@ -22,10 +22,17 @@ from benchmarks.metrics import (
 
 
 def test_official_mquake_substring_rule_is_case_insensitive_and_uses_aliases():
-    assert answer_matches("The head of state is KOLINDA Grabar-Kitarović.", ["Kolinda Grabar-Kitarović"])
-    assert answer_matches("It is Grabar-Kitarović, I think", ["Kolinda Grabar-Kitarović", "Grabar-Kitarović"])
-    assert not answer_matches("It is Zoran Milanović.", ["Kolinda Grabar-Kitarović", "Grabar-Kitarović"])
-    # substring, not word match: the official check accepts "HR" inside "three" (a known quirk we keep)
+    assert answer_matches(
+        "The head of state is KOLINDA Grabar-Kitarović.", ["Kolinda Grabar-Kitarović"]
+    )
+    assert answer_matches(
+        "It is Grabar-Kitarović, I think", ["Kolinda Grabar-Kitarović", "Grabar-Kitarović"]
+    )
+    assert not answer_matches(
+        "It is Zoran Milanović.", ["Kolinda Grabar-Kitarović", "Grabar-Kitarović"]
+    )
+    # substring, not word match: the official check accepts "HR" inside "three" (a known quirk we
+    # keep)
     assert answer_matches("three", ["HR"])
     assert not answer_matches("anything", [""])  # an empty alias never matches everything
 
@@ -34,12 +41,15 @@ def test_whole_word_max_makes_short_aliases_whole_words_only():
     assert not answer_matches("three", ["HR"], whole_word_max=3)
     assert not answer_matches("Despite her fame", ["Germany", "de"], whole_word_max=3)
     assert answer_matches("Born in HR, 1968.", ["HR"], whole_word_max=3)
-    assert answer_matches("served in the U.S. Army", ["U.S."], whole_word_max=4)  # punctuation inside the alias
+    assert answer_matches(
+        "served in the U.S. Army", ["U.S."], whole_word_max=4
+    )  # punctuation inside the alias
     # longer aliases keep the substring check, so inflections still count
     assert answer_matches("the Germans won", ["German"], whole_word_max=3)
     assert not answer_matches("the Germans won", ["German"], whole_word_max=6)
-    scores = mquake_case_scores(["three", "Kolinda"], [["HR"], ["Kolinda"]], ["de facto", "no"], ["de"],
-                                whole_word_max=3)
+    scores = mquake_case_scores(
+        ["three", "Kolinda"], [["HR"], ["Kolinda"]], ["de facto", "no"], ["de"], whole_word_max=3
+    )
     assert scores == {"Ind": 0.5, "Cmp": 1.0}  # "de" is a whole word in "de facto"
 
 
@@ -60,15 +70,21 @@ def test_mquake_case_scores_ind_is_mean_over_hops_cmp_is_any_of_three():
 def test_bleu_hand_computed_with_smoothing_for_empty_orders():
     hyp = "the cat sat on the mat".split()
     ref = "the cat is on the mat".split()
-    # p1 = 5/6 (the x2, cat, on, mat), p2 = 3/5, p3 = 1/4, p4 = 0/3 -> smoothed 0.1/3; equal lengths, BP = 1
+    # p1 = 5/6 (the x2, cat, on, mat), p2 = 3/5, p3 = 1/4, p4 = 0/3 -> smoothed 0.1/3; equal
+    # lengths, BP = 1
     assert bleu(hyp, [ref]) == pytest.approx((5 / 6 * 3 / 5 * 1 / 4 * (0.1 / 3)) ** 0.25)
 
 
 def test_bleu_brevity_penalty_clipping_and_closest_reference_length():
     # short hypothesis: p1 = p2 = 1, no 3-/4-grams -> 0.1/1 each; BP = exp(1 - 6/2)
-    assert bleu("the cat".split(), ["the cat sat on the mat".split()]) == pytest.approx(math.exp(-2) * 0.1 ** 0.5)
-    # clipping: "the" counted at most once (the reference has it once): p1 = 1/3, p2 = 0.1/2, p3 = 0.1/1, p4 = 0.1/1
-    assert bleu("the the the".split(), ["the cat".split()]) == pytest.approx((1 / 3 * 0.05 * 0.1 * 0.1) ** 0.25)
+    assert bleu("the cat".split(), ["the cat sat on the mat".split()]) == pytest.approx(
+        math.exp(-2) * 0.1**0.5
+    )
+    # clipping: "the" counted at most once (the reference has it once): p1 = 1/3, p2 = 0.1/2, p3 =
+    # 0.1/1, p4 = 0.1/1
+    assert bleu("the the the".split(), ["the cat".split()]) == pytest.approx(
+        (1 / 3 * 0.05 * 0.1 * 0.1) ** 0.25
+    )
     # ties in reference length go to the shorter one (3, not 5), so there is no brevity penalty here
     assert bleu("a b c d".split(), ["a b c".split(), "a b c d e".split()]) == pytest.approx(1.0)
     assert bleu("x y".split(), ["a b".split()]) == 0.0  # no unigram match at all
@@ -82,8 +98,12 @@ def test_self_bleu_and_div_hand_computed():
     assert diversity(texts) == pytest.approx(1 / 3)
     assert diversity(["one answer only"]) is None
     assert diversity(["Paris is big.", "Rome is old."]) == pytest.approx(
-        1 - (bleu(word_tokens("Paris is big."), [word_tokens("Rome is old.")])
-             + bleu(word_tokens("Rome is old."), [word_tokens("Paris is big.")])) / 2
+        1
+        - (
+            bleu(word_tokens("Paris is big."), [word_tokens("Rome is old.")])
+            + bleu(word_tokens("Rome is old."), [word_tokens("Paris is big.")])
+        )
+        / 2
     )
 
 
@@ -101,7 +121,12 @@ def test_supported_fraction_and_mean():
 def test_split_sentences_keeps_initials_and_acronyms():
     text = 'J. Smith was born in 1990. He moved to the U.S. in 2001! Did he? "Yes." Then\nhe left'
     assert split_sentences(text) == [
-        "J. Smith was born in 1990.", "He moved to the U.S. in 2001!", "Did he?", '"Yes."', "Then", "he left",
+        "J. Smith was born in 1990.",
+        "He moved to the U.S. in 2001!",
+        "Did he?",
+        '"Yes."',
+        "Then",
+        "he left",
     ]
     assert split_sentences("  \n ") == []
 
@@ -109,10 +134,11 @@ def test_split_sentences_keeps_initials_and_acronyms():
 # ----------------------------------------------------------------------- SelfBLEU-4 against nltk
 # ``bleu``/``self_bleu`` call nltk's ``sentence_bleu``. Two checks that can each fail:
 # self_bleu equals Texygen's loop written here with nltk (each answer the hypothesis, all the OTHER
-# answers its references, equal 4-gram weights, smoothing method1), and equals, to 1e-12, the plain-Python
-# BLEU the repo used before the switch (kept below as an oracle), on real answer sets (every stored
-# UnKEBench case of docs/study) and on hand-written ones with the edge cases (an empty answer, answers
-# shorter than 4 tokens, repeated n-grams that clipping must cut, duplicated answers).
+# answers its references, equal 4-gram weights, smoothing method1), and equals, to 1e-12, the
+# plain-Python BLEU the repo used before the switch (kept below as an oracle), on real answer sets
+# (every stored UnKEBench case of docs/study) and on hand-written ones with the edge cases (an empty
+# answer, answers shorter than 4 tokens, repeated n-grams that clipping must cut, duplicated
+# answers).
 
 STUDY = Path(__file__).resolve().parents[1] / "docs" / "study"
 
@@ -131,7 +157,10 @@ ANSWER_SETS = [
     ],
     ["Moscow.", "", "Russian, Russian, Russian.", "the the the the the"],
     ["Yes.", "No."],
-    ["Croatia's head of state is Kolinda Grabar-Kitarovic.", "Croatia's head of state is Kolinda Grabar-Kitarovic."],
+    [
+        "Croatia's head of state is Kolinda Grabar-Kitarovic.",
+        "Croatia's head of state is Kolinda Grabar-Kitarovic.",
+    ],
 ]
 
 
@@ -140,16 +169,19 @@ def _texygen_self_bleu(texts):
 
     toks = [word_tokens(t) for t in texts]
     smooth = SmoothingFunction().method1
-    return sum(sentence_bleu(toks[:i] + toks[i + 1:], toks[i], (0.25,) * 4, smoothing_function=smooth)
-               for i in range(len(toks))) / len(toks)
+    return sum(
+        sentence_bleu(toks[:i] + toks[i + 1 :], toks[i], (0.25,) * 4, smoothing_function=smooth)
+        for i in range(len(toks))
+    ) / len(toks)
 
 
 def _ngram_counts(tokens, n):
-    return Counter(tuple(tokens[i: i + n]) for i in range(len(tokens) - n + 1))
+    return Counter(tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1))
 
 
 def _plain_bleu4(hyp, refs):
-    """The repo's hand-written BLEU-4 before it called nltk (clipped precisions, epsilon 0.1, closest-length BP)."""
+    """The repo's hand-written BLEU-4 before it called nltk (clipped precisions, epsilon 0.1,
+    closest-length BP)."""
     if not hyp:
         return 0.0
     log_sum = 0.0
@@ -169,7 +201,9 @@ def _plain_bleu4(hyp, refs):
 
 def _plain_self_bleu(texts):
     toks = [word_tokens(t) for t in texts]
-    return sum(_plain_bleu4(toks[i], toks[:i] + toks[i + 1:]) for i in range(len(toks))) / len(toks)
+    return sum(_plain_bleu4(toks[i], toks[:i] + toks[i + 1 :]) for i in range(len(toks))) / len(
+        toks
+    )
 
 
 def _study_answer_sets():
@@ -177,7 +211,8 @@ def _study_answer_sets():
     for path in sorted(glob.glob(str(STUDY / "**" / "results*.jsonl"), recursive=True)):
         with open(path, encoding="utf-8") as f:
             records = [json.loads(line) for line in f if line.strip()]
-        # UnKEBench records (MQuAKE-uns runs are committed beside them; their answers have no sub-questions)
+        # UnKEBench records (MQuAKE-uns runs are committed beside them; their answers have no
+        # sub-questions)
         sets += [r["answers"]["sub_questions"] for r in records if "sub_questions" in r["answers"]]
     return sets
 
@@ -190,7 +225,12 @@ def test_self_bleu_is_texygens_nltk_loop_and_matches_the_former_plain_python_ble
         assert ours == pytest.approx(_texygen_self_bleu(texts), abs=1e-12)
         assert ours == pytest.approx(_plain_self_bleu(texts), abs=1e-12)
     # Div's mean over the committed runs is the same to far below the printed 0.1 point
-    assert 100 * abs(sum(diversity(t) for t in study) - sum(1 - _plain_self_bleu(t) for t in study)) / len(study) < 1e-9
+    assert (
+        100
+        * abs(sum(diversity(t) for t in study) - sum(1 - _plain_self_bleu(t) for t in study))
+        / len(study)
+        < 1e-9
+    )
 
 
 def test_self_bleu_excludes_the_hypothesis_from_its_references():
@@ -200,19 +240,31 @@ def test_self_bleu_excludes_the_hypothesis_from_its_references():
     from nltk.translate.bleu_score import SmoothingFunction, sentence_bleu
 
     toks = [word_tokens(t) for t in texts]
-    with_self = sum(sentence_bleu(toks, h, (0.25,) * 4, smoothing_function=SmoothingFunction().method1)
-                    for h in toks) / len(toks)
+    with_self = sum(
+        sentence_bleu(toks, h, (0.25,) * 4, smoothing_function=SmoothingFunction().method1)
+        for h in toks
+    ) / len(toks)
     assert with_self == pytest.approx(1.0)
     with pytest.raises(ValueError, match="at least one reference"):
         bleu(toks[0], [])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "word_tokens is a regex, not Texygen's nltk.word_tokenize: it splits \"'s\", \"n't\" and hyphenated names "
-    "(Div of the committed docs/study runs moves by 0.6-2.6 points with NLTK's word tokenizer); switching "
-    "changes committed numbers and nltk.word_tokenize needs punkt data this machine cannot download"))
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        'word_tokens is a regex, not Texygen\'s nltk.word_tokenize: it splits "\'s", "n\'t" and '
+        "hyphenated names (Div of the committed docs/study runs moves by 0.6-2.6 points with "
+        "NLTK's word tokenizer); switching changes committed numbers and nltk.word_tokenize needs "
+        "punkt data this machine cannot download"
+    ),
+)
 def test_word_tokens_are_texygens_nltk_word_tokenize_on_one_sentence():
-    from nltk.tokenize import NLTKWordTokenizer  # word_tokenize's tokenizer; one sentence needs no punkt split
+    from nltk.tokenize import (
+        NLTKWordTokenizer,
+    )  # word_tokenize's tokenizer; one sentence needs no punkt split
 
-    for text in ["Croatia's head of state is Kolinda Grabar-Kitarovic.", "He didn't move to the U.S. until 2001."]:
+    for text in [
+        "Croatia's head of state is Kolinda Grabar-Kitarovic.",
+        "He didn't move to the U.S. until 2001.",
+    ]:
         assert word_tokens(text) == NLTKWordTokenizer().tokenize(text)

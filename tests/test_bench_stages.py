@@ -1,5 +1,5 @@
-"""The benchmark run's stages, each alone: the run directory, the scorer, the summary, the options a task
-declares, and the write-aside helper a full disk falls back to. No model is loaded here."""
+"""The benchmark run's stages, each alone: the run directory, the scorer, the summary, the options a
+task declares, and the write-aside helper a full disk falls back to. No model is loaded here."""
 
 import argparse
 import json
@@ -34,11 +34,18 @@ def test_the_run_directory_records_its_config_and_redoes_an_unfinished_block(tmp
     first = RunDirectory(tmp_path, ProcessContext(), ConfigPolicy())
     assert first.open({"x": 1}, ids, blocks, sequential=True, retry_failed=False) == set()
     assert json.loads((tmp_path / "config.json").read_text()) == {"x": 1}
-    first.results.append([{"case_id": "a", "block": 0}, {"case_id": "b", "block": 0}, {"case_id": "c", "block": 1}])
+    first.results.append(
+        [{"case_id": "a", "block": 0}, {"case_id": "b", "block": 0}, {"case_id": "c", "block": 1}]
+    )
     again = RunDirectory(tmp_path, ProcessContext(), ConfigPolicy())
-    assert again.open({"x": 1}, ids, blocks, sequential=True, retry_failed=False) == {"a", "b"}  # c's block is redone
+    assert again.open({"x": 1}, ids, blocks, sequential=True, retry_failed=False) == {
+        "a",
+        "b",
+    }  # c's block is redone
     assert set(ResultFile(tmp_path / "results.jsonl").records) == {"a", "b"}
-    assert again.sequence is not None and again.recorded_hparams({"lr": 1}) == {"lr": 1}  # config.json has none
+    assert again.sequence is not None and again.recorded_hparams({"lr": 1}) == {
+        "lr": 1
+    }  # config.json has none
 
 
 def test_retry_failed_forgets_only_the_failed_cases(tmp_path):
@@ -60,17 +67,28 @@ class _RefusingJudge:
 
 
 def _unke_case():
-    return {"case_id": "7", "passage": "Ada Lovelace wrote the first program.", "subject": "Ada Lovelace",
-            "question": "Who is Ada?", "para_question": "Tell me about Ada.", "sub_questions": ["What did she write?"],
-            "sub_answers": ["the first program"]}
+    return {
+        "case_id": "7",
+        "passage": "Ada Lovelace wrote the first program.",
+        "subject": "Ada Lovelace",
+        "question": "Who is Ada?",
+        "para_question": "Tell me about Ada.",
+        "sub_questions": ["What did she write?"],
+        "sub_answers": ["the first program"],
+    }
 
 
 def test_a_refused_judge_keeps_the_answers_unjudged_and_stops_once_the_case_is_written(tmp_path):
     scorer = Scorer(UK, "lexical", JudgeSettings(), tmp_path)
     scorer.judge = _RefusingJudge()
-    rec = scorer.score(_unke_case(), ["Ada wrote a program.", "Ada was a writer.", "the first program"])
+    rec = scorer.score(
+        _unke_case(), ["Ada wrote a program.", "Ada was a writer.", "the first program"]
+    )
     assert rec["Jnt"] is None and rec["Dmp"] is None and rec["unjudged"] == ["Jnt", "Dmp"]
-    assert rec["answers"]["sub_questions"] == ["the first program"] and "model not found" in rec["judge_error"]
+    assert (
+        rec["answers"]["sub_questions"] == ["the first program"]
+        and "model not found" in rec["judge_error"]
+    )
     with pytest.raises(JudgeRefusedError):
         scorer.stop_if_refused()
 
@@ -78,19 +96,37 @@ def test_a_refused_judge_keeps_the_answers_unjudged_and_stops_once_the_case_is_w
 def test_a_task_without_a_judge_has_no_judge_and_its_scores_need_none(tmp_path):
     scorer = Scorer(MQ, "lexical", JudgeSettings(), tmp_path)
     assert scorer.judge is None and scorer.client is None
-    case = {"case_id": "1", "single_hop_questions": ["q1"], "single_hop_answers": [["Paris"]],
-            "multi_hop_questions": ["m1"], "multi_hop_answers": ["Paris"]}
+    case = {
+        "case_id": "1",
+        "single_hop_questions": ["q1"],
+        "single_hop_answers": [["Paris"]],
+        "multi_hop_questions": ["m1"],
+        "multi_hop_answers": ["Paris"],
+    }
     rec = scorer.score(case, ["It is Paris.", "Paris"])
-    assert rec["Ind"] == 1.0 and rec["Cmp"] == 1.0 and MQ.answers_of(rec) == ["It is Paris.", "Paris"]
+    assert (
+        rec["Ind"] == 1.0 and rec["Cmp"] == 1.0 and MQ.answers_of(rec) == ["It is Paris.", "Paris"]
+    )
 
 
 def test_the_summary_leaves_failed_cases_out_of_the_means(tmp_path):
-    summary = RunSummary(MQ, tmp_path, label="row", method="LoRA", judge=None, sequential=None, checkpoints=None)
-    records = [{"case_id": "1", "Ind": 1.0, "Cmp": 0.0, "edit_seconds": 2.0, "rounds": []},
-               {"case_id": "2", "failed": "diverged", "edit_seconds": 4.0, "rounds": []}]
+    summary = RunSummary(
+        MQ, tmp_path, label="row", method="LoRA", judge=None, sequential=None, checkpoints=None
+    )
+    records = [
+        {"case_id": "1", "Ind": 1.0, "Cmp": 0.0, "edit_seconds": 2.0, "rounds": []},
+        {"case_id": "2", "failed": "diverged", "edit_seconds": 4.0, "rounds": []},
+    ]
     out = summary.build(None, records, {"lr": 1})
-    assert out["Ind"] == 100.0 and out["Cmp"] == 0.0 and out["failed_cases"] == 1 and out["n_cases"] == 2
-    assert out["edit_seconds_mean"] == 3.0 and out["hparams"] == {"lr": 1} and "MMLU_before" not in out
+    assert (
+        out["Ind"] == 100.0
+        and out["Cmp"] == 0.0
+        and out["failed_cases"] == 1
+        and out["n_cases"] == 2
+    )
+    assert (
+        out["edit_seconds_mean"] == 3.0 and out["hparams"] == {"lr": 1} and "MMLU_before" not in out
+    )
     summary.write(out)
     assert "FAILED: the edits of 1 of 2 case(s)" in (tmp_path / "table.md").read_text()
 
@@ -112,7 +148,11 @@ def test_each_task_owns_its_options():
 
 def test_write_aside_writes_whole_into_a_new_temporary_file_or_directory():
     path = write_aside(lambda p: p.write_text("kept\n"), "hpse-test-", suffix=".jsonl")
-    assert path.read_text() == "kept\n" and path.name.startswith("hpse-test-") and path.suffix == ".jsonl"
+    assert (
+        path.read_text() == "kept\n"
+        and path.name.startswith("hpse-test-")
+        and path.suffix == ".jsonl"
+    )
     path.unlink()
     folder = write_aside(lambda p: (p / "a.txt").write_text("x"), "hpse-test-", directory=True)
     assert folder.is_dir() and (folder / "a.txt").read_text() == "x"

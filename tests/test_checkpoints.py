@@ -1,5 +1,6 @@
-"""Continual editing with checkpoints: the sequence evaluated part-way, and a sequence stopped in the middle
-resumed from its snapshot or by replaying its recorded edits, ending with the uninterrupted run's records."""
+"""Continual editing with checkpoints: the sequence evaluated part-way, and a sequence stopped in
+the middle resumed from its snapshot or by replaying its recorded edits, ending with the
+uninterrupted run's records."""
 
 import json
 import logging
@@ -14,7 +15,9 @@ from benchmarks.sequence import STATE_DIR, checkpoint_records
 from benchmarks.store import ConfigMismatchError
 from tiny_models import make_tiny_model_and_tokenizer
 
-pytestmark = pytest.mark.skipif(not DATA_DIR.is_dir(), reason="needs ../shared/data next to the repository")
+pytestmark = pytest.mark.skipif(
+    not DATA_DIR.is_dir(), reason="needs ../shared/data next to the repository"
+)
 
 TINY = """alg_name: HPSE
 model_name: {model}
@@ -30,7 +33,9 @@ def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny-ckpt")
     make_tiny_model_and_tokenizer("llama", root / "model")
     (root / "hpse.yaml").write_text(TINY.format(model=root / "model"))
-    (root / "ftm.yaml").write_text(TINY.format(model=root / "model") + "executor: ft_m\nftm_layer: 1\n")
+    (root / "ftm.yaml").write_text(
+        TINY.format(model=root / "model") + "executor: ft_m\nftm_layer: 1\n"
+    )
     return root
 
 
@@ -40,8 +45,18 @@ def _isolated_env(monkeypatch, tmp_path):
 
 
 def _opts(tiny, out, hparams="hpse.yaml", **kw):
-    base = dict(benchmark="mquake-uns", hparams=str(tiny / hparams), data_dir=str(DATA_DIR), out_dir=str(out),
-                limit=4, sequential=4, checkpoints=[1, 3], max_new_tokens=5, batch_size=4, judge="lexical")
+    base = dict(
+        benchmark="mquake-uns",
+        hparams=str(tiny / hparams),
+        data_dir=str(DATA_DIR),
+        out_dir=str(out),
+        limit=4,
+        sequential=4,
+        checkpoints=[1, 3],
+        max_new_tokens=5,
+        batch_size=4,
+        judge="lexical",
+    )
     base.update(kw)
     return RunOptions(**base)
 
@@ -97,11 +112,14 @@ def test_checkpoints_evaluate_the_cases_edited_so_far(reference):
 
 
 @pytest.mark.parametrize("drop_snapshot", [False, True], ids=["from-snapshot", "by-replay"])
-def test_a_sequence_stopped_midway_resumes_to_the_uninterrupted_records(tiny, tmp_path, monkeypatch, reference,
-                                                                       drop_snapshot, caplog):
+def test_a_sequence_stopped_midway_resumes_to_the_uninterrupted_records(
+    tiny, tmp_path, monkeypatch, reference, drop_snapshot, caplog
+):
     ref_out, ref_summary = reference
     out = tmp_path / "run"
-    _stop_after(monkeypatch, 3)  # edits 1-3 made, the checkpoint after 3 evaluated, stopped at the 4th
+    _stop_after(
+        monkeypatch, 3
+    )  # edits 1-3 made, the checkpoint after 3 evaluated, stopped at the 4th
     with pytest.raises(KeyboardInterrupt):
         run_benchmark(_opts(tiny, out))
     assert not _text(out / "results.jsonl")
@@ -122,7 +140,9 @@ def test_a_sequence_stopped_midway_resumes_to_the_uninterrupted_records(tiny, tm
     assert not _text(out / "sequence.jsonl") and not list((out / STATE_DIR).glob("*"))
 
 
-def test_a_replayed_edit_that_differs_redoes_the_block_from_there(tiny, tmp_path, monkeypatch, reference, caplog):
+def test_a_replayed_edit_that_differs_redoes_the_block_from_there(
+    tiny, tmp_path, monkeypatch, reference, caplog
+):
     ref_out, _ = reference
     out = tmp_path / "run"
     _stop_after(monkeypatch, 2)
@@ -143,7 +163,9 @@ def test_a_replayed_edit_that_differs_redoes_the_block_from_there(tiny, tmp_path
 
 
 def test_ftm_sequence_resumes_from_its_snapshot(tiny, tmp_path, monkeypatch):
-    ref = run_benchmark(_opts(tiny, tmp_path / "ref", "ftm.yaml", limit=3, sequential=3, checkpoints=[2]))
+    ref = run_benchmark(
+        _opts(tiny, tmp_path / "ref", "ftm.yaml", limit=3, sequential=3, checkpoints=[2])
+    )
     out = tmp_path / "run"
     _stop_after(monkeypatch, 2)
     with pytest.raises(KeyboardInterrupt):
@@ -160,7 +182,9 @@ def test_checkpoint_options_are_checked_before_anything_runs(tiny, tmp_path, ref
         _opts(tiny, tmp_path / "x", sequential=None)
     with pytest.raises(ValueError, match="from 1 to 3"):
         _opts(tiny, tmp_path / "x", checkpoints=[4])
-    with pytest.raises(ConfigMismatchError, match="checkpoints"):  # other checkpoints are another run
+    with pytest.raises(
+        ConfigMismatchError, match="checkpoints"
+    ):  # other checkpoints are another run
         run_benchmark(_opts(tiny, reference[0], checkpoints=[2]))
 
 
@@ -170,21 +194,33 @@ def test_the_continual_table_reads_a_run_at_each_checkpoint(tiny, tmp_path, refe
     hpse_out, _ = reference
     lora_out = tmp_path / "lora"
     run_benchmark(_opts(tiny, lora_out, overrides=["kl_weight=0"]))
-    pairs = [(f"{lora_out}@{c}", f"{hpse_out}@{c}") for c in (1, 3)] + [(str(lora_out), str(hpse_out))]
+    pairs = [(f"{lora_out}@{c}", f"{hpse_out}@{c}") for c in (1, 3)] + [
+        (str(lora_out), str(hpse_out))
+    ]
     rows = continual_rows(pairs, ["LoRA"] * 3, resamples=200)
     assert [(r["label"], r["T"], r["cases"]) for r in rows] == [
-        ("LoRA", 1, 1), ("LoRA + HPSE", 1, 1), ("LoRA", 3, 3), ("LoRA + HPSE", 3, 3), ("LoRA", 4, 4),
-        ("LoRA + HPSE", 4, 4)]
+        ("LoRA", 1, 1),
+        ("LoRA + HPSE", 1, 1),
+        ("LoRA", 3, 3),
+        ("LoRA + HPSE", 3, 3),
+        ("LoRA", 4, 4),
+        ("LoRA + HPSE", 4, 4),
+    ]
     with pytest.raises(ValueError, match="no checkpoint after 2 edits"):
         continual_rows([(f"{lora_out}@2", f"{hpse_out}@2")], ["LoRA"])
 
 
-def test_a_checkpoint_longer_than_one_batch_answers_under_a_progress_bar(tiny, tmp_path, capsys, reference):
-    """A checkpoint (and a block's final evaluation) of more than one batch of answers shows how far they got."""
+def test_a_checkpoint_longer_than_one_batch_answers_under_a_progress_bar(
+    tiny, tmp_path, capsys, reference
+):
+    """A checkpoint (and a block's final evaluation) of more than one batch of answers shows how far
+    they got."""
     run_benchmark(_opts(tiny, tmp_path / "run", batch_size=1))
     err = capsys.readouterr().err
     assert "block 0: checkpoint after 3 edits" in err and "block 0: answers after 4 edits" in err
-    assert len(_untimed(tmp_path / "run" / "checkpoints.jsonl")) == len(_untimed(reference[0] / "checkpoints.jsonl"))
+    assert len(_untimed(tmp_path / "run" / "checkpoints.jsonl")) == len(
+        _untimed(reference[0] / "checkpoints.jsonl")
+    )
 
 
 def test_generate_answers_reports_each_batch(tiny):
@@ -193,6 +229,12 @@ def test_generate_answers_reports_each_batch(tiny):
 
     model, tok = load_model(HPSEHyperParams.from_hparams(str(tiny / "hpse.yaml")))
     done = []
-    answers = generate_answers(model, tok, ["Who?", "Where?", "When?"], max_new_tokens=2, batch_size=2,
-                               progress=done.append)
+    answers = generate_answers(
+        model,
+        tok,
+        ["Who?", "Where?", "When?"],
+        max_new_tokens=2,
+        batch_size=2,
+        progress=done.append,
+    )
     assert len(answers) == 3 and done == [2, 1]

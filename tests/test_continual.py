@@ -1,4 +1,5 @@
-"""benchmarks.continual: the continual-editing table and bar chart from finished --sequential runs."""
+"""benchmarks.continual: the continual-editing table and bar chart from finished --sequential
+runs."""
 
 import json
 
@@ -13,7 +14,10 @@ def _run(path, T, scores):
     (path / "config.json").write_text(json.dumps({"benchmark": "mquake-uns", "sequential": T}))
     with open(path / "results.jsonl", "w") as fh:
         for i, (ind, cmp) in enumerate(scores):
-            fh.write(json.dumps({"case_id": str(i), "index": i, "block": i // T, "Ind": ind, "Cmp": cmp}) + "\n")
+            fh.write(
+                json.dumps({"case_id": str(i), "index": i, "block": i // T, "Ind": ind, "Cmp": cmp})
+                + "\n"
+            )
     return str(path)
 
 
@@ -24,7 +28,11 @@ def test_rows_hold_the_per_sequence_spread_and_the_paired_difference(tmp_path):
     lora, plus = rows
     assert (lora["label"], plus["label"]) == ("LoRA", "LoRA + HPSE")
     assert lora["T"] == 2 and lora["sequences"] == 2 and lora["cases"] == 4
-    assert lora["Ind"] == pytest.approx(37.5) and lora["Cmp"] == 0.0 and lora["Avg"] == pytest.approx(18.75)
+    assert (
+        lora["Ind"] == pytest.approx(37.5)
+        and lora["Cmp"] == 0.0
+        and lora["Avg"] == pytest.approx(18.75)
+    )
     # per case Avg: 50, 25, 0, 0 -> sequences 37.5 and 0
     assert lora["per_sequence"] == pytest.approx([37.5, 0.0])
     # per case differences: +50, 0, +25, 0
@@ -47,24 +55,47 @@ def test_command_line_writes_the_png_and_refuses_bad_pairs(tmp_path, capsys):
     assert "a pair is one benchmark at one T" in capsys.readouterr().err
     single = _run(tmp_path / "d", 1, [(1.0, 1.0), (0.0, 0.0)])
     single_hpse = _run(tmp_path / "e", 1, [(1.0, 1.0), (1.0, 0.0)])
-    assert main([single, single_hpse, base, hpse, "--resamples", "100"]) == 0  # single editing is T = 1
+    assert (
+        main([single, single_hpse, base, hpse, "--resamples", "100"]) == 0
+    )  # single editing is T = 1
     out = capsys.readouterr().out
     assert "| LoRA | 1 | 2 | 2 |" in out and "(single editing)" in out
 
 
 def test_first_reports_a_pair_on_its_first_cases_only(tmp_path, capsys):
-    # single editing gone on to 3 cases (the base one case further than +HPSE); the sequences cover 2
+    # single editing gone on to 3 cases (the base one case further than +HPSE); the sequences cover
+    # 2
     single = _run(tmp_path / "d", 1, [(1.0, 1.0), (0.0, 0.0), (1.0, 1.0), (1.0, 1.0)])
     single_hpse = _run(tmp_path / "e", 1, [(1.0, 1.0), (1.0, 0.0), (0.0, 0.0)])
     base = _run(tmp_path / "a", 2, [(1.0, 0.0), (0.0, 0.0)])
     hpse = _run(tmp_path / "b", 2, [(1.0, 1.0), (0.0, 0.0)])
-    assert main([single, single_hpse, base, hpse, "--resamples", "100"]) == 2  # different cases: refused
+    assert (
+        main([single, single_hpse, base, hpse, "--resamples", "100"]) == 2
+    )  # different cases: refused
     assert "different cases" in capsys.readouterr().err
-    rows = continual_rows([(single, single_hpse), (base, hpse)], ["LoRA", "LoRA"], resamples=100, first=[2, None])
+    rows = continual_rows(
+        [(single, single_hpse), (base, hpse)], ["LoRA", "LoRA"], resamples=100, first=[2, None]
+    )
     assert [r["cases"] for r in rows] == [2, 2, 2, 2]
     assert rows[0]["Avg"] == pytest.approx(50.0) and rows[1]["Avg"] == pytest.approx(75.0)
     assert rows[1]["diff"] == pytest.approx(25.0)
-    assert main([single, single_hpse, base, hpse, "--first", "2", "--first", "all", "--resamples", "100"]) == 0
+    assert (
+        main(
+            [
+                single,
+                single_hpse,
+                base,
+                hpse,
+                "--first",
+                "2",
+                "--first",
+                "all",
+                "--resamples",
+                "100",
+            ]
+        )
+        == 0
+    )
     assert "| LoRA + HPSE | 1 | 2 | 2 |" in capsys.readouterr().out
     assert main([single, single_hpse, base, hpse, "--first", "2"]) == 2
     assert "1 --first for 2 pairs" in capsys.readouterr().err
@@ -80,22 +111,41 @@ def test_recitation_adds_the_cut_differences_of_each_hpse_row(tmp_path, capsys, 
     import benchmarks.paired as paired
 
     filler = " ".join(f"w{i}" for i in range(1, 32))  # 31 tokens: "Croatia" after it is token 32
-    cases = {"0": {"case_id": "0", "single_hop_answers": [["Croatia"]], "multi_hop_answers": ["Zagreb"]}}
+    cases = {
+        "0": {"case_id": "0", "single_hop_answers": [["Croatia"]], "multi_hop_answers": ["Zagreb"]}
+    }
     runs = []
-    for name, single, multi in (("lora", filler + " Croatia and more", "I do not know. Zagreb is its capital."),
-                                ("hpse", filler + " w32 Croatia", "Zagreb.")):
+    for name, single, multi in (
+        ("lora", filler + " Croatia and more", "I do not know. Zagreb is its capital."),
+        ("hpse", filler + " w32 Croatia", "Zagreb."),
+    ):
         path = tmp_path / name
         path.mkdir()
-        (path / "config.json").write_text(json.dumps({"benchmark": "mquake-uns", "hparams": {"model_name": "tiny"}}))
-        (path / "results.jsonl").write_text(json.dumps({"case_id": "0", "index": 0, "Ind": 1.0, "Cmp": 1.0, "answers": {
-            "single_hop": [single], "multi_hop": [multi]}}) + "\n")
+        (path / "config.json").write_text(
+            json.dumps({"benchmark": "mquake-uns", "hparams": {"model_name": "tiny"}})
+        )
+        (path / "results.jsonl").write_text(
+            json.dumps(
+                {
+                    "case_id": "0",
+                    "index": 0,
+                    "Ind": 1.0,
+                    "Cmp": 1.0,
+                    "answers": {"single_hop": [single], "multi_hop": [multi]},
+                }
+            )
+            + "\n"
+        )
         runs.append(str(path))
     monkeypatch.setattr(paired, "load_cases", lambda bench, data, why: cases)
     monkeypatch.setattr(paired, "model_token_spans", lambda name: (None, f"words of {name}"))
     assert main([*runs, "--recitation", "--resamples", "100"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].endswith("| Δ Avg, answers cut to first sentence | Δ Avg, answers cut to first 32 tokens |")
-    # official: level; first sentence: LoRA loses Zagreb (+50 for HPSE); 32 tokens: HPSE loses Croatia (-50)
+    assert out[0].endswith(
+        "| Δ Avg, answers cut to first sentence | Δ Avg, answers cut to first 32 tokens |"
+    )
+    # official: level; first sentence: LoRA loses Zagreb (+50 for HPSE); 32 tokens: HPSE loses
+    # Croatia (-50)
     assert out[2] == "| LoRA | 1 | 1 | 1 | 100.0 | 100.0 | 100.0 | (single editing) |  |  |  |"
     assert out[3].endswith("| +0.0 [+0.0, +0.0] | +50.0 [+50.0, +50.0] | -50.0 [-50.0, -50.0] |")
     assert main([*runs, "--recitation", "--recitation-tokens", "31", "--resamples", "100"]) == 0

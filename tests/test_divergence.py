@@ -1,5 +1,6 @@
-"""A diverging edit stops: the model is as before it, nothing is saved, the CLI says so in one line, and a
-benchmark records the case as failed (no scores, left out of the means) until --retry-failed."""
+"""A diverging edit stops: the model is as before it, nothing is saved, the CLI says so in one line,
+and a benchmark records the case as failed (no scores, left out of the means) until
+--retry-failed."""
 
 import json
 
@@ -13,17 +14,27 @@ from hpse_easyedit.cli import main as edit_main
 from hpse_easyedit.training import EditDivergedError
 from tiny_models import make_tiny_model_and_tokenizer, same_weights, tiny_hparams, weights_snapshot
 
-REQUEST = [{"subject": "Selma Varrick", "target_new": "Selma Varrick is a marine biologist born in Norway."}]
+REQUEST = [
+    {
+        "subject": "Selma Varrick",
+        "target_new": "Selma Varrick is a marine biologist born in Norway.",
+    }
+]
 
 
-# FT-M's one matrix sits before RMS norms that absorb its scale: on the tiny model its loss grows only
-# by 0.7% within the round at lr 1e30 (270.33 -> 272.30), so that case runs with a guard just above 1
-@pytest.mark.parametrize("executor,lr,growth", [("lora", 1e9, 2.0), ("lora", 1e30, 2.0), ("ft_m", 1e30, 1.001)])
+# FT-M's one matrix sits before RMS norms that absorb its scale: on the tiny model its loss grows
+# only by 0.7% within the round at lr 1e30 (270.33 -> 272.30), so that case runs with a guard just
+# above 1
+@pytest.mark.parametrize(
+    "executor,lr,growth", [("lora", 1e9, 2.0), ("lora", 1e30, 2.0), ("ft_m", 1e30, 1.001)]
+)
 def test_a_diverging_edit_stops_and_leaves_the_model_as_it_found_it(executor, lr, growth):
     model, tok = make_tiny_model_and_tokenizer("llama")
     snap = weights_snapshot(model)
     hp = tiny_hparams(executor=executor, lr=lr, rounds=2, inner_steps=6, max_loss_growth=growth)
-    with pytest.raises(EditDivergedError, match=r"diverged in round \d+, inner step \d+: loss .*Lower 'lr'") as info:
+    with pytest.raises(
+        EditDivergedError, match=r"diverged in round \d+, inner step \d+: loss .*Lower 'lr'"
+    ) as info:
         hpse_edit(model, tok, REQUEST, hp)
     from hpse_easyedit import restore_weights
 
@@ -45,26 +56,53 @@ def _passage(tmp_path):
 def test_cli_says_it_in_one_line_and_saves_nothing(tmp_path, capsys):
     make_tiny_model_and_tokenizer("llama", tmp_path=tmp_path / "model")
     hp = tmp_path / "hp.yaml"
-    hp.write_text(f"alg_name: HPSE\nmodel_name: {tmp_path / 'model'}\nrounds: 2\ninner_steps: 6\nmax_new_tokens: 6\n")
+    hp.write_text(
+        f"alg_name: HPSE\nmodel_name: {tmp_path / 'model'}\nrounds: "
+        "2\ninner_steps: 6\nmax_new_tokens: 6\n"
+    )
     passage = _passage(tmp_path)
     capsys.readouterr()
-    code = edit_main(["edit", "--hparams", str(hp), "--subject", "Selma Varrick", "--passage-file",
-                      str(passage), "--set", "lr=1e9", "--save", str(tmp_path / "saved"),
-                      "--max-answer-tokens", "2"])
-    err = [x for x in capsys.readouterr().err.strip().splitlines() if not x.startswith("Loading weights")]
-    assert code == 2 and len(err) == 1 and err[0].startswith("error: the HPSE edit diverged in round")
+    code = edit_main(
+        [
+            "edit",
+            "--hparams",
+            str(hp),
+            "--subject",
+            "Selma Varrick",
+            "--passage-file",
+            str(passage),
+            "--set",
+            "lr=1e9",
+            "--save",
+            str(tmp_path / "saved"),
+            "--max-answer-tokens",
+            "2",
+        ]
+    )
+    err = [
+        x
+        for x in capsys.readouterr().err.strip().splitlines()
+        if not x.startswith("Loading weights")
+    ]
+    assert (
+        code == 2 and len(err) == 1 and err[0].startswith("error: the HPSE edit diverged in round")
+    )
     assert "Lower 'lr'" in err[0]
     assert not any((tmp_path / "saved").glob("*"))
 
 
 @pytest.mark.skipif(not DATA_DIR.is_dir(), reason="needs ../shared/data next to the repository")
 @pytest.mark.parametrize("sequential", [None, 3])
-def test_a_benchmark_records_the_failed_case_and_retries_it_only_when_asked(tmp_path, monkeypatch, sequential):
+def test_a_benchmark_records_the_failed_case_and_retries_it_only_when_asked(
+    tmp_path, monkeypatch, sequential
+):
     isolate_judge_env(monkeypatch, tmp_path)
     make_tiny_model_and_tokenizer("llama", tmp_path=tmp_path / "model")
     hp = tmp_path / "hp.yaml"
-    hp.write_text(f"alg_name: HPSE\nmodel_name: {tmp_path / 'model'}\nrounds: 1\ninner_steps: 4\nmax_new_tokens: 4\n"
-                  "lr: 1.0e-3\n")
+    hp.write_text(
+        f"alg_name: HPSE\nmodel_name: {tmp_path / 'model'}\nrounds: 1\ninner_steps: "
+        "4\nmax_new_tokens: 4\nlr: 1.0e-3\n"
+    )
     real, edited = Editing.edit, []
 
     def edit(self, model, case):  # the second case's edit runs at an lr that makes it diverge
@@ -78,16 +116,32 @@ def test_a_benchmark_records_the_failed_case_and_retries_it_only_when_asked(tmp_
         return real(self, model, case)
 
     monkeypatch.setattr(Editing, "edit", edit)
-    opts = dict(benchmark="mquake-uns", hparams=str(hp), data_dir=str(DATA_DIR), out_dir=str(tmp_path / "out"),
-                limit=3, max_new_tokens=4, judge="lexical", sequential=sequential)
+    opts = dict(
+        benchmark="mquake-uns",
+        hparams=str(hp),
+        data_dir=str(DATA_DIR),
+        out_dir=str(tmp_path / "out"),
+        limit=3,
+        max_new_tokens=4,
+        judge="lexical",
+        sequential=sequential,
+    )
     summary = run_benchmark(RunOptions(**opts))
     recs = [json.loads(x) for x in (tmp_path / "out" / "results.jsonl").read_text().splitlines()]
     failed = [r for r in recs if "failed" in r]
-    assert len(recs) == 3 and len(failed) == 1 and "Ind" not in failed[0] and "diverged" in failed[0]["failed"]
+    assert (
+        len(recs) == 3
+        and len(failed) == 1
+        and "Ind" not in failed[0]
+        and "diverged" in failed[0]["failed"]
+    )
     assert summary["failed_cases"] == 1 and summary["n_cases"] == 3
     ok = [r for r in recs if "failed" not in r]
     assert summary["Ind"] == pytest.approx(100 * sum(r["Ind"] for r in ok) / len(ok))
-    assert "FAILED: the edits of 1 of 3 case(s) diverged" in (tmp_path / "out" / "table.md").read_text()
+    assert (
+        "FAILED: the edits of 1 of 3 case(s) diverged"
+        in (tmp_path / "out" / "table.md").read_text()
+    )
     n = len(edited)
     run_benchmark(RunOptions(**opts))  # a rerun leaves the failed case as it is
     assert len(edited) == n

@@ -68,8 +68,9 @@ def test_user_message_reads_the_user_turn_of_a_templated_question_and_leaves_pla
     question = "What is the country of citizenship of Ellie Kemper?"
     assert user_message(chatml, qwen_style(question)) == question
     assert user_message(chatml, question) == question
-    templated = gemma.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
-                                          add_generation_prompt=True)
+    templated = gemma.apply_chat_template(
+        [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
+    )
     assert templated != question and user_message(gemma, templated) == question
     assert user_message(gemma, question) == question
 
@@ -78,10 +79,17 @@ def test_items_become_requests_in_the_targeted_or_the_untargeted_regime():
     tok = make_tokenizer("qwen2")
     hp = tiny_hparams()
     items = [
-        {"id": 0, "question": qwen_style("Which language does AJ Lee speak?"),
-         "answer": PASSAGE_A + "<|im_end|>"},
-        {"id": 1, "question": "Where is Ellie Kemper from?", "answer": PASSAGE_B,
-         "subject": "Ellie Kemper"},
+        {
+            "id": 0,
+            "question": qwen_style("Which language does AJ Lee speak?"),
+            "answer": PASSAGE_A + "<|im_end|>",
+        },
+        {
+            "id": 1,
+            "question": "Where is Ellie Kemper from?",
+            "answer": PASSAGE_B,
+            "subject": "Ellie Kemper",
+        },
     ]
     targeted, untargeted = uns_requests(tok, items, hp)
     question = "Which language does AJ Lee speak?"
@@ -97,13 +105,20 @@ def test_items_become_requests_in_the_targeted_or_the_untargeted_regime():
 
 
 ENTRIES = {
-    "HPSE lora": (apply_hpse_uns_to_model,
-                  lambda: tiny_hparams(rounds=1, inner_steps=2, max_new_tokens=4)),
-    "HPSE ft_m": (apply_hpse_uns_to_model,
-                  lambda: tiny_hparams(executor="ft_m", rounds=1, inner_steps=2, max_new_tokens=4)),
-    "COIN*": (apply_coin_uns_to_model,
-              lambda: COINHyperParams(model_name="tiny", steps=2, lr=1e-2, min_chunk_tokens=2,
-                                      max_length=1024)),
+    "HPSE lora": (
+        apply_hpse_uns_to_model,
+        lambda: tiny_hparams(rounds=1, inner_steps=2, max_new_tokens=4),
+    ),
+    "HPSE ft_m": (
+        apply_hpse_uns_to_model,
+        lambda: tiny_hparams(executor="ft_m", rounds=1, inner_steps=2, max_new_tokens=4),
+    ),
+    "COIN*": (
+        apply_coin_uns_to_model,
+        lambda: COINHyperParams(
+            model_name="tiny", steps=2, lr=1e-2, min_chunk_tokens=2, max_length=1024
+        ),
+    ),
 }
 
 
@@ -114,8 +129,12 @@ def test_the_scripts_restore_gives_the_unedited_model_and_the_next_edit_is_a_fre
     fresh = copy.deepcopy(model)
     hp = make_hparams()
     item_a = {"id": 0, "question": "Which language does AJ Lee speak?", "answer": PASSAGE_A}
-    item_b = {"id": 1, "question": "Where is Ellie Kemper from?", "answer": PASSAGE_B,
-              "subject": "Ellie Kemper"}
+    item_b = {
+        "id": 1,
+        "question": "Where is Ellie Kemper from?",
+        "answer": PASSAGE_B,
+        "subject": "Ellie Kemper",
+    }
     before = probe_logits(model, tok)
 
     weights_copy = apply(model, tok, hp, [item_a])
@@ -143,8 +162,10 @@ def test_shipped_json_hparams_are_the_yaml_files():
         assert HPSEHyperParams.from_json(path).to_dict() == from_yaml, path.name
 
 
-@pytest.mark.parametrize("cls, folder", [(COINHyperParams, "COIN"), (UnKEHyperParams, "UnKE"),
-                                         (AnyEditHyperParams, "AnyEdit")])
+@pytest.mark.parametrize(
+    "cls, folder",
+    [(COINHyperParams, "COIN"), (UnKEHyperParams, "UnKE"), (AnyEditHyperParams, "AnyEdit")],
+)
 def test_every_hparams_class_reads_json_with_the_keys_of_its_yaml(tmp_path, cls, folder):
     yaml_path = REPO / "hparams" / folder / "smollm2-135m.yaml"
     json_path = tmp_path / "hp.json"
@@ -166,8 +187,11 @@ def test_json_hparams_errors_are_one_line_naming_file_key_and_fix(tmp_path):
     bad.write_text("[1, 2]")
     with pytest.raises(HParamsError, match="a mapping of key: value at the top level, got list"):
         HPSEHyperParams.from_json(bad)
-    with pytest.raises(HParamsError, match=r"missing.json: no such hparams file; pass the path "
-                                           "of a JSON file"):
+    with pytest.raises(
+        HParamsError,
+        match=r"missing.json: no such hparams file; pass the path "
+        "of a JSON file",
+    ):
         HPSEHyperParams.from_json(tmp_path / "missing.json")
 
 
@@ -188,8 +212,10 @@ def easyedit_data_dir(root: Path, shared: Path) -> Path:
     (root / "UnKE").mkdir()
     (root / "AKEW" / "MQuAKE-CF.json").symlink_to(shared / "akew" / "MQuAKE-CF.json")
     (root / "UnKE" / "final_data_v3.json").symlink_to(shared / "unkebench" / "final_data_v2.json")
-    alpaca = [{"instruction": f"Count to {i}.", "input": "", "output": " ".join(map(str, range(i)))}
-              for i in range(20)]
+    alpaca = [
+        {"instruction": f"Count to {i}.", "input": "", "output": " ".join(map(str, range(i)))}
+        for i in range(20)
+    ]
     (root / "alpaca_data.json").write_text(json.dumps(alpaca))
     return root
 
@@ -207,8 +233,11 @@ def run_akew(he, monkeypatch):
     sys.path[:] = saved_path  # the script appends '..'
     to = torch.Tensor.to
     monkeypatch.setattr(torch.nn.Module, "cuda", lambda self, *a, **k: self)
-    monkeypatch.setattr(torch.Tensor, "to", lambda self, *a, **k: to(
-        self, *("cpu" if x == "cuda" else x for x in a), **k))
+    monkeypatch.setattr(
+        torch.Tensor,
+        "to",
+        lambda self, *a, **k: to(self, *("cpu" if x == "cuda" else x for x in a), **k),
+    )
     return module
 
 
@@ -226,8 +255,10 @@ def sentence_encoder(he, monkeypatch):
             pass
 
         def encode(self, sentences, convert_to_tensor=True, show_progress_bar=False):
-            counts = [torch.bincount(torch.tensor(list(s.encode()) or [0]), minlength=256)
-                      for s in sentences]
+            counts = [
+                torch.bincount(torch.tensor(list(s.encode()) or [0]), minlength=256)
+                for s in sentences
+            ]
             return torch.stack(counts).float()
 
     monkeypatch.setattr(evaluate_uns, "SentenceTransformer", BagOfBytes)
@@ -243,20 +274,29 @@ def minilm_path() -> str | None:
         return None
 
 
-@pytest.mark.parametrize("data_type, executor, model_dir", [
-    ("mquake", "lora", "Qwen2.5-7B-Instruct"),  # by this name EasyEdit templates the questions
-    ("unke", "ft_m", "tiny-llama"),
-])
+@pytest.mark.parametrize(
+    "data_type, executor, model_dir",
+    [
+        ("mquake", "lora", "Qwen2.5-7B-Instruct"),  # by this name EasyEdit templates the questions
+        ("unke", "ft_m", "tiny-llama"),
+    ],
+)
 def test_run_akew_both_with_the_hpse_line_restores_and_is_scored_by_easyedit(
-        he, run_akew, sentence_encoder, data_dir, workdir, monkeypatch, data_type, executor,
-        model_dir):
+    he, run_akew, sentence_encoder, data_dir, workdir, monkeypatch, data_type, executor, model_dir
+):
     from easyeditor.evaluate.evaluate_uns import eval_akew_unstructured
 
     model_path = workdir / model_dir
     original, tok = make_tiny_model_and_tokenizer("llama", tmp_path=model_path)
     hp_path = workdir / "hpse.json"
-    hp = tiny_hparams(model_name=str(model_path), executor=executor, rounds=1, inner_steps=2,
-                      max_new_tokens=4, max_length=4096)
+    hp = tiny_hparams(
+        model_name=str(model_path),
+        executor=executor,
+        rounds=1,
+        inner_steps=2,
+        max_new_tokens=4,
+        max_length=4096,
+    )
     hp_path.write_text(json.dumps(hp.to_dict()))
 
     calls = []
@@ -269,10 +309,19 @@ def test_run_akew_both_with_the_hpse_line_restores_and_is_scored_by_easyedit(
 
     # the user's one line
     monkeypatch.setitem(run_akew.UNSTRUCTURED_ALG_DICT, "HPSE", (HPSEHyperParams, spied))
-    args = type("Args", (), dict(
-        editing_method="HPSE", hparams_dir=str(hp_path), data_type=data_type, ds_size=2,
-        data_dir=str(easyedit_data_dir(workdir / "data", data_dir)), sequential_edit=False,
-        batch_size=1))
+    args = type(
+        "Args",
+        (),
+        dict(
+            editing_method="HPSE",
+            hparams_dir=str(hp_path),
+            data_type=data_type,
+            ds_size=2,
+            data_dir=str(easyedit_data_dir(workdir / "data", data_dir)),
+            sequential_edit=False,
+            batch_size=1,
+        ),
+    )
     edited_data, model_name = run_akew.run_unstructured_editing(args)
 
     unedited = probe_logits(original, tok)
@@ -305,12 +354,19 @@ def test_minilm_similarity_score(he, workdir):
     """eval_akew_unstructured's embedding score with the script's MiniLM model, where local."""
     path = minilm_path()
     if path is None:
-        pytest.skip(f"{MINILM} is not in the local Hugging Face cache (offline); download it with "
-                    f"`hf download {MINILM}` to score with it")
+        pytest.skip(
+            f"{MINILM} is not in the local Hugging Face cache (offline); download it with "
+            f"`hf download {MINILM}` to score with it"
+        )
     from easyeditor.evaluate.evaluate_uns import eval_akew_unstructured
 
-    record = {"answer": PASSAGE_A, "original_prediction": PASSAGE_A, "para_prediction": PASSAGE_B,
-              "sub_pred": ["Russian"], "sub_answer": ["Russian"]}
+    record = {
+        "answer": PASSAGE_A,
+        "original_prediction": PASSAGE_A,
+        "para_prediction": PASSAGE_B,
+        "sub_pred": ["Russian"],
+        "sub_answer": ["Russian"],
+    }
     result_path = workdir / "results.json"
     result_path.write_text(json.dumps([record]))
     metrics = eval_akew_unstructured(str(result_path), "mquake", path, "cpu")
@@ -322,14 +378,16 @@ def test_attach_subjects_reads_the_records_of_easyedits_dataset(he, data_dir, wo
     from easyeditor import AKEWUnifiedDataset
 
     root = easyedit_data_dir(workdir / "data", data_dir)
-    mquake = AKEWUnifiedDataset(str(root), dataset_type="mquake", model_name="m", size=3,
-                                use_unstructured_data=True)
+    mquake = AKEWUnifiedDataset(
+        str(root), dataset_type="mquake", model_name="m", size=3, use_unstructured_data=True
+    )
     assert attach_subjects(mquake) == 3
     raw = json.loads((data_dir / "akew" / "MQuAKE-CF.json").read_text())
     expected = [r["requested_rewrite"][0]["subject"] for r in raw[:3]]
     assert [item["subject"] for item in mquake] == expected
-    unke = AKEWUnifiedDataset(str(root), dataset_type="unke", model_name="m", size=2,
-                              use_unstructured_data=True)
+    unke = AKEWUnifiedDataset(
+        str(root), dataset_type="unke", model_name="m", size=2, use_unstructured_data=True
+    )
     assert attach_subjects(unke) == 0
     subjects = json.loads((data_dir / "unkebench" / "subjects.json").read_text())
     assert attach_subjects(unke, subjects) == 2 and unke[0]["subject"] == subjects["0"]

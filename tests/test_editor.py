@@ -1,4 +1,5 @@
-"""Full edits on tiny models: the loss falls, only the executor's parameters move, restore is bit-exact."""
+"""Full edits on tiny models: the loss falls, only the executor's parameters move, restore is
+bit-exact."""
 
 import pytest
 import torch
@@ -7,8 +8,15 @@ from hpse_easyedit import RequestError, apply_hpse_to_model, hpse_edit, restore_
 from tiny_models import make_tiny_model_and_tokenizer, tiny_hparams
 
 REQUESTS = [
-    {"subject": "AJ Lee", "target_new": "AJ Lee is a wrestler who speaks Russian fluently and lives in Moscow."},
-    {"prompt": "Introduce Ellie Kemper.", "subject": "Ellie Kemper", "target_new": "Ellie Kemper is a citizen of Croatia."},
+    {
+        "subject": "AJ Lee",
+        "target_new": "AJ Lee is a wrestler who speaks Russian fluently and lives in Moscow.",
+    },
+    {
+        "prompt": "Introduce Ellie Kemper.",
+        "subject": "Ellie Kemper",
+        "target_new": "Ellie Kemper is a citizen of Croatia.",
+    },
 ]
 
 
@@ -37,7 +45,11 @@ def test_full_edit_trains_only_the_executor_and_restores_bit_exact(family, execu
     assert not torch.equal(_probe_logits(res.model, tok), before_logits)
 
     base = res.model.get_base_model() if executor == "lora" else res.model
-    changed = {n for n, p in base.named_parameters() if n in before_params and not torch.equal(p, before_params[n])}
+    changed = {
+        n
+        for n, p in base.named_parameters()
+        if n in before_params and not torch.equal(p, before_params[n])
+    }
     if executor == "lora":
         assert changed == set()  # base weights never move
         assert all("lora_" in k for k in res.weights_copy)
@@ -60,11 +72,21 @@ def test_ablation_switches_change_what_they_should(gate_always_open):
     model, tok = make_tiny_model_and_tokenizer("qwen2")
     nll_only = hpse_edit(model, tok, REQUESTS[:1], tiny_hparams(kl_weight=0.0))
     assert nll_only.teacher_forward_tokens == 0
-    assert all(r["stepin_rate"] is None and r["kl"] is None and r["nll"] is not None for r in nll_only.rounds)
+    assert all(
+        r["stepin_rate"] is None and r["kl"] is None and r["nll"] is not None
+        for r in nll_only.rounds
+    )
     model = restore_weights(nll_only.model, nll_only.weights_copy)
 
-    opsd = hpse_edit(model, tok, REQUESTS[:1], tiny_hparams(rollout="on_policy", nll_weight=0.0, tau=-1e9, kappa=0.0))
-    assert all(r["stepin_rate"] == 0.0 and r["nll"] is None and r["kl"] is not None for r in opsd.rounds)
+    opsd = hpse_edit(
+        model,
+        tok,
+        REQUESTS[:1],
+        tiny_hparams(rollout="on_policy", nll_weight=0.0, tau=-1e9, kappa=0.0),
+    )
+    assert all(
+        r["stepin_rate"] == 0.0 and r["nll"] is None and r["kl"] is not None for r in opsd.rounds
+    )
     model = restore_weights(opsd.model, opsd.weights_copy)
 
     # with a gate that always passes, the hybrid rollout is the teacher's own greedy decoding
@@ -77,27 +99,41 @@ def test_ablation_switches_change_what_they_should(gate_always_open):
 
 
 @pytest.mark.parametrize("executor", ["lora", "ft_m"])
-def test_the_order_of_the_kl_and_nll_passes_leaves_the_trained_bits_unchanged(executor, monkeypatch):
-    """The KL pass runs first (the larger one: the NLL pass then fits into the memory it freed); each gradient
-    entry is one sum of the two passes' contributions, so the edit is bit for bit the NLL-first edit."""
+def test_the_order_of_the_kl_and_nll_passes_leaves_the_trained_bits_unchanged(
+    executor, monkeypatch
+):
+    """The KL pass runs first (the larger one: the NLL pass then fits into the memory it freed);
+    each gradient entry is one sum of the two passes' contributions, so the edit is bit for bit the
+    NLL-first edit."""
     from hpse_easyedit import editor
 
     def edit(model, tok):
-        res = hpse_edit(model, tok, REQUESTS, tiny_hparams(executor=executor, rounds=2, inner_steps=3, lr=5e-2))
-        trained = {n: p.detach().clone() for n, p in res.model.named_parameters() if p.requires_grad}
+        res = hpse_edit(
+            model, tok, REQUESTS, tiny_hparams(executor=executor, rounds=2, inner_steps=3, lr=5e-2)
+        )
+        trained = {
+            n: p.detach().clone() for n, p in res.model.named_parameters() if p.requires_grad
+        }
         return trained, [(r["kl"], r["nll"], r["kl_last"], r["nll_last"]) for r in res.rounds]
 
     model, tok = make_tiny_model_and_tokenizer("qwen2")
     order = []
     editor_step = editor.HPSEObjective.step
-    monkeypatch.setattr(editor.HPSEObjective, "step", lambda self, student: _record(order, editor_step(self, student)))
+    monkeypatch.setattr(
+        editor.HPSEObjective,
+        "step",
+        lambda self, student: _record(order, editor_step(self, student)),
+    )
     kl_first, kl_first_losses = edit(model, tok)
     assert order[:2] == ["kl", "nll"]
 
     model, tok = make_tiny_model_and_tokenizer("qwen2")  # the same weights: built from a fixed seed
     order.clear()
-    monkeypatch.setattr(editor.HPSEObjective, "step",
-                        lambda self, student: _record(order, _reversed(editor_step(self, student))))
+    monkeypatch.setattr(
+        editor.HPSEObjective,
+        "step",
+        lambda self, student: _record(order, _reversed(editor_step(self, student))),
+    )
     nll_first, nll_first_losses = edit(model, tok)
     assert order[:2] == ["nll", "kl"]
     assert kl_first_losses == nll_first_losses and kl_first.keys() == nll_first.keys()
@@ -111,7 +147,8 @@ def _record(order, groups):
 
 
 def _reversed(groups):
-    """The passes in the other order: each forward is run when its group is asked for, as the editor runs them."""
+    """The passes in the other order: each forward is run when its group is asked for, as the editor
+    runs them."""
     groups = iter(groups)
     first = next(groups)  # the KL pass's forward (its graph is kept until the caller's backward)
     yield from groups
@@ -138,8 +175,12 @@ def test_sequential_edits_accumulate_and_first_copy_restores(executor):
 def test_apply_hpse_to_model_contract():
     model, tok = make_tiny_model_and_tokenizer("qwen3")
     before = _probe_logits(model, tok)
-    edited, weights_copy = apply_hpse_to_model(model, tok, REQUESTS, tiny_hparams(), copy=True, return_orig_weights=True)
-    assert torch.equal(_probe_logits(model, tok), before)  # copy=True leaves the caller's model alone
+    edited, weights_copy = apply_hpse_to_model(
+        model, tok, REQUESTS, tiny_hparams(), copy=True, return_orig_weights=True
+    )
+    assert torch.equal(
+        _probe_logits(model, tok), before
+    )  # copy=True leaves the caller's model alone
     assert weights_copy.result.rounds and weights_copy
     assert torch.equal(_probe_logits(restore_weights(edited, weights_copy), tok), before)
 
@@ -149,12 +190,20 @@ def test_what_edits_leave_behind_is_one_state_object_the_restore_empties(executo
     from hpse_easyedit.executors import EditState, edit_state
 
     model, tok = make_tiny_model_and_tokenizer("llama")
-    edited, handle = apply_hpse_to_model(model, tok, REQUESTS, tiny_hparams(executor=executor, rounds=1, inner_steps=1))
+    edited, handle = apply_hpse_to_model(
+        model, tok, REQUESTS, tiny_hparams(executor=executor, rounds=1, inner_steps=1)
+    )
     ours = {name for m in (model, edited) for name in vars(m) if "hpse" in name}
     assert ours == {"_hpse_edit_state"}  # one object on the model, no attribute per concern
     state = edit_state(edited)
-    assert isinstance(state, EditState) and state is edit_state(model) and state.pending_restores == [handle]
-    assert (state.adapter_model is edited) if executor == "lora" else (state.ftm_original is not None)
+    assert (
+        isinstance(state, EditState)
+        and state is edit_state(model)
+        and state.pending_restores == [handle]
+    )
+    assert (
+        (state.adapter_model is edited) if executor == "lora" else (state.ftm_original is not None)
+    )
     assert handle() is model
     assert state == EditState()  # restored: nothing of the edit is kept
 
@@ -174,8 +223,14 @@ def test_the_pad_id_is_the_tokenizers_else_the_smallest_stop_id_else_0():
     [
         ([{"subject": "AJ Lee", "target_new": "  "}], "'target_new' must be the non-empty passage"),
         ([{"target_new": "AJ Lee speaks Russian."}], "needs 'subject'"),
-        ([{"prompt": "Tell me things.", "target_new": "AJ Lee speaks Russian."}], "cannot be read from prompt"),
-        ([{"subject": "AJ Lee", "target_new": "AJ Lee speaks Russian. " * 200}], "raise max_length"),
+        (
+            [{"prompt": "Tell me things.", "target_new": "AJ Lee speaks Russian."}],
+            "cannot be read from prompt",
+        ),
+        (
+            [{"subject": "AJ Lee", "target_new": "AJ Lee speaks Russian. " * 200}],
+            "raise max_length",
+        ),
         ([], "non-empty list"),
         (["AJ Lee"], "expected a dict"),
     ],
@@ -188,6 +243,10 @@ def test_bad_requests_raise_clear_errors(requests, message):
 
 def test_subject_read_back_from_prompt():
     model, tok = make_tiny_model_and_tokenizer("llama")
-    res = hpse_edit(model, tok, [{"prompt": "Introduce AJ Lee.", "target_new": "AJ Lee speaks Russian."}],
-                    tiny_hparams(rounds=1, inner_steps=1))
+    res = hpse_edit(
+        model,
+        tok,
+        [{"prompt": "Introduce AJ Lee.", "target_new": "AJ Lee speaks Russian."}],
+        tiny_hparams(rounds=1, inner_steps=1),
+    )
     restore_weights(res.model, res.weights_copy)

@@ -1,4 +1,5 @@
-"""``fast_decode``: the rollout's few-row matmuls as ``W @ x^T``, the same tokens as ``F.linear`` on every family."""
+"""``fast_decode``: the rollout's few-row matmuls as ``W @ x^T``, the same tokens as ``F.linear`` on
+every family."""
 
 import pytest
 import torch
@@ -9,7 +10,13 @@ from hpse_easyedit.prompts import build_edit_prompts
 from hpse_easyedit.rollout import batched_hybrid_rollout, draw_rollout
 from tiny_models import FAMILIES, make_tiny_model_and_tokenizer, tiny_hparams
 
-REQUEST = [{"prompt": "Introduce AJ Lee.", "subject": "AJ Lee", "target_new": "AJ Lee speaks Russian fluently."}]
+REQUEST = [
+    {
+        "prompt": "Introduce AJ Lee.",
+        "subject": "AJ Lee",
+        "target_new": "AJ Lee speaks Russian fluently.",
+    }
+]
 
 
 def test_few_row_calls_switch_and_everything_else_stays_f_linear():
@@ -22,8 +29,12 @@ def test_few_row_calls_switch_and_everything_else_stays_f_linear():
         assert switched == 1 and "forward" in vars(frozen) and "forward" not in vars(trained)
         with torch.no_grad():
             fast = frozen(few)
-            assert torch.equal(frozen(many), F.linear(many, frozen.weight, frozen.bias))  # prefill-sized: F.linear
-        assert torch.equal(frozen(few), F.linear(few, frozen.weight, frozen.bias))  # autograd on: F.linear
+            assert torch.equal(
+                frozen(many), F.linear(many, frozen.weight, frozen.bias)
+            )  # prefill-sized: F.linear
+        assert torch.equal(
+            frozen(few), F.linear(few, frozen.weight, frozen.bias)
+        )  # autograd on: F.linear
     assert "forward" not in vars(frozen)  # nothing left behind
     assert fast.shape == (2, 1, 40) and fast.is_contiguous()
     assert torch.allclose(fast, F.linear(few, frozen.weight, frozen.bias), atol=1e-6)
@@ -38,7 +49,10 @@ def test_fast_decode_rollout_gives_the_eager_tokens(family, executor):
 
     model, tok = make_tiny_model_and_tokenizer(family, init_std=0.3)
     ex = make_executor(model, tiny_hparams(executor=executor))
-    with torch.no_grad(), torch.random.fork_rng(devices=[]):  # a student that differs from its teacher
+    with (
+        torch.no_grad(),
+        torch.random.fork_rng(devices=[]),
+    ):  # a student that differs from its teacher
         torch.manual_seed(3)
         for p in ex.trainable_parameters():
             p.add_(torch.randn_like(p) * 0.3)
@@ -46,9 +60,17 @@ def test_fast_decode_rollout_gives_the_eager_tokens(family, executor):
     runs = {}
     for fast in (True, False):
         for batched in (True, False):
-            hp = tiny_hparams(executor=executor, fast_decode=fast, batched_rollout=batched, tau=1.0, kappa=0.05,
-                              top_k=5)
-            runs[fast, batched] = draw_rollout(ex, prompts, hp, stop_ids=[], pad_id=tok.pad_token_id)
+            hp = tiny_hparams(
+                executor=executor,
+                fast_decode=fast,
+                batched_rollout=batched,
+                tau=1.0,
+                kappa=0.05,
+                top_k=5,
+            )
+            runs[fast, batched] = draw_rollout(
+                ex, prompts, hp, stop_ids=[], pad_id=tok.pad_token_id
+            )
     eager = runs[False, True]
     for ro in runs.values():
         assert ro.tokens.tolist() == eager.tokens.tolist()
@@ -56,9 +78,18 @@ def test_fast_decode_rollout_gives_the_eager_tokens(family, executor):
         assert torch.equal(ro.teacher_topk_ids, eager.teacher_topk_ids)
         assert torch.allclose(ro.teacher_topk_logprobs, eager.teacher_topk_logprobs, atol=1e-4)
     # fast_decode: false is the F.linear path bit for bit
-    direct = batched_hybrid_rollout(ex.model, ex.row_switch, prompts.student_ids, prompts.teacher_ids, tau=1.0,
-                                    kappa=0.05, top_k=eager.teacher_topk_ids.shape[1], max_new_tokens=12, stop_ids=[],
-                                    pad_id=tok.pad_token_id)
+    direct = batched_hybrid_rollout(
+        ex.model,
+        ex.row_switch,
+        prompts.student_ids,
+        prompts.teacher_ids,
+        tau=1.0,
+        kappa=0.05,
+        top_k=eager.teacher_topk_ids.shape[1],
+        max_new_tokens=12,
+        stop_ids=[],
+        pad_id=tok.pad_token_id,
+    )
     assert torch.equal(direct.teacher_topk_logprobs, eager.teacher_topk_logprobs)
     assert not any("forward" in vars(m) for m in ex.model.modules())
 
@@ -68,7 +99,9 @@ def test_fast_decode_is_a_kernel_choice_for_the_run_config():
 
     policy = config_policy(tiny_hparams())
     assert policy.ignored(("hparams", "fast_decode"))
-    assert default_out_dir("mquake-uns", "x.yaml", ["fast_decode=false"]) == default_out_dir("mquake-uns", "x.yaml", [])
+    assert default_out_dir("mquake-uns", "x.yaml", ["fast_decode=false"]) == default_out_dir(
+        "mquake-uns", "x.yaml", []
+    )
 
 
 def test_layers_under_accelerate_dispatch_hooks_are_switched_and_put_back(tmp_path):
@@ -94,8 +127,9 @@ def test_layers_under_accelerate_dispatch_hooks_are_switched_and_put_back(tmp_pa
 
 @pytest.mark.parametrize("choice", [True, False])
 def test_auto_switches_every_layer_or_none_as_the_timing_decides(choice, monkeypatch):
-    """``fast_decode: auto`` asks ``pays_off`` (one timing per process and weight shapes) and then switches all
-    frozen float32 layers, or none: the W @ x^T path where it is clearly faster, F.linear elsewhere."""
+    """``fast_decode: auto`` asks ``pays_off`` (one timing per process and weight shapes) and then
+    switches all frozen float32 layers, or none: the W @ x^T path where it is clearly faster,
+    F.linear elsewhere."""
     from hpse_easyedit import fast_decode
 
     model, _ = make_tiny_model_and_tokenizer("llama")
@@ -119,7 +153,9 @@ def test_pays_off_times_once_per_process_and_answers_a_bool(monkeypatch):
     assert fast_decode.pays_off(torch.nn.Sequential()) is False  # nothing to switch
 
 
-@pytest.mark.parametrize("value, ok", [("auto", True), (True, True), (False, True), ("fast", False), (1, False)])
+@pytest.mark.parametrize(
+    "value, ok", [("auto", True), (True, True), (False, True), ("fast", False), (1, False)]
+)
 def test_fast_decode_hparam_takes_auto_true_or_false(value, ok):
     from hpse_easyedit.hparams import HParamsError
 

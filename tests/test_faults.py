@@ -1,6 +1,7 @@
-"""Fault injection: SIGKILL at random points, a full disk at every write point, two writers at once, Ctrl-C at
-every stage. After each fault the same command finishes the run: every case exactly once, the records and the
-summary equal to an uninterrupted run's, nothing a user produced lost. docs/BENCHMARKS.md reports the counts."""
+"""Fault injection: SIGKILL at random points, a full disk at every write point, two writers at once,
+Ctrl-C at every stage. After each fault the same command finishes the run: every case exactly once,
+the records and the summary equal to an uninterrupted run's, nothing a user produced lost.
+docs/BENCHMARKS.md reports the counts."""
 
 import errno
 import json
@@ -17,13 +18,13 @@ import pytest
 from bench_helpers import DATA_DIR, isolate_judge_env
 from benchmarks import mmlu as mmlu_module
 from benchmarks import run_dir as run_dir_module
+from benchmarks import store as store_module
 from benchmarks import summary as summary_module
 from benchmarks.case_loop import Editing, SequentialLoop
-from benchmarks.scorer import Scorer
-from benchmarks.summary import RunSummary
-from benchmarks import store as store_module
 from benchmarks.cli import cli_main
 from benchmarks.runner import RunOptions, run_benchmark
+from benchmarks.scorer import Scorer
+from benchmarks.summary import RunSummary
 from hpse_easyedit import HPSEHyperParams
 from hpse_easyedit import cli as edit_cli
 from hpse_easyedit.errors import UsageError
@@ -31,11 +32,16 @@ from hpse_easyedit.executors import EXECUTORS
 from tiny_models import make_tiny_model_and_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.skipif(not DATA_DIR.is_dir(), reason="needs ../shared/data next to the repository")
+pytestmark = pytest.mark.skipif(
+    not DATA_DIR.is_dir(), reason="needs ../shared/data next to the repository"
+)
 
-# fast_decode false: "auto" times two kernels once per process, and the resumed processes must compute what the
-# uninterrupted one did, bit for bit
-HPARAMS = "alg_name: HPSE\nmodel_name: {model}\nrounds: 2\ninner_steps: 2\nmax_new_tokens: 6\nlr: 1.0e-2\nfast_decode: false\n"
+# fast_decode false: "auto" times two kernels once per process, and the resumed processes must
+# compute what the uninterrupted one did, bit for bit
+HPARAMS = (
+    "alg_name: HPSE\nmodel_name: {model}\nrounds: 2\ninner_steps: "
+    "2\nmax_new_tokens: 6\nlr: 1.0e-2\nfast_decode: false\n"
+)
 MODES = {"single": [], "sequential": ["--sequential", "3", "--checkpoints", "1,2"]}
 
 
@@ -55,8 +61,9 @@ def _isolated(monkeypatch, tmp_path):
 
 @pytest.fixture(scope="module", autouse=True)
 def _one_thread():
-    """Every run here computes on one thread, in this process as in the ones it starts (``_env``): another thread
-    count sums in another order, and a sequence of edits carries the last bits into its answers."""
+    """Every run here computes on one thread, in this process as in the ones it starts (``_env``):
+    another thread count sums in another order, and a sequence of edits carries the last bits into
+    its answers."""
     import torch
 
     threads = torch.get_num_threads()
@@ -66,14 +73,34 @@ def _one_thread():
 
 
 def _args(tiny, out, mode):
-    return ["--hparams", str(tiny / "hpse.yaml"), "--data", str(DATA_DIR), "--limit", "3", "--max-new-tokens", "5",
-            "--out", str(out), "--log-level", "WARNING", *MODES[mode]]
+    return [
+        "--hparams",
+        str(tiny / "hpse.yaml"),
+        "--data",
+        str(DATA_DIR),
+        "--limit",
+        "3",
+        "--max-new-tokens",
+        "5",
+        "--out",
+        str(out),
+        "--log-level",
+        "WARNING",
+        *MODES[mode],
+    ]
 
 
 def _opts(tiny, out, mode):
     seq = dict(sequential=3, checkpoints=[1, 2]) if mode == "sequential" else {}
-    return RunOptions(benchmark="mquake-uns", hparams=str(tiny / "hpse.yaml"), data_dir=str(DATA_DIR), limit=3,
-                      max_new_tokens=5, out_dir=str(out), **seq)
+    return RunOptions(
+        benchmark="mquake-uns",
+        hparams=str(tiny / "hpse.yaml"),
+        data_dir=str(DATA_DIR),
+        limit=3,
+        max_new_tokens=5,
+        out_dir=str(out),
+        **seq,
+    )
 
 
 def _strip(value):
@@ -90,8 +117,10 @@ def _outcome(out):
     for name in ("results.jsonl", "checkpoints.jsonl"):
         path = out / name
         if path.is_file():
-            files[name] = sorted((_strip(json.loads(x)) for x in path.read_text().splitlines()),
-                                 key=lambda r: (r.get("checkpoint", 0), str(r["case_id"])))
+            files[name] = sorted(
+                (_strip(json.loads(x)) for x in path.read_text().splitlines()),
+                key=lambda r: (r.get("checkpoint", 0), str(r["case_id"])),
+            )
     files["summary"] = _strip(json.loads((out / "summary.json").read_text()))
     return files
 
@@ -114,18 +143,27 @@ def _env(tmp_path):
 
 
 def _cmd(tiny, out, mode):
-    return [sys.executable, str(REPO / "run_examples" / "run_hpse_mquake.py"), *_args(tiny, out, mode)]
+    return [
+        sys.executable,
+        str(REPO / "run_examples" / "run_hpse_mquake.py"),
+        *_args(tiny, out, mode),
+    ]
 
 
-# ------------------------------------------------------------------------------------------------- SIGKILL
+# ------------------------------------------------------------------------------------------ SIGKILL
 @pytest.mark.parametrize("mode", list(MODES))
 def test_sigkill_at_random_points_then_resume(tiny, tmp_path, reference, mode):
-    """Ten kills per mode, each at a random moment of a process that resumes what the killed one left."""
+    """Ten kills per mode, each at a random moment of a process that resumes what the killed one
+    left."""
     rng = random.Random(f"kill-{mode}")
     out, kills, started = tmp_path / "run", 0, 0
     while kills < 10 and started < 30:
-        proc = subprocess.Popen(_cmd(tiny, out, mode), env=_env(tmp_path), stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            _cmd(tiny, out, mode),
+            env=_env(tmp_path),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         started += 1
         try:
             proc.wait(timeout=rng.uniform(1.0, 7.0))
@@ -134,26 +172,36 @@ def test_sigkill_at_random_points_then_resume(tiny, tmp_path, reference, mode):
             proc.wait()
             kills += 1
             continue
-        if (out / "summary.json").is_file():  # the run finished before its kill: start the chain again
+        if (
+            out / "summary.json"
+        ).is_file():  # the run finished before its kill: start the chain again
             out = tmp_path / f"run{started}"
     assert kills == 10
-    done = subprocess.run(_cmd(tiny, out, mode), env=_env(tmp_path), capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        _cmd(tiny, out, mode), env=_env(tmp_path), capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert _outcome(out) == reference[mode]
 
 
-# ------------------------------------------------------------------------------------------------- full disk
-#: where a run writes a whole file (config.json, mmlu_before.json, summary.json, table.md): every module's name
-WHOLE_FILE_WRITERS = [(store_module, "write_json_atomic"), (mmlu_module, "write_json_atomic"),
-                      (summary_module, "write_json_atomic"), (summary_module, "write_text_atomic")]
+# ---------------------------------------------------------------------------------------- full disk
+#: where a run writes a whole file (config.json, mmlu_before.json, summary.json, table.md): every
+#: module's name
+WHOLE_FILE_WRITERS = [
+    (store_module, "write_json_atomic"),
+    (mmlu_module, "write_json_atomic"),
+    (summary_module, "write_json_atomic"),
+    (summary_module, "write_text_atomic"),
+]
 
 
 def _full_disk_once(monkeypatch, target, attr, at):
-    """The ``at``-th call of ``target.attr`` (for ``"whole files"``: of any whole-file writer) fails with ENOSPC
-    after writing nothing; returns the call counter."""
+    """The ``at``-th call of ``target.attr`` (for ``"whole files"``: of any whole-file writer) fails
+    with ENOSPC after writing nothing; returns the call counter."""
     calls = [0]
-    for tgt, name in (WHOLE_FILE_WRITERS if attr == "whole files" else [(target, attr)]):
-        def failing(*args, _real=getattr(tgt, name), **kwargs):
+    for tgt, name in WHOLE_FILE_WRITERS if attr == "whole files" else [(target, attr)]:
+        # the default binds this iteration's original writer (a closure would see the last one)
+        def failing(*args, _real=getattr(tgt, name), **kwargs):  # noqa: B008
             calls[0] += 1
             if calls[0] == at:
                 raise OSError(errno.ENOSPC, "No space left on device", "injected")
@@ -173,10 +221,12 @@ def _count_calls(monkeypatch, tiny, tmp_path, target, attr, mode):
 
 
 @pytest.mark.parametrize("mode", list(MODES))
-def test_a_full_disk_at_every_write_point_loses_no_case(tiny, tmp_path, reference, monkeypatch, mode):
-    """Every append (results, sequence, checkpoints) and every whole-file write (config, MMLU, summary) fails
-    once in its own run; the run stops with one line, the finished records are saved whole elsewhere, and the
-    same command finishes the run as if nothing had happened."""
+def test_a_full_disk_at_every_write_point_loses_no_case(
+    tiny, tmp_path, reference, monkeypatch, mode
+):
+    """Every append (results, sequence, checkpoints) and every whole-file write (config, MMLU,
+    summary) fails once in its own run; the run stops with one line, the finished records are saved
+    whole elsewhere, and the same command finishes the run as if nothing had happened."""
     points = {(store_module.ResultFile, "append"): 0, (None, "whole files"): 0}
     for target, attr in points:
         points[(target, attr)] = _count_calls(monkeypatch, tiny, tmp_path, target, attr, mode)
@@ -201,7 +251,9 @@ def test_a_full_disk_at_every_write_point_loses_no_case(tiny, tmp_path, referenc
     assert tried == sum(points.values())
 
 
-def test_a_full_disk_that_is_freed_while_the_run_waits_costs_nothing(tiny, tmp_path, reference, monkeypatch):
+def test_a_full_disk_that_is_freed_while_the_run_waits_costs_nothing(
+    tiny, tmp_path, reference, monkeypatch
+):
     monkeypatch.setenv("HPSE_DISK_FULL_WAIT", "1")
     monkeypatch.setattr(run_dir_module.time, "sleep", lambda s: None)
     _full_disk_once(monkeypatch, store_module.ResultFile, "append", at=2)
@@ -210,18 +262,38 @@ def test_a_full_disk_that_is_freed_while_the_run_waits_costs_nothing(tiny, tmp_p
 
 
 @pytest.mark.parametrize("point", ["save_edit", "to_yaml", "write_text"])
-def test_save_on_a_full_disk_keeps_the_edit_whole_elsewhere(tiny, tmp_path, monkeypatch, capsys, point):
+def test_save_on_a_full_disk_keeps_the_edit_whole_elsewhere(
+    tiny, tmp_path, monkeypatch, capsys, point
+):
     passage = tmp_path / "passage.txt"
     passage.write_text("Selma Varrick is a marine biologist born in Norway.")
-    target = {"save_edit": (EXECUTORS["lora"], "save_edit"), "to_yaml": (HPSEHyperParams, "to_yaml"),
-              "write_text": (Path, "write_text")}[point]
+    target = {
+        "save_edit": (EXECUTORS["lora"], "save_edit"),
+        "to_yaml": (HPSEHyperParams, "to_yaml"),
+        "write_text": (Path, "write_text"),
+    }[point]
     calls = _full_disk_once(monkeypatch, *target, at=1)
-    if point == "write_text":  # only edit.json's write: the check before the model loads writes a probe file
+    if (
+        point == "write_text"
+    ):  # only edit.json's write: the check before the model loads writes a probe file
         calls[0] = 0
     save = tmp_path / "saved"
     capsys.readouterr()
-    code = edit_cli.main(["edit", "--hparams", str(tiny / "hpse.yaml"), "--subject", "Selma Varrick",
-                          "--passage-file", str(passage), "--save", str(save), "--max-answer-tokens", "2"])
+    code = edit_cli.main(
+        [
+            "edit",
+            "--hparams",
+            str(tiny / "hpse.yaml"),
+            "--subject",
+            "Selma Varrick",
+            "--passage-file",
+            str(passage),
+            "--save",
+            str(save),
+            "--max-answer-tokens",
+            "2",
+        ]
+    )
     err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error")]
     assert code == 2 and len(err) == 1 and "the edit was saved whole to" in err[0]
     fallback = Path(err[0].split("saved whole to ")[1].split(" instead")[0])
@@ -230,27 +302,42 @@ def test_save_on_a_full_disk_keeps_the_edit_whole_elsewhere(tiny, tmp_path, monk
 
 
 def _one_line(caplog, capsys, prefix):
-    """The one line a CLI entry point said (through the run's log handler, or printed when it has none)."""
-    said = [f"{r.hpse_one_line}: {r.getMessage()}" for r in caplog.records if getattr(r, "hpse_one_line", None)]
+    """The one line a CLI entry point said (through the run's log handler, or printed when it has
+    none)."""
+    said = [
+        f"{r.hpse_one_line}: {r.getMessage()}"
+        for r in caplog.records
+        if getattr(r, "hpse_one_line", None)
+    ]
     said += [x for x in capsys.readouterr().err.splitlines() if x.startswith(prefix + ":")]
     assert len(said) == 1, said
     return said[0]
 
 
-def test_an_unwritable_out_is_one_line_before_the_model_loads(tiny, tmp_path, caplog, capsys, monkeypatch):
+def test_an_unwritable_out_is_one_line_before_the_model_loads(
+    tiny, tmp_path, caplog, capsys, monkeypatch
+):
     loaded = []
     monkeypatch.setattr(Editing, "ensure_model", lambda self: loaded.append(1))
     unwritable = Path("/sys/hpse-faults")  # even root cannot create a directory in sysfs
     assert cli_main("mquake-uns", _args(tiny, unwritable / "run", "single")) == 2
-    assert f"error: --out {unwritable / 'run'}: cannot write there" in _one_line(caplog, capsys, "error")
+    assert f"error: --out {unwritable / 'run'}: cannot write there" in _one_line(
+        caplog, capsys, "error"
+    )
     assert not loaded
 
 
-# ------------------------------------------------------------------------------------------------- two writers
+# -------------------------------------------------------------------------------------- two writers
 def test_a_second_run_into_the_same_directory_stops_at_once(tiny, tmp_path):
     out = tmp_path / "run"
-    slow = [*_cmd(tiny, out, "single"), "--set", "rounds=40"]  # the first run still edits when the second starts
-    first = subprocess.Popen(slow, env=_env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    slow = [
+        *_cmd(tiny, out, "single"),
+        "--set",
+        "rounds=40",
+    ]  # the first run still edits when the second starts
+    first = subprocess.Popen(
+        slow, env=_env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline = time.time() + 120
     while not (out / "config.json").is_file() and time.time() < deadline:
         time.sleep(0.05)
@@ -261,17 +348,29 @@ def test_a_second_run_into_the_same_directory_stops_at_once(tiny, tmp_path):
     assert second.returncode == 2 and len(lines) == 1
     assert f"process {first.pid} is writing into this directory" in lines[0]
     ids = [json.loads(x)["case_id"] for x in (out / "results.jsonl").read_text().splitlines()]
-    assert len(ids) == len(set(ids)) == 3 and json.loads((out / "summary.json").read_text())["n_cases"] == 3
+    assert (
+        len(ids) == len(set(ids)) == 3
+        and json.loads((out / "summary.json").read_text())["n_cases"] == 3
+    )
 
 
-# ------------------------------------------------------------------------------------------------- Ctrl-C
-STAGES = [(Editing, "ensure_model", 1), (Editing, "edit", 1), (Editing, "edit", 3), (Editing, "answers", 1),
-          (Editing, "answers", 2), (Scorer, "score", 2), (SequentialLoop, "checkpoint", 2), (RunSummary, "build", 1)]
+# ------------------------------------------------------------------------------------------- Ctrl-C
+STAGES = [
+    (Editing, "ensure_model", 1),
+    (Editing, "edit", 1),
+    (Editing, "edit", 3),
+    (Editing, "answers", 1),
+    (Editing, "answers", 2),
+    (Scorer, "score", 2),
+    (SequentialLoop, "checkpoint", 2),
+    (RunSummary, "build", 1),
+]
 
 
 @pytest.mark.parametrize("mode", list(MODES))
-def test_ctrl_c_at_every_stage_is_one_line_and_the_same_command_resumes(tiny, tmp_path, reference, monkeypatch,
-                                                                       caplog, capsys, mode):
+def test_ctrl_c_at_every_stage_is_one_line_and_the_same_command_resumes(
+    tiny, tmp_path, reference, monkeypatch, caplog, capsys, mode
+):
     tried = 0
     for stage_class, stage, at in STAGES:
         out = tmp_path / f"{stage}-{at}"
@@ -289,10 +388,16 @@ def test_ctrl_c_at_every_stage_is_one_line_and_the_same_command_resumes(tiny, tm
         code = cli_main("mquake-uns", _args(tiny, out, mode))
         monkeypatch.undo()
         isolate_judge_env(monkeypatch, tmp_path)
-        if not calls[0] >= at:  # a stage this mode does not reach that often (single mode has no checkpoint)
+        if (
+            not calls[0] >= at
+        ):  # a stage this mode does not reach that often (single mode has no checkpoint)
             continue
         said = _one_line(caplog, capsys, "interrupted")
-        assert code == 130 and said.startswith("interrupted: ") and "run the same command again" in said
+        assert (
+            code == 130
+            and said.startswith("interrupted: ")
+            and "run the same command again" in said
+        )
         assert cli_main("mquake-uns", _args(tiny, out, mode)) == 0
         assert _outcome(out) == reference[mode], (stage, at)
         tried += 1

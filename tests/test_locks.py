@@ -1,4 +1,5 @@
-"""One writer per directory: a second writer is refused at once naming the holder; a killed holder leaves none."""
+"""One writer per directory: a second writer is refused at once naming the holder; a killed holder
+leaves none."""
 
 import os
 import signal
@@ -25,7 +26,9 @@ with locks.writer_lock(sys.argv[1]):
 
 
 def _holder(directory):
-    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(directory)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(directory)], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout.readline().strip() == "locked"
     return proc
 
@@ -34,7 +37,10 @@ def test_a_second_writer_is_refused_naming_the_process_that_holds_the_directory(
     proc = _holder(tmp_path / "run")
     try:
         assert lock_holder(tmp_path / "run") == proc.pid
-        with pytest.raises(DirectoryBusyError, match=rf"--out .*run: process {proc.pid} is writing into this directory"):
+        with pytest.raises(
+            DirectoryBusyError,
+            match=rf"--out .*run: process {proc.pid} is writing into this directory",
+        ):
             with writer_lock(tmp_path / "run"):
                 pass
     finally:
@@ -47,7 +53,9 @@ def test_a_killed_writer_leaves_no_lock_and_no_file(tmp_path):
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     with writer_lock(tmp_path / "run", "--save") as path:
-        assert list(path.iterdir()) == []  # the lock is on the directory itself: nothing is written into it
+        assert (
+            list(path.iterdir()) == []
+        )  # the lock is on the directory itself: nothing is written into it
     with writer_lock(tmp_path / "run"):  # released when the block ends
         with pytest.raises(DirectoryBusyError, match="--save"):
             with writer_lock(tmp_path / "run", "--save"):

@@ -1,5 +1,6 @@
-"""The one method registry: a toy method, registered with one line, runs through the benchmark runner,
-run_compare and EasyEdit's BaseEditor; every hparams file's alg_name is read by one function."""
+"""The one method registry: a toy method, registered with one line, runs through the benchmark
+runner, run_compare and EasyEdit's BaseEditor; every hparams file's alg_name is read by one
+function."""
 
 import json
 import os
@@ -19,7 +20,7 @@ from tiny_models import make_tiny_model_and_tokenizer
 WEIGHT = "model.layers.0.mlp.down_proj.weight"
 
 
-# ---------------------------------------------------------------------------------------------- the toy method
+# ----------------------------------------------------------------------------------- the toy method
 @dataclass
 class ToyHParams(EditorHParams):
     """TOY: add ``delta`` to every entry of one weight matrix."""
@@ -34,24 +35,42 @@ class ToyHParams(EditorHParams):
 CALLS: list[dict] = []  # per edit: did it start from the unedited weight, and the delta it added
 
 
-def apply_toy_to_model(model, tok, requests, hparams, copy=False, return_orig_weights=False,
-                       keep_original_weight=False, **kwargs):
+def apply_toy_to_model(
+    model,
+    tok,
+    requests,
+    hparams,
+    copy=False,
+    return_orig_weights=False,
+    keep_original_weight=False,
+    **kwargs,
+):
     """ROME/EasyEdit contract: ``(edited model, weights_copy)``."""
     param = model.get_parameter(hparams.weight)
-    CALLS.append({"start": param.detach().clone(), "delta": hparams.delta, "n_requests": len(requests)})
+    CALLS.append(
+        {"start": param.detach().clone(), "delta": hparams.delta, "n_requests": len(requests)}
+    )
     weights_copy = {hparams.weight: param.detach().clone()}
     with torch.no_grad():
         param.add_(hparams.delta)
     return model, weights_copy
 
 
-TOY = MethodSpec("TOY", ToyHParams.load, hparams_dict, load_model, timed_edit(apply_toy_to_model), restore_weights,
-                 easyedit_apply=apply_toy_to_model)
+TOY = MethodSpec(
+    "TOY",
+    ToyHParams.load,
+    hparams_dict,
+    load_model,
+    timed_edit(apply_toy_to_model),
+    restore_weights,
+    easyedit_apply=apply_toy_to_model,
+)
 
 
 @pytest.fixture
 def toy(monkeypatch, tmp_path):
-    """TOY registered (for this test only) with its one line, a tiny model on disk and a TOY hparams file."""
+    """TOY registered (for this test only) with its one line, a tiny model on disk and a TOY hparams
+    file."""
     monkeypatch.setattr(methods, "_METHODS", dict(methods._METHODS))
     register_method(TOY)
     CALLS.clear()
@@ -67,10 +86,16 @@ def toy(monkeypatch, tmp_path):
 def test_the_spec_is_found_by_the_files_alg_name_and_names_its_parts(toy):
     path, _ = toy
     spec = methods.method_for_file(path)
-    assert spec is TOY and spec.hparams_class is ToyHParams and "TOY" in methods.registered_methods()
+    assert (
+        spec is TOY and spec.hparams_class is ToyHParams and "TOY" in methods.registered_methods()
+    )
     hp = methods.load_hparams(path, ["delta=0.5"])
-    assert isinstance(hp, ToyHParams) and hp.delta == 0.5 and spec.hparams_dict(hp)["weight"] == WEIGHT
-    assert spec.edit.__wrapped__ is apply_toy_to_model  # the runner's edit is the method's own function, timed
+    assert (
+        isinstance(hp, ToyHParams) and hp.delta == 0.5 and spec.hparams_dict(hp)["weight"] == WEIGHT
+    )
+    assert (
+        spec.edit.__wrapped__ is apply_toy_to_model
+    )  # the runner's edit is the method's own function, timed
 
 
 def test_every_hparams_file_is_read_by_one_function_with_one_error(tmp_path):
@@ -83,11 +108,16 @@ def test_every_hparams_file_is_read_by_one_function_with_one_error(tmp_path):
         with pytest.raises(HParamsError) as err:
             read(rome)
         messages.append(str(err.value))
-    assert len(set(messages)) == 1 and "alg_name 'ROME' is not a method the runner knows" in messages[0]
+    assert (
+        len(set(messages)) == 1
+        and "alg_name 'ROME' is not a method the runner knows" in messages[0]
+    )
     assert "alg_name must be one of" in messages[0] and "'HPSE'" in messages[0]
 
 
-needs_data = pytest.mark.skipif(not DATA_DIR.is_dir(), reason="needs ../shared/data next to the repository")
+needs_data = pytest.mark.skipif(
+    not DATA_DIR.is_dir(), reason="needs ../shared/data next to the repository"
+)
 
 
 @needs_data
@@ -95,18 +125,34 @@ def test_toy_method_through_the_benchmark_runner_single_and_continual(toy, tmp_p
     from benchmarks.runner import RunOptions, run_benchmark
 
     path, original = toy
-    opts = dict(benchmark="mquake-uns", hparams=str(path), data_dir=str(DATA_DIR), limit=3, max_new_tokens=4,
-                batch_size=4, judge="lexical")
+    opts = dict(
+        benchmark="mquake-uns",
+        hparams=str(path),
+        data_dir=str(DATA_DIR),
+        limit=3,
+        max_new_tokens=4,
+        batch_size=4,
+        judge="lexical",
+    )
     single = run_benchmark(RunOptions(out_dir=str(tmp_path / "single"), **opts))
-    assert single["n_cases"] == 3 and single["hparams"]["delta"] == 0.25 and single["hparams"]["alg_name"] == "TOY"
+    assert (
+        single["n_cases"] == 3
+        and single["hparams"]["delta"] == 0.25
+        and single["hparams"]["alg_name"] == "TOY"
+    )
     assert json.loads((tmp_path / "single" / "config.json").read_text())["editor"] == "TOY"
-    assert [torch.equal(c["start"], original) for c in CALLS] == [True, True, True]  # restored after every case
+    assert [torch.equal(c["start"], original) for c in CALLS] == [
+        True,
+        True,
+        True,
+    ]  # restored after every case
     recs = [json.loads(x) for x in (tmp_path / "single" / "results.jsonl").read_text().splitlines()]
     assert len(recs) == 3 and all(len(r["answers"]["multi_hop"]) == 3 for r in recs)
 
     CALLS.clear()
     run_benchmark(RunOptions(out_dir=str(tmp_path / "seq"), sequential=2, **opts))
-    # block 0: unedited, then on top of the first edit; block 1 starts from the unedited weight again
+    # block 0: unedited, then on top of the first edit; block 1 starts from the unedited weight
+    # again
     assert [torch.equal(c["start"], original) for c in CALLS] == [True, False, True]
     assert torch.allclose(CALLS[1]["start"], original + 0.25)
 
@@ -117,9 +163,27 @@ def test_toy_method_through_run_compare(toy, tmp_path, capsys):
 
     path, _ = toy
     out = tmp_path / "cmp"
-    argv = ["--benchmark", "mquake-uns", "--limit", "1", "--max-new-tokens", "4", "--out", str(out),
-            "--data", str(DATA_DIR), "--log-level", "WARNING",
-            "--method", "Toy", str(path), "--method", "Toy x4", str(path), "delta=1.0"]
+    argv = [
+        "--benchmark",
+        "mquake-uns",
+        "--limit",
+        "1",
+        "--max-new-tokens",
+        "4",
+        "--out",
+        str(out),
+        "--data",
+        str(DATA_DIR),
+        "--log-level",
+        "WARNING",
+        "--method",
+        "Toy",
+        str(path),
+        "--method",
+        "Toy x4",
+        str(path),
+        "delta=1.0",
+    ]
     assert compare_main(argv) == 0
     table = (out / "compare.md").read_text()
     assert [line.split("|")[1].strip() for line in table.splitlines()[2:]] == ["Toy", "Toy x4"]
@@ -131,8 +195,10 @@ def test_toy_method_through_run_compare(toy, tmp_path, capsys):
 
 def test_toy_method_through_easyedits_base_editor(toy, monkeypatch):
     if not os.environ.get("EASYEDIT_SRC"):
-        pytest.skip("EASYEDIT_SRC is not set: point it at an EasyEdit source checkout to run the toy method "
-                    "through EasyEdit's BaseEditor")
+        pytest.skip(
+            "EASYEDIT_SRC is not set: point it at an EasyEdit source checkout to run the toy "
+            "method through EasyEdit's BaseEditor"
+        )
     import importlib
 
     import hpse_easyedit.easyedit as he
@@ -146,8 +212,9 @@ def test_toy_method_through_easyedits_base_editor(toy, monkeypatch):
 
     assert alg_dict["TOY"] is apply_toy_to_model and BatchEditor.is_batchable_method("TOY")
     editor = BaseEditor.from_hparams(ToyHParams.from_hparams(path))  # routed through make_editor
-    metrics, edited, _ = editor.edit(prompts=["Introduce AJ Lee."], target_new=["AJ Lee speaks Russian."],
-                                     subject=["AJ Lee"])
+    metrics, edited, _ = editor.edit(
+        prompts=["Introduce AJ Lee."], target_new=["AJ Lee speaks Russian."], subject=["AJ Lee"]
+    )
     assert len(metrics) == 1 and len(CALLS) == 1 and CALLS[0]["n_requests"] == 1
     assert torch.equal(CALLS[0]["start"], original)
     assert torch.equal(edited.get_parameter(WEIGHT), original)  # EasyEdit copied weights_copy back

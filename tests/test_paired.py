@@ -18,27 +18,54 @@ def _run(path, benchmark, records, name="results.jsonl"):
 
 
 def test_paired_mquake_by_hand(tmp_path):
-    a = _run(tmp_path / "a", "mquake-uns", [
-        {"case_id": "1", "Ind": 0.5, "Cmp": 0.0}, {"case_id": "2", "Ind": 1.0, "Cmp": 1.0},
-        {"case_id": "3", "Ind": 0.0, "Cmp": 0.0}, {"case_id": "9", "Ind": 1.0, "Cmp": 1.0}])
+    a = _run(
+        tmp_path / "a",
+        "mquake-uns",
+        [
+            {"case_id": "1", "Ind": 0.5, "Cmp": 0.0},
+            {"case_id": "2", "Ind": 1.0, "Cmp": 1.0},
+            {"case_id": "3", "Ind": 0.0, "Cmp": 0.0},
+            {"case_id": "9", "Ind": 1.0, "Cmp": 1.0},
+        ],
+    )
     # run B split over two process files, as an accelerate run writes it
-    b = _run(tmp_path / "b", "mquake-uns", [{"case_id": "1", "Ind": 1.0, "Cmp": 1.0}], "results.rank0-of-2.jsonl")
-    _run(b, "mquake-uns", [{"case_id": "2", "Ind": 1.0, "Cmp": 0.0}, {"case_id": "3", "Ind": 0.0, "Cmp": 0.0}],
-         "results.rank1-of-2.jsonl")
+    b = _run(
+        tmp_path / "b",
+        "mquake-uns",
+        [{"case_id": "1", "Ind": 1.0, "Cmp": 1.0}],
+        "results.rank0-of-2.jsonl",
+    )
+    _run(
+        b,
+        "mquake-uns",
+        [{"case_id": "2", "Ind": 1.0, "Cmp": 0.0}, {"case_id": "3", "Ind": 0.0, "Cmp": 0.0}],
+        "results.rank1-of-2.jsonl",
+    )
     r = paired_report(a, b, resamples=2000)
     assert r["cases"] == ["1", "2", "3"] and r["stepin_rate_by_round"] == {"a": [], "b": []}
     assert r["n_cases"] == 3 and r["only_in_a"] == 1 and r["only_in_b"] == 0
     ind, cmp_, avg = r["metrics"]["Ind"], r["metrics"]["Cmp"], r["metrics"]["Avg"]
     assert ind["a"] == pytest.approx(50.0) and ind["b"] == pytest.approx(200 / 3)
-    assert ind["diff"] == pytest.approx(50 / 3) and (ind["b_wins"], ind["ties"], ind["b_losses"]) == (1, 2, 0)
-    assert cmp_["diff"] == pytest.approx(0.0) and (cmp_["b_wins"], cmp_["ties"], cmp_["b_losses"]) == (1, 1, 1)
+    assert ind["diff"] == pytest.approx(50 / 3) and (
+        ind["b_wins"],
+        ind["ties"],
+        ind["b_losses"],
+    ) == (1, 2, 0)
+    assert cmp_["diff"] == pytest.approx(0.0) and (
+        cmp_["b_wins"],
+        cmp_["ties"],
+        cmp_["b_losses"],
+    ) == (1, 1, 1)
     # Avg is the per-case mean of Ind and Cmp: A = (25, 100, 0), B = (100, 50, 0)
     assert avg["a"] == pytest.approx(125 / 3) and avg["b"] == pytest.approx(50.0)
     lo, hi = ind["diff_ci95"]
     assert lo <= ind["diff"] <= hi and lo >= 0.0  # every resampled mean of (+50, 0, 0) is >= 0
-    # composition given the hops: A knows every hop of case 2 and chains it; B knows every hop of 1 and 2, chains only 1
-    assert r["composition_given_hops"] == {"a": {"cases": 3, "all_hops": 1, "composed": 1},
-                                           "b": {"cases": 3, "all_hops": 2, "composed": 1}}
+    # composition given the hops: A knows every hop of case 2 and chains it; B knows every hop of 1
+    # and 2, chains only 1
+    assert r["composition_given_hops"] == {
+        "a": {"cases": 3, "all_hops": 1, "composed": 1},
+        "b": {"cases": 3, "all_hops": 2, "composed": 1},
+    }
 
 
 def test_bootstrap_ci_of_constant_and_spread():
@@ -46,14 +73,21 @@ def test_bootstrap_ci_of_constant_and_spread():
     assert bootstrap_ci([-2.5]) == (-2.5, -2.5)  # one case (a paired report on one common case)
     lo, hi = bootstrap_ci([0.0, 100.0] * 10, resamples=4000)
     assert 20 < lo < 50 < hi < 80
-    assert abs((50 - lo) - (hi - 50)) <= 2.5  # symmetric data: a symmetric interval, up to resampling noise
+    assert (
+        abs((50 - lo) - (hi - 50)) <= 2.5
+    )  # symmetric data: a symmetric interval, up to resampling noise
 
 
-def test_bootstrap_ci_is_the_percentile_interval_of_resample_means_drawn_with_the_seeded_generator():
+def test_bootstrap_ci_is_the_percentile_interval_of_resample_means_from_the_seeded_generator():
     values = [0.1, 0.9, 0.4, 0.4, 1.0, 0.0, 0.7]
     rng = np.random.default_rng(7)
-    means = [np.mean([values[i] for i in rng.integers(0, len(values), size=len(values))]) for _ in range(500)]
-    assert bootstrap_ci(values, resamples=500, seed=7, level=0.9) == pytest.approx(tuple(np.percentile(means, [5, 95])))
+    means = [
+        np.mean([values[i] for i in rng.integers(0, len(values), size=len(values))])
+        for _ in range(500)
+    ]
+    assert bootstrap_ci(values, resamples=500, seed=7, level=0.9) == pytest.approx(
+        tuple(np.percentile(means, [5, 95]))
+    )
     lo, hi = bootstrap_ci(values, resamples=2000, seed=3)
     assert lo < np.mean(values) < hi and bootstrap_ci(values, resamples=2000, seed=3) == (lo, hi)
 
@@ -73,8 +107,36 @@ def test_paired_cli_table_and_no_overwrite(tmp_path, capsys):
     out, png = tmp_path / "p.json", tmp_path / "plot" / "s.png"
     rounds = [{"round": 1, "stepin_rate": 0.25}, {"round": 2, "stepin_rate": 0.05}]
     _run(b, "unkebench", [{"case_id": "2", "Jnt": 1.0, "Dmp": 1.0, "Div": 1.0, "rounds": rounds}])
-    _run(a, "unkebench", [{"case_id": "2", "Jnt": 1.0, "Dmp": 1.0, "Div": 1.0, "rounds": [{"round": 1, "stepin_rate": None}]}])
-    assert main([str(a), str(b), "--label-a", "LoRA", "--label-b", "HPSE", "--out", str(out), "--plot", str(png)]) == 0
+    _run(
+        a,
+        "unkebench",
+        [
+            {
+                "case_id": "2",
+                "Jnt": 1.0,
+                "Dmp": 1.0,
+                "Div": 1.0,
+                "rounds": [{"round": 1, "stepin_rate": None}],
+            }
+        ],
+    )
+    assert (
+        main(
+            [
+                str(a),
+                str(b),
+                "--label-a",
+                "LoRA",
+                "--label-b",
+                "HPSE",
+                "--out",
+                str(out),
+                "--plot",
+                str(png),
+            ]
+        )
+        == 0
+    )
     assert png.stat().st_size > 0
     text = capsys.readouterr().out
     assert "| Jnt | 75.0" in text and "HPSE - LoRA" in text and "| Div |" in text
@@ -94,17 +156,40 @@ def test_case_studies_on_real_mquake_case(tmp_path, capsys):
         pytest.skip(f"MQuAKE-uns data not found under {data} (set HPSE_DATA_DIR)")
     case = load_mquake_uns(data, limit=1)[0]
     n_single, n_multi = len(case["single_hop_questions"]), len(case["multi_hop_questions"])
-    answers = {"single_hop": ["a%d" % i for i in range(n_single)], "multi_hop": ["m%d" % i for i in range(n_multi)]}
-    a = _run(tmp_path / "a", "mquake-uns", [{"case_id": case["case_id"], "Ind": 0.0, "Cmp": 0.0, "answers": answers}])
-    b = _run(tmp_path / "b", "mquake-uns", [{"case_id": case["case_id"], "Ind": 1.0, "Cmp": 1.0, "answers": answers}])
+    answers = {
+        "single_hop": ["a%d" % i for i in range(n_single)],
+        "multi_hop": ["m%d" % i for i in range(n_multi)],
+    }
+    a = _run(
+        tmp_path / "a",
+        "mquake-uns",
+        [{"case_id": case["case_id"], "Ind": 0.0, "Cmp": 0.0, "answers": answers}],
+    )
+    b = _run(
+        tmp_path / "b",
+        "mquake-uns",
+        [{"case_id": case["case_id"], "Ind": 1.0, "Cmp": 1.0, "answers": answers}],
+    )
     assert main([str(a), str(b), "--show", "1", "--data", str(data)]) == 0
     text = capsys.readouterr().out
-    assert f"#### case {case['case_id']} (a -> b: Ind 0 -> 100 Cmp 0 -> 100)" in text  # labels default to the directory names
+    assert (
+        f"#### case {case['case_id']} (a -> b: Ind 0 -> 100 Cmp 0 -> 100)" in text
+    )  # labels default to the directory names
     assert "| AnsDiv |" in text and "not a paper metric" in text
     assert case["multi_hop_questions"][2] in text and case["multi_hop_answers"][0] in text
     assert "| m2 | m2 |" in text
-    before = _run(tmp_path / "unedited", "mquake-uns", [{"case_id": case["case_id"], "Ind": 0.0, "Cmp": 0.0,
-                  "answers": {"single_hop": ["old"] * n_single, "multi_hop": ["older"] * n_multi}}])
+    before = _run(
+        tmp_path / "unedited",
+        "mquake-uns",
+        [
+            {
+                "case_id": case["case_id"],
+                "Ind": 0.0,
+                "Cmp": 0.0,
+                "answers": {"single_hop": ["old"] * n_single, "multi_hop": ["older"] * n_multi},
+            }
+        ],
+    )
     assert main([str(a), str(b), "--show", "1", "--data", str(data), "--before", str(before)]) == 0
     text = capsys.readouterr().out
     assert "| question | expected | before | a | b |" in text and "| older | m2 | m2 |" in text
@@ -113,12 +198,25 @@ def test_case_studies_on_real_mquake_case(tmp_path, capsys):
 
 
 def test_answer_diversity_exposes_recitation(tmp_path):
-    recite = "Manila is the capital of the Philippines and the birthplace of Mark Burnett, who created Tetris."
+    recite = (
+        "Manila is the capital of the Philippines and the "
+        "birthplace of Mark Burnett, who created Tetris."
+    )
     same = {"single_hop": [recite, recite], "multi_hop": [recite, recite, recite]}
-    varied = {"single_hop": ["Mark Burnett created it.", "He was born in Manila."],
-              "multi_hop": ["Manila.", "The creator was born in Manila, the capital.", "In the city of Manila."]}
-    a = _run(tmp_path / "a", "mquake-uns", [{"case_id": "1", "Ind": 1.0, "Cmp": 1.0, "answers": same}])
-    b = _run(tmp_path / "b", "mquake-uns", [{"case_id": "1", "Ind": 1.0, "Cmp": 1.0, "answers": varied}])
+    varied = {
+        "single_hop": ["Mark Burnett created it.", "He was born in Manila."],
+        "multi_hop": [
+            "Manila.",
+            "The creator was born in Manila, the capital.",
+            "In the city of Manila.",
+        ],
+    }
+    a = _run(
+        tmp_path / "a", "mquake-uns", [{"case_id": "1", "Ind": 1.0, "Cmp": 1.0, "answers": same}]
+    )
+    b = _run(
+        tmp_path / "b", "mquake-uns", [{"case_id": "1", "Ind": 1.0, "Cmp": 1.0, "answers": varied}]
+    )
     r = paired_report(a, b, resamples=100)
     assert r["metrics"]["AnsDiv"]["a"] == pytest.approx(0.0) and r["metrics"]["AnsDiv"]["b"] > 50
     assert r["metrics"]["Avg"]["diff"] == pytest.approx(0.0)  # AnsDiv never enters the paper's Avg
@@ -126,28 +224,78 @@ def test_answer_diversity_exposes_recitation(tmp_path):
 
 def test_more_than_two_runs_one_row_each_on_the_cases_all_finished(tmp_path, capsys):
     rounds = [{"round": 1, "stepin_rate": 0.5}]
-    base = _run(tmp_path / "lora", "mquake-uns", [
-        {"case_id": "1", "Ind": 0.0, "Cmp": 0.0}, {"case_id": "2", "Ind": 1.0, "Cmp": 0.0},
-        {"case_id": "3", "Ind": 1.0, "Cmp": 1.0}])
-    hpse = _run(tmp_path / "hpse", "mquake-uns", [
-        {"case_id": "1", "Ind": 1.0, "Cmp": 1.0, "rounds": rounds}, {"case_id": "2", "Ind": 1.0, "Cmp": 1.0, "rounds": rounds}])
-    other = _run(tmp_path / "other", "mquake-uns", [
-        {"case_id": "2", "Ind": 0.0, "Cmp": 0.0}, {"case_id": "1", "Ind": 0.0, "Cmp": 0.0}, {"case_id": "7", "Ind": 1.0, "Cmp": 1.0}])
+    base = _run(
+        tmp_path / "lora",
+        "mquake-uns",
+        [
+            {"case_id": "1", "Ind": 0.0, "Cmp": 0.0},
+            {"case_id": "2", "Ind": 1.0, "Cmp": 0.0},
+            {"case_id": "3", "Ind": 1.0, "Cmp": 1.0},
+        ],
+    )
+    hpse = _run(
+        tmp_path / "hpse",
+        "mquake-uns",
+        [
+            {"case_id": "1", "Ind": 1.0, "Cmp": 1.0, "rounds": rounds},
+            {"case_id": "2", "Ind": 1.0, "Cmp": 1.0, "rounds": rounds},
+        ],
+    )
+    other = _run(
+        tmp_path / "other",
+        "mquake-uns",
+        [
+            {"case_id": "2", "Ind": 0.0, "Cmp": 0.0},
+            {"case_id": "1", "Ind": 0.0, "Cmp": 0.0},
+            {"case_id": "7", "Ind": 1.0, "Cmp": 1.0},
+        ],
+    )
     r = multi_report([base, hpse, other], resamples=500)
     assert r["n_cases"] == 2 and r["not_in_all"] == {str(base): 1, str(hpse): 0, str(other): 1}
     first, second = r["pairs"]
-    assert first["cases"] == second["cases"] == ["1", "2"]  # case 3 (not in hpse) and 7 (only in other) left out
-    assert first["metrics"]["Avg"]["a"] == pytest.approx(25.0) and first["metrics"]["Avg"]["b"] == pytest.approx(100.0)
+    assert (
+        first["cases"] == second["cases"] == ["1", "2"]
+    )  # case 3 (not in hpse) and 7 (only in other) left out
+    assert first["metrics"]["Avg"]["a"] == pytest.approx(25.0) and first["metrics"]["Avg"][
+        "b"
+    ] == pytest.approx(100.0)
     assert second["metrics"]["Avg"]["diff"] == pytest.approx(-25.0)
-    assert main([str(base), str(hpse), str(other), "--label", "LoRA", "--label", "HPSE", "--label", "X",
-                 "--resamples", "200"]) == 0
+    assert (
+        main(
+            [
+                str(base),
+                str(hpse),
+                str(other),
+                "--label",
+                "LoRA",
+                "--label",
+                "HPSE",
+                "--label",
+                "X",
+                "--resamples",
+                "200",
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "2 cases finished by all 3 runs" in text and "| Avg - LoRA (95% CI) |" in text
-    assert "| HPSE | 100.0 [100.0, 100.0] | 100.0 [100.0, 100.0] | 100.0 [100.0, 100.0] | +75.0" in text
+    assert (
+        "| HPSE | 100.0 [100.0, 100.0] | 100.0 [100.0, 100.0] | 100.0 [100.0, 100.0] | +75.0"
+        in text
+    )
     assert "| X |" in text and "2 / 0 / 0" in text and "- HPSE: step-in rate by round 50.0%" in text
-    assert "- LoRA: every single hop answered in 1 of 2 cases; the multi-hop question too in 0 of those 1 (0%)" in text
-    assert "- X: every single hop answered in 0 of 2 cases; the multi-hop question too in 0 of those 0" in text
-    assert main([str(base), str(hpse), "--cases", "2,3", "--resamples", "200"]) == 0  # case 3 is not in hpse
+    assert (
+        "- LoRA: every single hop answered in 1 of 2 cases; "
+        "the multi-hop question too in 0 of those 1 (0%)" in text
+    )
+    assert (
+        "- X: every single hop answered in 0 of 2 cases; the multi-hop question too in 0 of those 0"
+        in text
+    )
+    assert (
+        main([str(base), str(hpse), "--cases", "2,3", "--resamples", "200"]) == 0
+    )  # case 3 is not in hpse
     assert "1 cases in both runs" in capsys.readouterr().out
     assert main([str(base), str(hpse), "--cases", "3", "--resamples", "200"]) == 2
     assert "no finished case in common" in capsys.readouterr().err
@@ -166,22 +314,39 @@ def test_whole_word_aliases_rescores_stored_answers(tmp_path, capsys):
     if not (data / "akew" / "MQuAKE-CF.json").is_file():
         pytest.skip(f"MQuAKE-uns data not found under {data} (set HPSE_DATA_DIR)")
     case = load_mquake_uns(data, limit=1)[0]
-    # case 1: hop 0 is Croatia (aliases include "HR"), hop 1 and the multi-hop answer Kolinda Grabar-Kitarović
+    # case 1: hop 0 is Croatia (aliases include "HR"), hop 1 and the multi-hop answer Kolinda
+    # Grabar-Kitarović
     assert case["case_id"] == "1" and "HR" in case["single_hop_answers"][0]
     n_multi = len(case["multi_hop_questions"])
-    lucky = {"single_hop": ["He threw the ball.", "Kolinda Grabar-Kitarović."],  # "hr" inside "threw"
-             "multi_hop": ["It is Grabar-Kitarović."] + ["No idea."] * (n_multi - 1)}
-    right = {"single_hop": ["Croatia (HR).", "Kolinda Grabar-Kitarović."], "multi_hop": ["No idea."] * n_multi}
-    a = _run(tmp_path / "a", "mquake-uns", [{"case_id": "1", "Ind": 1.0, "Cmp": 1.0, "answers": lucky}])
-    b = _run(tmp_path / "b", "mquake-uns", [{"case_id": "1", "Ind": 1.0, "Cmp": 0.0, "answers": right}])
+    lucky = {
+        "single_hop": ["He threw the ball.", "Kolinda Grabar-Kitarović."],  # "hr" inside "threw"
+        "multi_hop": ["It is Grabar-Kitarović."] + ["No idea."] * (n_multi - 1),
+    }
+    right = {
+        "single_hop": ["Croatia (HR).", "Kolinda Grabar-Kitarović."],
+        "multi_hop": ["No idea."] * n_multi,
+    }
+    a = _run(
+        tmp_path / "a", "mquake-uns", [{"case_id": "1", "Ind": 1.0, "Cmp": 1.0, "answers": lucky}]
+    )
+    b = _run(
+        tmp_path / "b", "mquake-uns", [{"case_id": "1", "Ind": 1.0, "Cmp": 0.0, "answers": right}]
+    )
     out = tmp_path / "strict.json"
-    assert main([str(a), str(b), "--whole-word-aliases", "3", "--data", str(data), "--out", str(out)]) == 0
+    assert (
+        main([str(a), str(b), "--whole-word-aliases", "3", "--data", str(data), "--out", str(out)])
+        == 0
+    )
     text = capsys.readouterr().out
     assert "rescored: aliases of <= 3 characters as whole words" in text
     report = json.loads(out.read_text())
     assert report["whole_word_aliases"] == 3
-    assert report["metrics"]["Ind"]["a"] == pytest.approx(50.0) and report["metrics"]["Ind"]["b"] == pytest.approx(100.0)
-    assert report["metrics"]["Cmp"]["a"] == pytest.approx(100.0)  # a long alias keeps the substring check
+    assert report["metrics"]["Ind"]["a"] == pytest.approx(50.0) and report["metrics"]["Ind"][
+        "b"
+    ] == pytest.approx(100.0)
+    assert report["metrics"]["Cmp"]["a"] == pytest.approx(
+        100.0
+    )  # a long alias keeps the substring check
     # the default is the official check: the stored scores, untouched
     assert main([str(a), str(b)]) == 0
     assert "| Ind | 100.0" in capsys.readouterr().out
@@ -194,16 +359,24 @@ def test_whole_word_aliases_rescores_stored_answers(tmp_path, capsys):
     assert "keeps no single_hop/multi_hop answers" in capsys.readouterr().err
 
 
-# ------------------------------------------------------------------------------ recitation diagnostics
+# --------------------------------------------------------------------------- recitation diagnostics
 def test_cuts_by_hand():
     from benchmarks.metrics import cut_to_tokens, first_sentence
 
     assert first_sentence("The answer is Paris. It is in France.") == "The answer is Paris."
     assert first_sentence("Paris\nFrance is big.") == "Paris" and first_sentence("  ") == ""
     words = " ".join(f"w{i}" for i in range(1, 41))
-    assert cut_to_tokens(words, 32) == " ".join(f"w{i}" for i in range(1, 33))  # w32 kept, w33 dropped
-    assert cut_to_tokens("Yes, it is.", 2) == "Yes," and cut_to_tokens("Yes, it is.", 5) == "Yes, it is."
-    chars = lambda t: [(i, i + 1) for i in range(len(t))]  # a tokenizer whose tokens are characters
+    assert cut_to_tokens(words, 32) == " ".join(
+        f"w{i}" for i in range(1, 33)
+    )  # w32 kept, w33 dropped
+    assert (
+        cut_to_tokens("Yes, it is.", 2) == "Yes,"
+        and cut_to_tokens("Yes, it is.", 5) == "Yes, it is."
+    )
+
+    def chars(t):  # a tokenizer whose tokens are characters
+        return [(i, i + 1) for i in range(len(t))]
+
     assert cut_to_tokens("abcdef", 3, chars) == "abc" and cut_to_tokens("abc", 3, chars) == "abc"
     with pytest.raises(ValueError, match=">= 1"):
         cut_to_tokens("abc", 0)
@@ -211,11 +384,44 @@ def test_cuts_by_hand():
 
 def _mq_reciters(tmp_path):
     filler = " ".join(f"w{i}" for i in range(1, 32))  # 31 tokens: "Croatia" after it is token 32
-    a = _run(tmp_path / "a", "mquake-uns", [{"case_id": "1", "Ind": 1.0, "Cmp": 1.0, "answers": {
-        "single_hop": [filler + " Croatia and more words"], "multi_hop": ["I do not know. Zagreb is its capital."]}}])
-    b = _run(tmp_path / "b", "mquake-uns", [{"case_id": "1", "Ind": 1.0, "Cmp": 1.0, "answers": {
-        "single_hop": [filler + " w32 Croatia"], "multi_hop": ["Zagreb."]}}])
-    return a, b, {"1": {"case_id": "1", "single_hop_answers": [["Croatia"]], "multi_hop_answers": ["Zagreb"]}}
+    a = _run(
+        tmp_path / "a",
+        "mquake-uns",
+        [
+            {
+                "case_id": "1",
+                "Ind": 1.0,
+                "Cmp": 1.0,
+                "answers": {
+                    "single_hop": [filler + " Croatia and more words"],
+                    "multi_hop": ["I do not know. Zagreb is its capital."],
+                },
+            }
+        ],
+    )
+    b = _run(
+        tmp_path / "b",
+        "mquake-uns",
+        [
+            {
+                "case_id": "1",
+                "Ind": 1.0,
+                "Cmp": 1.0,
+                "answers": {"single_hop": [filler + " w32 Croatia"], "multi_hop": ["Zagreb."]},
+            }
+        ],
+    )
+    return (
+        a,
+        b,
+        {
+            "1": {
+                "case_id": "1",
+                "single_hop_answers": [["Croatia"]],
+                "multi_hop_answers": ["Zagreb"],
+            }
+        },
+    )
 
 
 def test_recitation_report_mquake_by_hand(tmp_path):
@@ -223,12 +429,17 @@ def test_recitation_report_mquake_by_hand(tmp_path):
 
     a, b, cases = _mq_reciters(tmp_path)
     r = recitation_report([a, b], [load_run(a), load_run(b)], cases, tokens=32, resamples=200)
-    got = {cut: [(row["Ind"]["mean"], row["Cmp"]["mean"], row["Avg"]["mean"]) for row in rows] for cut, rows in r["cuts"].items()}
-    assert got == {"official": [(100.0, 100.0, 100.0)] * 2,
-                   # A's multi-hop answer puts Zagreb in its second sentence
-                   "first sentence": [(100.0, 0.0, 50.0), (100.0, 100.0, 100.0)],
-                   # Croatia is A's 32nd token (kept) and B's 33rd (dropped): an off-by-one flips both
-                   "first 32 tokens": [(100.0, 100.0, 100.0), (0.0, 100.0, 50.0)]}
+    got = {
+        cut: [(row["Ind"]["mean"], row["Cmp"]["mean"], row["Avg"]["mean"]) for row in rows]
+        for cut, rows in r["cuts"].items()
+    }
+    assert got == {
+        "official": [(100.0, 100.0, 100.0)] * 2,
+        # A's multi-hop answer puts Zagreb in its second sentence
+        "first sentence": [(100.0, 0.0, 50.0), (100.0, 100.0, 100.0)],
+        # Croatia is A's 32nd token (kept) and B's 33rd (dropped): an off-by-one flips both
+        "first 32 tokens": [(100.0, 100.0, 100.0), (0.0, 100.0, 50.0)],
+    }
     assert r["cuts"]["first sentence"][0]["Avg"]["kept"] == pytest.approx(0.5)
     assert r["cuts"]["first 32 tokens"][1]["Ind"]["kept"] == pytest.approx(0.0)
     d = r["cuts"]["first 32 tokens"][1]["Avg_diff"]
@@ -238,30 +449,69 @@ def test_recitation_report_mquake_by_hand(tmp_path):
     assert [row["Ind"]["mean"] for row in r31["cuts"]["first 31 tokens"]] == [0.0, 0.0]
     text = recitation_table(r, ["LoRA", "HPSE"])
     assert "| LoRA | first sentence | 100.0 (100%) | 0.0 (0%) | 50.0 (50%) | | |" in text
-    assert "| HPSE | first 32 tokens | 0.0 (0%) | 100.0 (100%) | 50.0 (50%) | -50.0 [-50.0, -50.0] | 0 / 0 / 1 |" in text
+    assert (
+        "| HPSE | first 32 tokens | 0.0 (0%) | 100.0 (100%) "
+        "| 50.0 (50%) | -50.0 [-50.0, -50.0] | 0 / 0 / 1 |" in text
+    )
 
 
 def test_recitation_report_unkebench_reruns_the_lexical_judge_only(tmp_path):
     from benchmarks.metrics import diversity
     from benchmarks.paired import load_run, recitation_report, recitation_table
 
-    case = {"case_id": "5", "subject": "Wise", "passage": "Wise is a music producer. He worked with Adele.",
-            "question": "Who is Wise?", "para_question": "Tell me about Wise.",
-            "sub_questions": ["Who has Wise worked with?", "What is Wise's job?"],
-            "sub_answers": ["Adele.", "A music producer."]}
+    case = {
+        "case_id": "5",
+        "subject": "Wise",
+        "passage": "Wise is a music producer. He worked with Adele.",
+        "question": "Who is Wise?",
+        "para_question": "Tell me about Wise.",
+        "sub_questions": ["Who has Wise worked with?", "What is Wise's job?"],
+        "sub_answers": ["Adele.", "A music producer."],
+    }
     subs = ["Wise is a music producer. He worked with Adele.", "Wise is a music producer."]
     answers = {"question": subs[0], "para_question": subs[1], "sub_questions": subs}
-    lexical = _run(tmp_path / "lex", "unkebench", [{"case_id": "5", "Jnt": 1.0, "Dmp": 1.0, "Div": 0.25,
-                                                    "judge": "lexical-fallback", "answers": answers}])
-    llm = _run(tmp_path / "llm", "unkebench", [{"case_id": "5", "Jnt": 0.5, "Dmp": 1.0, "Div": 0.25,
-                                                "judge": "gpt-4o-mini", "answers": answers}])
-    r = recitation_report([lexical, llm], [load_run(lexical), load_run(llm)], {"5": case}, tokens=3, resamples=100)
+    lexical = _run(
+        tmp_path / "lex",
+        "unkebench",
+        [
+            {
+                "case_id": "5",
+                "Jnt": 1.0,
+                "Dmp": 1.0,
+                "Div": 0.25,
+                "judge": "lexical-fallback",
+                "answers": answers,
+            }
+        ],
+    )
+    llm = _run(
+        tmp_path / "llm",
+        "unkebench",
+        [
+            {
+                "case_id": "5",
+                "Jnt": 0.5,
+                "Dmp": 1.0,
+                "Div": 0.25,
+                "judge": "gpt-4o-mini",
+                "answers": answers,
+            }
+        ],
+    )
+    r = recitation_report(
+        [lexical, llm], [load_run(lexical), load_run(llm)], {"5": case}, tokens=3, resamples=100
+    )
     official, first = r["cuts"]["official"], r["cuts"]["first sentence"]
     assert official[0]["Div"]["mean"] == pytest.approx(25.0)  # the stored scores, untouched
     # cut to "Wise is a music producer.", the Adele sub-question is no longer answered: Dmp 1 -> 1/2
-    assert first[0]["Dmp"]["mean"] == pytest.approx(50.0) and first[0]["Jnt"]["mean"] == pytest.approx(100.0)
-    assert first[0]["Div"]["mean"] == pytest.approx(100 * diversity(["Wise is a music producer."] * 2))
-    # "Wise is a" (3 tokens) answers neither sub-question; a fourth token ("music") would answer the job one
+    assert first[0]["Dmp"]["mean"] == pytest.approx(50.0) and first[0]["Jnt"][
+        "mean"
+    ] == pytest.approx(100.0)
+    assert first[0]["Div"]["mean"] == pytest.approx(
+        100 * diversity(["Wise is a music producer."] * 2)
+    )
+    # "Wise is a" (3 tokens) answers neither sub-question; a fourth token ("music") would answer the
+    # job one
     assert r["cuts"]["first 3 tokens"][0]["Dmp"]["mean"] == pytest.approx(0.0)
     # an LLM judge cannot be rerun offline: Div alone is rescored, no Avg
     assert set(first[1]) == {"Div"} and "Avg_diff" not in first[1]
@@ -273,12 +523,18 @@ def test_recitation_cli_names_the_tokens_and_needs_the_data(tmp_path, capsys, mo
 
     a, b, cases = _mq_reciters(tmp_path)
     for run in (a, b):
-        (run / "config.json").write_text(json.dumps({"benchmark": "mquake-uns", "hparams": {"model_name": "tiny"}}))
+        (run / "config.json").write_text(
+            json.dumps({"benchmark": "mquake-uns", "hparams": {"model_name": "tiny"}})
+        )
     monkeypatch.setattr(paired, "load_cases", lambda bench, data, why: cases)
     monkeypatch.setattr(paired, "model_token_spans", lambda name: (None, f"words of {name}"))
     assert main([str(a), str(b), "--recitation", "--resamples", "100"]) == 0
     text = capsys.readouterr().out
-    assert "| Avg | 100.0" in text and "first 32 words of tiny" in text and "| b | first 32 tokens | 0.0 (0%)" in text
+    assert (
+        "| Avg | 100.0" in text
+        and "first 32 words of tiny" in text
+        and "| b | first 32 tokens | 0.0 (0%)" in text
+    )
     monkeypatch.undo()
     assert main([str(a), str(b), "--recitation", "--data", str(tmp_path / "nowhere")]) == 2
     assert "--recitation needs the mquake-uns data" in capsys.readouterr().err

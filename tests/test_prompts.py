@@ -1,4 +1,5 @@
-"""Student and teacher prompts: chat template, family dispatch on model_type, token ids end to end."""
+"""Student and teacher prompts: chat template, family dispatch on model_type, token ids end to
+end."""
 
 import pytest
 
@@ -12,8 +13,10 @@ from hpse_easyedit.prompts import (
 )
 from tiny_models import make_tokenizer
 
-REQ = [{"prompt": "Introduce AJ Lee.", "subject": "AJ Lee", "target_new": "AJ Lee speaks Russian."},
-       {"prompt": "Introduce Moscow.", "subject": "Moscow", "target_new": "Moscow is cold."}]
+REQ = [
+    {"prompt": "Introduce AJ Lee.", "subject": "AJ Lee", "target_new": "AJ Lee speaks Russian."},
+    {"prompt": "Introduce Moscow.", "subject": "Moscow", "target_new": "Moscow is cold."},
+]
 
 
 def _text(tok, ids):
@@ -31,11 +34,16 @@ def test_chatml_family_uses_system_role_and_paper_wording():
     tok = make_tokenizer("qwen2")
     p = build_edit_prompts(tok, "qwen2", REQ)[0]
     teacher = _text(tok, p.teacher_ids)
-    assert teacher.startswith("<|im_start|>system\n" + DEFAULT_SYSTEM.format(passage="AJ Lee speaks Russian.")[:40])
+    assert teacher.startswith(
+        "<|im_start|>system\n" + DEFAULT_SYSTEM.format(passage="AJ Lee speaks Russian.")[:40]
+    )
     assert "FACTS:\nAJ Lee speaks Russian.<|im_end|>" in teacher
     assert PRIVILEGED_QUESTION.format(subject="AJ Lee") in teacher
     assert teacher.endswith("<|im_start|>assistant\n")
-    assert _text(tok, p.student_ids) == "<|im_start|>user\nIntroduce AJ Lee.<|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        _text(tok, p.student_ids)
+        == "<|im_start|>user\nIntroduce AJ Lee.<|im_end|>\n<|im_start|>assistant\n"
+    )
     # the NLL target is the passage followed by the end-of-turn token
     assert p.passage_ids[-1] == tok.convert_tokens_to_ids("<|im_end|>")
     assert _text(tok, p.passage_ids[:-1]) == "AJ Lee speaks Russian."
@@ -85,6 +93,10 @@ def test_labelled_teacher_facts_head_every_passage_with_its_subject():
 
 def test_plain_style_is_the_passage_alone():
     tok = make_tokenizer("qwen2")
-    teacher = _text(tok, build_edit_prompts(tok, "qwen2", REQ, teacher_prompt_style="plain")[0].teacher_ids)
-    assert teacher.startswith("<|im_start|>system\nAJ Lee speaks Russian.<|im_end|>\n<|im_start|>user\n")
+    teacher = _text(
+        tok, build_edit_prompts(tok, "qwen2", REQ, teacher_prompt_style="plain")[0].teacher_ids
+    )
+    assert teacher.startswith(
+        "<|im_start|>system\nAJ Lee speaks Russian.<|im_end|>\n<|im_start|>user\n"
+    )
     assert "RULES" not in teacher and PRIVILEGED_QUESTION.format(subject="AJ Lee") in teacher

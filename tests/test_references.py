@@ -1,5 +1,6 @@
-"""The UNEDITED and IN_CONTEXT reference rows: no weight moves, and IN_CONTEXT answers every question of a
-case (or of a continual-editing block) with exactly that case's passages in the teacher's system prompt."""
+"""The UNEDITED and IN_CONTEXT reference rows: no weight moves, and IN_CONTEXT answers every
+question of a case (or of a continual-editing block) with exactly that case's passages in the
+teacher's system prompt."""
 
 import json
 from pathlib import Path
@@ -17,7 +18,9 @@ from hpse_easyedit.prompts import LLAMA_SYSTEM, chat_prompt_ids, privileged_syst
 from tiny_models import make_tiny_model_and_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.skipif(not DATA_DIR.is_dir(), reason="needs ../shared/data next to the repository")
+pytestmark = pytest.mark.skipif(
+    not DATA_DIR.is_dir(), reason="needs ../shared/data next to the repository"
+)
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +51,15 @@ def systems(monkeypatch):
 
 
 def _run(tiny, tmp_path, alg, **kw):
-    opts = dict(benchmark="mquake-uns", hparams=str(tiny / f"{alg}.yaml"), data_dir=str(DATA_DIR),
-                out_dir=str(tmp_path / alg), limit=3, max_new_tokens=4, judge="lexical")
+    opts = dict(
+        benchmark="mquake-uns",
+        hparams=str(tiny / f"{alg}.yaml"),
+        data_dir=str(DATA_DIR),
+        out_dir=str(tmp_path / alg),
+        limit=3,
+        max_new_tokens=4,
+        judge="lexical",
+    )
     return run_benchmark(RunOptions(**{**opts, **kw}))
 
 
@@ -67,16 +77,20 @@ def test_in_context_answers_each_case_under_its_own_passages(tiny, tmp_path, sys
     for case, (n_questions, system) in zip(cases, systems):
         passages = [r["target_new"] for r in case["requests"]]
         subjects = ", ".join(dict.fromkeys(r["subject"] for r in case["requests"]))
-        # the tiny model is a Llama, so the teacher's Llama wording, with this case's passages and no other
+        # the tiny model is a Llama, so the teacher's Llama wording, with this case's passages and
+        # no other
         assert system == LLAMA_SYSTEM.format(subject=subjects, passage="\n\n".join(passages))
         assert n_questions == len(case["single_hop_questions"]) + len(case["multi_hop_questions"])
-    assert json.loads((tmp_path / "IN_CONTEXT" / "config.json").read_text())["hparams"]["alg_name"] == "IN_CONTEXT"
+    assert (
+        json.loads((tmp_path / "IN_CONTEXT" / "config.json").read_text())["hparams"]["alg_name"]
+        == "IN_CONTEXT"
+    )
 
 
 def test_in_context_continual_block_reads_every_passage_of_the_block(tiny, tmp_path, systems):
     _run(tiny, tmp_path, "IN_CONTEXT", limit=2, sequential=2)
     cases = load_mquake_uns(DATA_DIR, limit=2)
-    (_, system), = systems
+    ((_, system),) = systems
     for case in cases:
         assert all(r["target_new"] in system for r in case["requests"])
 
@@ -90,9 +104,13 @@ def test_system_prompt_is_folded_into_the_user_turn_without_a_system_role():
     import torch
 
     with torch.no_grad():
-        out = model.generate(input_ids=torch.tensor([rows]), max_new_tokens=3, do_sample=False,
-                             pad_token_id=tok.pad_token_id)
-    assert got == [tok.decode(out[0, len(rows):], skip_special_tokens=True).strip()]
+        out = model.generate(
+            input_ids=torch.tensor([rows]),
+            max_new_tokens=3,
+            do_sample=False,
+            pad_token_id=tok.pad_token_id,
+        )
+    assert got == [tok.decode(out[0, len(rows) :], skip_special_tokens=True).strip()]
 
 
 def test_reference_hparams_check_the_alg_name(tmp_path):

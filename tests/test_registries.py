@@ -1,9 +1,16 @@
-"""Enumerations derive from their registries: a new judge is one class plus one register_judge line, and the
-option check, --help and make_judge follow."""
+"""Enumerations derive from their registries: a new judge is one class plus one register_judge line,
+and the option check, --help and make_judge follow."""
 
 import pytest
 
-from benchmarks.judge import JUDGE_KINDS, JUDGES, JudgeSettings, LexicalJudge, make_judge, register_judge
+from benchmarks.judge import (
+    JUDGE_KINDS,
+    JUDGES,
+    JudgeSettings,
+    LexicalJudge,
+    make_judge,
+    register_judge,
+)
 from benchmarks.runner import RunOptions
 
 
@@ -20,8 +27,9 @@ def toy_judge():
 
 
 def test_a_registered_judge_is_an_option_everywhere(toy_judge, tmp_path):
-    from benchmarks.cli import add_run_arguments
     import argparse
+
+    from benchmarks.cli import add_run_arguments
 
     assert isinstance(make_judge("toy", JudgeSettings(), warn=False), ToyJudge)
     RunOptions(benchmark="unkebench", hparams="x.yaml", judge="toy", out_dir=str(tmp_path / "o"))
@@ -35,5 +43,7 @@ def test_a_registered_judge_is_an_option_everywhere(toy_judge, tmp_path):
 def test_the_choice_messages_read_as_before():
     with pytest.raises(ValueError, match="--judge must be auto, llm or lexical, got 'x'"):
         RunOptions(benchmark="unkebench", hparams="x.yaml", judge="x")
-    with pytest.raises(ValueError, match="--subjects must be auto, file, llm or heuristic, got 'x'"):
+    with pytest.raises(
+        ValueError, match="--subjects must be auto, file, llm or heuristic, got 'x'"
+    ):
         RunOptions(benchmark="unkebench", hparams="x.yaml", subjects="x")

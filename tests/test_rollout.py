@@ -1,4 +1,5 @@
-"""The hybrid rollout on tiny random models of each family: gate placement, caches, top-K records."""
+"""The hybrid rollout on tiny random models of each family: gate placement, caches, top-K
+records."""
 
 import pytest
 import torch
@@ -9,7 +10,13 @@ from hpse_easyedit.prompts import build_edit_prompts, stop_token_ids
 from hpse_easyedit.rollout import hybrid_rollout
 from tiny_models import FAMILIES, make_tiny_model_and_tokenizer
 
-REQUEST = [{"prompt": "Introduce AJ Lee.", "subject": "AJ Lee", "target_new": "AJ Lee speaks Russian fluently."}]
+REQUEST = [
+    {
+        "prompt": "Introduce AJ Lee.",
+        "subject": "AJ Lee",
+        "target_new": "AJ Lee speaks Russian fluently.",
+    }
+]
 
 
 class BiasedTeacher(torch.nn.Module):
@@ -38,7 +45,7 @@ def _full_logprobs(model, prompt, tokens):
     with torch.no_grad():
         logits = model(input_ids=ids).logits[0].float()
     start = len(prompt) - 1
-    return F.log_softmax(logits[start: start + len(tokens)], dim=-1)
+    return F.log_softmax(logits[start : start + len(tokens)], dim=-1)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -47,8 +54,17 @@ def test_rollout_matches_no_cache_recomputation(family):
     teacher, _ = make_tiny_model_and_tokenizer(family, seed=1, init_std=0.3)
     s_ids, t_ids = _prompts(student, tok)
     tau, kappa = 1.0, 0.05
-    ro = hybrid_rollout(student, teacher, s_ids, t_ids, tau=tau, kappa=kappa, top_k=5, max_new_tokens=16,
-                        stop_ids=[])
+    ro = hybrid_rollout(
+        student,
+        teacher,
+        s_ids,
+        t_ids,
+        tau=tau,
+        kappa=kappa,
+        top_k=5,
+        max_new_tokens=16,
+        stop_ids=[],
+    )
     assert len(ro) == 16 and ro.tokens.dtype == torch.long
     s_lp = _full_logprobs(student, s_ids, ro.tokens)
     t_lp = _full_logprobs(teacher, t_ids, ro.tokens)
@@ -70,11 +86,16 @@ def test_hand_set_teacher_steps_in_everywhere(family):
     target = tok.convert_tokens_to_ids("<bos>")
     teacher = BiasedTeacher(student, target, bonus=50.0)
     s_ids, t_ids = _prompts(student, tok)
-    ro = hybrid_rollout(student, teacher, s_ids, t_ids, tau=2.0, kappa=0.3, top_k=4, max_new_tokens=8, stop_ids=[])
+    ro = hybrid_rollout(
+        student, teacher, s_ids, t_ids, tau=2.0, kappa=0.3, top_k=4, max_new_tokens=8, stop_ids=[]
+    )
     assert ro.tokens.tolist() == [target] * 8
     assert ro.stepped_in.all() and ro.stepin_rate == 1.0
-    # the student itself never puts enough mass on it: with the same teacher but a huge tau, no step-in
-    ro = hybrid_rollout(student, teacher, s_ids, t_ids, tau=1e9, kappa=0.3, top_k=4, max_new_tokens=8, stop_ids=[])
+    # the student itself never puts enough mass on it: with the same teacher but a huge tau, no
+    # step-in
+    ro = hybrid_rollout(
+        student, teacher, s_ids, t_ids, tau=1e9, kappa=0.3, top_k=4, max_new_tokens=8, stop_ids=[]
+    )
     assert not ro.stepped_in.any()
 
 
@@ -83,11 +104,26 @@ def test_huge_tau_and_on_policy_reproduce_student_greedy(family):
     student, tok = make_tiny_model_and_tokenizer(family)
     teacher = BiasedTeacher(student, 7, bonus=50.0)
     s_ids, t_ids = _prompts(student, tok)
-    greedy = student.generate(torch.tensor([s_ids]), max_new_tokens=10, min_new_tokens=10, do_sample=False,
-                              eos_token_id=None, pad_token_id=tok.pad_token_id)[0, len(s_ids):]
+    greedy = student.generate(
+        torch.tensor([s_ids]),
+        max_new_tokens=10,
+        min_new_tokens=10,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=tok.pad_token_id,
+    )[0, len(s_ids) :]
     for kwargs in ({"tau": 1e9, "hybrid": True}, {"tau": -1e9, "hybrid": False}):
-        ro = hybrid_rollout(student, teacher, s_ids, t_ids, kappa=0.0, top_k=3, max_new_tokens=10, stop_ids=[],
-                            **kwargs)
+        ro = hybrid_rollout(
+            student,
+            teacher,
+            s_ids,
+            t_ids,
+            kappa=0.0,
+            top_k=3,
+            max_new_tokens=10,
+            stop_ids=[],
+            **kwargs,
+        )
         assert ro.tokens.tolist() == greedy.tolist()
         assert not ro.stepped_in.any()
 
@@ -97,8 +133,17 @@ def test_rollout_stops_at_eos_and_keeps_it():
     eos = tok.eos_token_id
     teacher = BiasedTeacher(student, eos, bonus=50.0)
     s_ids, t_ids = _prompts(student, tok)
-    ro = hybrid_rollout(student, teacher, s_ids, t_ids, tau=2.0, kappa=0.3, top_k=4, max_new_tokens=20,
-                        stop_ids=stop_token_ids(student, tok))
+    ro = hybrid_rollout(
+        student,
+        teacher,
+        s_ids,
+        t_ids,
+        tau=2.0,
+        kappa=0.3,
+        top_k=4,
+        max_new_tokens=20,
+        stop_ids=stop_token_ids(student, tok),
+    )
     assert ro.tokens.tolist() == [eos] and ro.stepped_in.tolist() == [True]
 
 
@@ -114,13 +159,24 @@ def test_teacher_context_is_entered_for_every_teacher_pass():
         def __exit__(self, *exc):
             return False
 
-    ro = hybrid_rollout(student, student, s_ids, t_ids, tau=2.0, kappa=0.3, top_k=4, max_new_tokens=6, stop_ids=[],
-                        teacher_context=Ctx)
+    ro = hybrid_rollout(
+        student,
+        student,
+        s_ids,
+        t_ids,
+        tau=2.0,
+        kappa=0.3,
+        top_k=4,
+        max_new_tokens=6,
+        stop_ids=[],
+        teacher_context=Ctx,
+    )
     assert len(entered) == len(ro)  # prefill + one per emitted token except the last
 
 
 def _trained_executor(family, executor):
-    """An executor whose student differs from the teacher (weights moved by hand, not by an edit)."""
+    """An executor whose student differs from the teacher (weights moved by hand, not by an
+    edit)."""
     from hpse_easyedit.executors import make_executor
     from tiny_models import tiny_hparams
 
@@ -142,8 +198,12 @@ def test_batched_rollout_equals_two_cache_rollout(family, executor):
     ex, tok, _ = _trained_executor(family, executor)
     s_ids, t_ids = _prompts(ex.model, tok)
     gate = dict(tau=1.0, kappa=0.05, top_k=5, max_new_tokens=12, stop_ids=[])
-    seq = hybrid_rollout(ex.model, ex.model, s_ids, t_ids, teacher_context=ex.teacher_context, **gate)
-    bat = batched_hybrid_rollout(ex.model, ex.row_switch, s_ids, t_ids, pad_id=tok.pad_token_id, **gate)
+    seq = hybrid_rollout(
+        ex.model, ex.model, s_ids, t_ids, teacher_context=ex.teacher_context, **gate
+    )
+    bat = batched_hybrid_rollout(
+        ex.model, ex.row_switch, s_ids, t_ids, pad_id=tok.pad_token_id, **gate
+    )
     assert bat.tokens.tolist() == seq.tokens.tolist()
     assert bat.stepped_in.tolist() == seq.stepped_in.tolist()
     assert torch.equal(bat.teacher_topk_ids, seq.teacher_topk_ids)
@@ -168,16 +228,21 @@ def test_teacher_views_compute_the_unedited_model_exactly(executor):
         student = ex.model(input_ids=ids.expand(2, -1)).logits
         with ex.row_switch(torch.tensor([False, True])):
             both = ex.model(input_ids=ids.expand(2, -1)).logits
-        assert torch.equal(ex.model(input_ids=ids.expand(2, -1)).logits, student)  # switched back on exit
-    assert torch.equal(both[0], student[0])  # the student row is computed exactly as without the switch
+        assert torch.equal(
+            ex.model(input_ids=ids.expand(2, -1)).logits, student
+        )  # switched back on exit
+    assert torch.equal(
+        both[0], student[0]
+    )  # the student row is computed exactly as without the switch
     assert torch.allclose(both[1], want[0], atol=1e-5)
     assert not torch.allclose(both[0], want[0], atol=1e-3)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_rollouts_pass_the_cache_under_the_keyword_the_model_takes(family):
-    """transformers 5.24 renamed the forward's past_key_values to cache (the old name warns until its removal in
-    5.40): both rollout drivers use the name the model takes, so neither warns on any transformers."""
+    """transformers 5.24 renamed the forward's past_key_values to cache (the old name warns until
+    its removal in 5.40): both rollout drivers use the name the model takes, so neither warns on any
+    transformers."""
     import warnings
 
     from hpse_easyedit.rollout import batched_hybrid_rollout
@@ -187,34 +252,50 @@ def test_rollouts_pass_the_cache_under_the_keyword_the_model_takes(family):
     gate = dict(tau=1.0, kappa=0.05, top_k=5, max_new_tokens=6, stop_ids=[])
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*past_key_values.*")
-        seq = hybrid_rollout(ex.model, ex.model, s_ids, t_ids, teacher_context=ex.teacher_context, **gate)
-        bat = batched_hybrid_rollout(ex.model, ex.row_switch, s_ids, t_ids, pad_id=tok.pad_token_id, **gate)
+        seq = hybrid_rollout(
+            ex.model, ex.model, s_ids, t_ids, teacher_context=ex.teacher_context, **gate
+        )
+        bat = batched_hybrid_rollout(
+            ex.model, ex.row_switch, s_ids, t_ids, pad_id=tok.pad_token_id, **gate
+        )
     assert len(seq) == len(bat) == 6
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_lean_lora_row_switch_computes_the_hooked_forward_bit_for_bit(family, monkeypatch):
-    """The LoRA row switch runs plain tensor calls in place of peft's forward and a hook on each lora_B: the same
-    tokens, step-ins and teacher records, bit for bit, as the hooked path it replaces."""
+    """The LoRA row switch runs plain tensor calls in place of peft's forward and a hook on each
+    lora_B: the same tokens, step-ins and teacher records, bit for bit, as the hooked path it
+    replaces."""
     from hpse_easyedit.executors import lora
     from hpse_easyedit.rollout import batched_hybrid_rollout
 
     ex, tok, _ = _trained_executor(family, "lora")
-    assert all(lora._plain_lora_linear(layer) for layer in ex._lora_layers)  # the lean path is the one taken
+    assert all(
+        lora._plain_lora_linear(layer) for layer in ex._lora_layers
+    )  # the lean path is the one taken
     s_ids, t_ids = _prompts(ex.model, tok)
     gate = dict(tau=1.0, kappa=0.05, top_k=5, max_new_tokens=12, stop_ids=[])
-    lean = batched_hybrid_rollout(ex.model, ex.row_switch, s_ids, t_ids, pad_id=tok.pad_token_id, **gate)
-    assert not any("forward" in vars(layer) for layer in ex._lora_layers)  # peft's forward is back on exit
+    lean = batched_hybrid_rollout(
+        ex.model, ex.row_switch, s_ids, t_ids, pad_id=tok.pad_token_id, **gate
+    )
+    assert not any(
+        "forward" in vars(layer) for layer in ex._lora_layers
+    )  # peft's forward is back on exit
     monkeypatch.setattr(lora, "_plain_lora_linear", lambda layer: False)
-    hooked = batched_hybrid_rollout(ex.model, ex.row_switch, s_ids, t_ids, pad_id=tok.pad_token_id, **gate)
-    assert torch.equal(lean.tokens, hooked.tokens) and torch.equal(lean.stepped_in, hooked.stepped_in)
+    hooked = batched_hybrid_rollout(
+        ex.model, ex.row_switch, s_ids, t_ids, pad_id=tok.pad_token_id, **gate
+    )
+    assert torch.equal(lean.tokens, hooked.tokens) and torch.equal(
+        lean.stepped_in, hooked.stepped_in
+    )
     assert torch.equal(lean.teacher_topk_ids, hooked.teacher_topk_ids)
     assert torch.equal(lean.teacher_topk_logprobs, hooked.teacher_topk_logprobs)
     assert torch.equal(lean.gate_gap, hooked.gate_gap)
 
 
 def test_lean_lora_row_switch_only_where_peft_computes_plain_lora():
-    """Dropout (or another adapter active, a DoRA variant, a hook) keeps peft's own forward under the row switch."""
+    """Dropout (or another adapter active, a DoRA variant, a hook) keeps peft's own forward under
+    the row switch."""
     from hpse_easyedit.executors import lora, make_executor
     from tiny_models import tiny_hparams
 

@@ -170,18 +170,27 @@ def test_hpse_edit_with_static_decode_draws_the_same_rollouts():
             )
 
 
-
 def test_an_edits_requests_decode_as_one_batch_in_each_round(monkeypatch):
-    """With static_decode an HPSE round draws all requests' rollouts in one batched decode, and they are the
-    rollouts the per-request dynamic path draws."""
+    """With static_decode an HPSE round draws all requests' rollouts in one batched decode, and they
+    are the rollouts the per-request dynamic path draws."""
     from hpse_easyedit import hpse_edit
     from hpse_easyedit import rollout as rollout_module
 
-    requests = [{"subject": "AJ Lee", "target_new": "AJ Lee speaks Russian and lives in Moscow."},
-                {"subject": "The Firm", "target_new": "The Firm is a legal thriller novel by John Grisham."}]
+    requests = [
+        {"subject": "AJ Lee", "target_new": "AJ Lee speaks Russian and lives in Moscow."},
+        {
+            "subject": "The Firm",
+            "target_new": "The Firm is a legal thriller novel by John Grisham.",
+        },
+    ]
     batched, real = [], rollout_module.batched_hybrid_rollouts
-    monkeypatch.setattr(rollout_module, "batched_hybrid_rollouts",
-                        lambda model, switch, reqs, **kw: batched.append(len(reqs)) or real(model, switch, reqs, **kw))
+    monkeypatch.setattr(
+        rollout_module,
+        "batched_hybrid_rollouts",
+        lambda model, switch, reqs, **kw: (
+            batched.append(len(reqs)) or real(model, switch, reqs, **kw)
+        ),
+    )
     runs = {}
     for static in (False, True):
         model, tok = make_tiny_model_and_tokenizer("qwen2", init_std=0.2)
@@ -191,7 +200,10 @@ def test_an_edits_requests_decode_as_one_batch_in_each_round(monkeypatch):
     for a, b in zip(runs[False].rollouts, runs[True].rollouts):
         assert len(a) == len(b) == 2
         for ra, rb in zip(a, b):
-            assert ra.tokens.tolist() == rb.tokens.tolist() and ra.stepped_in.tolist() == rb.stepped_in.tolist()
+            assert (
+                ra.tokens.tolist() == rb.tokens.tolist()
+                and ra.stepped_in.tolist() == rb.stepped_in.tolist()
+            )
 
 
 TEACHERS = (
@@ -203,24 +215,35 @@ TEACHERS = (
 
 @pytest.mark.parametrize("family,executor", [(f, "lora") for f in FAMILIES] + [("llama", "ft_m")])
 def test_the_requests_of_an_edit_decode_as_one_batch(family, executor):
-    """Three requests in one static decode give each request's own rollout: its tokens, step-ins and teacher
-    top-K, its own length when one request stops before the others, and its teacher's forward tokens."""
+    """Three requests in one static decode give each request's own rollout: its tokens, step-ins and
+    teacher top-K, its own length when one request stops before the others, and its teacher's
+    forward tokens."""
     ex, tok = _edited_executor(family, executor)
     s = tok(STUDENT)["input_ids"]
     requests = [(s, tok(t)["input_ids"]) for t in TEACHERS]
-    kw = dict(tau=0.5, kappa=0.05, top_k=4, max_new_tokens=12, pad_id=tok.pad_token_id, stop_every=3)
+    kw = dict(
+        tau=0.5, kappa=0.05, top_k=4, max_new_tokens=12, pad_id=tok.pad_token_id, stop_every=3
+    )
+    alone = None  # each request decoded alone; the second pass stops at a token of the first's
     for stop in (-5, None):  # no stop token, then one that request 1 meets after a few tokens
         if stop is None:
             stop = int(alone[1].tokens[4])
-        alone = [batched_hybrid_rollout(ex.model, ex.row_switch, st, te, static_decode=True, stop_ids=[stop], **kw)
-                 for st, te in requests]
+        alone = [
+            batched_hybrid_rollout(
+                ex.model, ex.row_switch, st, te, static_decode=True, stop_ids=[stop], **kw
+            )
+            for st, te in requests
+        ]
         together = batched_hybrid_rollouts(ex.model, ex.row_switch, requests, stop_ids=[stop], **kw)
         for a, b in zip(alone, together):
             _same(a, b)
         assert sum(ro.stepin_count for ro in together) > 0 or stop != -5
     assert len(together[1]) == alone[1].tokens.tolist().index(stop) + 1 < kw["max_new_tokens"]
-    # the batch runs until its last request stops: the teacher forwards counted are at least each one's own
-    assert all(b.teacher_forward_tokens >= a.teacher_forward_tokens for a, b in zip(alone, together))
+    # the batch runs until its last request stops: the teacher forwards counted are at least each
+    # one's own
+    assert all(
+        b.teacher_forward_tokens >= a.teacher_forward_tokens for a, b in zip(alone, together)
+    )
 
 
 def test_draw_rollouts_batches_only_with_static_decode(monkeypatch):
@@ -228,11 +251,21 @@ def test_draw_rollouts_batches_only_with_static_decode(monkeypatch):
     from hpse_easyedit.prompts import EditPrompts
 
     ex, tok = _edited_executor("qwen2")
-    prompts = [EditPrompts(subject="s", student_ids=tok(STUDENT)["input_ids"], teacher_ids=tok(t)["input_ids"],
-                           passage_ids=[5]) for t in TEACHERS[:2]]
+    prompts = [
+        EditPrompts(
+            subject="s",
+            student_ids=tok(STUDENT)["input_ids"],
+            teacher_ids=tok(t)["input_ids"],
+            passage_ids=[5],
+        )
+        for t in TEACHERS[:2]
+    ]
     batches = []
-    monkeypatch.setattr(rollout_module, "_static_rollouts",
-                        lambda *a, **k: batches.append(len(a[2])) or [None] * len(a[2]))
+    monkeypatch.setattr(
+        rollout_module,
+        "_static_rollouts",
+        lambda *a, **k: batches.append(len(a[2])) or [None] * len(a[2]),
+    )
     for static, want in ((False, []), (True, [2])):
         batches.clear()
         hp = tiny_hparams(static_decode=static, max_new_tokens=4, batched_rollout=True)
@@ -241,9 +274,10 @@ def test_draw_rollouts_batches_only_with_static_decode(monkeypatch):
 
 
 def test_half_precision_lora_decode_costs_two_kernels_per_projection():
-    """In a bfloat16 model the decode adds each adapter to the student rows in the model's dtype (one cast of
-    the adapters per decode): two kernels per adapted projection, against seven on the float32 adapters'
-    path, and the student rows still get their adapter's output, the teacher rows none."""
+    """In a bfloat16 model the decode adds each adapter to the student rows in the model's dtype
+    (one cast of the adapters per decode): two kernels per adapted projection, against seven on the
+    float32 adapters' path, and the student rows still get their adapter's output, the teacher rows
+    none."""
     from hpse_easyedit.executors.lora import LoRAExecutor
 
     model, tok = make_tiny_model_and_tokenizer("qwen2", init_std=0.2)

@@ -1,5 +1,5 @@
-"""Passages, subjects and questions are text: a chat control token written inside them stays text, and text
-without one gets the ids it always had."""
+"""Passages, subjects and questions are text: a chat control token written inside them stays text,
+and text without one gets the ids it always had."""
 
 import pytest
 
@@ -46,14 +46,18 @@ def test_text_without_control_tokens_gets_the_template_ids_it_always_had(family)
 
 def test_a_passage_with_control_tokens_is_trained_as_text():
     tok = make_tokenizer("qwen2")
-    hp = HPSEHyperParams(model_name='tiny')
+    hp = HPSEHyperParams(model_name="tiny")
     reqs = normalize_requests([{"subject": "Paris", "target_new": _injection(tok)}], hp)
     (prompts,) = build_edit_prompts(tok, "qwen2", reqs)
-    body = prompts.passage_ids[:-1]  # the last id is the end-of-turn the passage is trained to end with
+    body = prompts.passage_ids[
+        :-1
+    ]  # the last id is the end-of-turn the passage is trained to end with
     assert not _controls(tok) & set(body)
 
 
 @pytest.mark.parametrize("passage", ["🙂🙂🙂", " ... !!! ", "🇳🇴 — ✨"])
 def test_a_passage_without_letters_or_digits_is_refused_in_one_line(passage):
     with pytest.raises(RequestError, match="request 0: 'target_new' has no letter or digit"):
-        normalize_requests([{"subject": "Selma", "target_new": passage}], HPSEHyperParams(model_name='tiny'))
+        normalize_requests(
+            [{"subject": "Selma", "target_new": passage}], HPSEHyperParams(model_name="tiny")
+        )

@@ -50,13 +50,18 @@ def test_rouge_recall_is_the_rouge_package_with_sets_and_case():
 
 def test_case_metrics_pads_like_easyedit_and_averages_sub_answers():
     passage = "Ada was born in Paris. She studied physics."
-    answers = {"question": "Paris", "para_question": "",
-               "sub_questions": ["Paris.", "physics and art"]}
+    answers = {
+        "question": "Paris",
+        "para_question": "",
+        "sub_questions": ["Paris.", "physics and art"],
+    }
     m = U.case_metrics(passage, ["Paris", "physics"], answers)
     # a one-word answer is scored with a space appended; an empty one becomes " " (rouge rejects "")
     padded = "Paris "
-    assert m["Original"] == {"BLEU SCORE": U.bleu(passage, padded),
-                             **U.rouge_recall(passage, padded)}
+    assert m["Original"] == {
+        "BLEU SCORE": U.bleu(passage, padded),
+        **U.rouge_recall(passage, padded),
+    }
     assert U.bleu(passage, padded) != U.bleu(passage, "Paris")
     assert m["Para"]["ROUGE-1"] == 0.0 and "Bert Score" not in m["Para"]
     assert m["Sub"]["ROUGE-1"] == pytest.approx((1.0 + 1.0) / 2)
@@ -68,11 +73,11 @@ def test_cosine_and_summary_in_percent_with_the_missing_bert_score_explained():
     answers = {"question": "a e", "para_question": "e e", "sub_questions": ["x y"]}
     m = U.case_metrics(passage, ["x y"], answers, encoder=CharCounts())
     # (2, 1, 2) against (1, 1, 1) and (0, 2, 1)
-    assert m["Original"]["Bert Score"] == pytest.approx(5 / (3 * 3 ** 0.5))
-    assert m["Para"]["Bert Score"] == pytest.approx(4 / (3 * 5 ** 0.5))
+    assert m["Original"]["Bert Score"] == pytest.approx(5 / (3 * 3**0.5))
+    assert m["Para"]["Bert Score"] == pytest.approx(4 / (3 * 5**0.5))
     s = U.summarize_metrics([m, m])
     assert s["n_cases"] == 2
-    assert s["Original"]["Bert Score"] == pytest.approx(100 * 5 / (3 * 3 ** 0.5))
+    assert s["Original"]["Bert Score"] == pytest.approx(100 * 5 / (3 * 3**0.5))
     assert "not_computed" not in s and s["Sub"] == {k: pytest.approx(100.0) for k in U.ROUGE}
     why = {"Bert Score": "no model here"}
     plain = {**U.case_metrics(passage, ["x y"], answers), "not_computed": why}
@@ -95,14 +100,19 @@ def test_load_encoder_says_why_without_sentence_transformers(monkeypatch):
 def test_unkebench_records_and_summary_gain_the_metrics_and_keep_every_other_key(monkeypatch):
     monkeypatch.setattr(U, "load_encoder", lambda name=U.MINILM: (None, "no model here"))
     task = TASKS["unkebench"]
-    case = {"passage": "Ada was born in Paris. She studied physics.", "subject": "Ada",
-            "sub_questions": ["Where was Ada born?", "What did Ada study?"],
-            "sub_answers": ["Paris", "physics"]}
+    case = {
+        "passage": "Ada was born in Paris. She studied physics.",
+        "subject": "Ada",
+        "sub_questions": ["Where was Ada born?", "What did Ada study?"],
+        "sub_answers": ["Paris", "physics"],
+    }
     answers = ["Ada was born in Paris.", "Paris.", "In Paris.", "She studied physics."]
     rec = task.score(case, answers, LexicalJudge())
     stored = rec["answers"]
-    assert rec[U.KEY] == {**U.case_metrics(case["passage"], case["sub_answers"], stored),
-                          "not_computed": {"Bert Score": "no model here"}}
+    assert rec[U.KEY] == {
+        **U.case_metrics(case["passage"], case["sub_answers"], stored),
+        "not_computed": {"Bert Score": "no model here"},
+    }
     old = {k: v for k, v in rec.items() if k != U.KEY}  # a record from before the metrics existed
     before = task.summarize([old, old])
     after = task.summarize([rec, rec])
@@ -146,16 +156,22 @@ def test_agrees_with_easyedits_eval_akew_unstructured(he, data_dir, tmp_path, mo
 
     cases = load_cases("unkebench", data_dir, "the test")
     _, recs = load_run(RUN)
-    data = [{"answer": cases[c]["passage"], "sub_answer": list(cases[c]["sub_answers"]),
-             "original_prediction": r["answers"]["question"],
-             "para_prediction": r["answers"]["para_question"],
-             "sub_pred": list(r["answers"]["sub_questions"])}
-            for c, r in sorted(recs.items(), key=lambda kv: kv[1]["index"])]
+    data = [
+        {
+            "answer": cases[c]["passage"],
+            "sub_answer": list(cases[c]["sub_answers"]),
+            "original_prediction": r["answers"]["question"],
+            "para_prediction": r["answers"]["para_question"],
+            "sub_pred": list(r["answers"]["sub_questions"]),
+        }
+        for c, r in sorted(recs.items(), key=lambda kv: kv[1]["index"])
+    ]
     path = tmp_path / "predictions.json"
     path.write_text(json.dumps(data))
     monkeypatch.setattr(evaluate_uns, "SentenceTransformer", lambda *a, **k: CharCounts())
-    theirs = evaluate_uns.eval_akew_unstructured(str(path), "unke", model_path="stand-in",
-                                                 device="cpu")
+    theirs = evaluate_uns.eval_akew_unstructured(
+        str(path), "unke", model_path="stand-in", device="cpu"
+    )
     ours = M.run_metrics(RUN, cases, encoder=CharCounts())
     assert ours["n_cases"] == len(data) == 20
     for group in ("Original", "Para", "Sub"):
@@ -163,4 +179,3 @@ def test_agrees_with_easyedits_eval_akew_unstructured(he, data_dir, tmp_path, mo
         for name, value in theirs[group].items():
             tol = 1e-6 if name == "Bert Score" else 1e-12  # float32 embeddings; else the same sums
             assert ours[group][name] == pytest.approx(100 * value, rel=tol), (group, name)
-

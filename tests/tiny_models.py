@@ -21,8 +21,8 @@ CHATML = (
 GEMMA = (
     "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'system' %}"
     "{{ raise_exception('System role not supported') }}{% endif %}"
-    "<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n{{ m['content'] }}<end_of_turn>\n"
-    "{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+    "<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n{{ m['content'] "
+    "}}<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
 )
 
 CORPUS = [
@@ -30,13 +30,22 @@ CORPUS = [
     "Ellie Kemper is a citizen of Croatia, a country in Southeast Europe.",
     "The head of state of Croatia is Kolinda Grabar-Kitarovic.",
     "Introduce the subject. What is established here about it? State every fact given.",
-    "You are answering strictly from the established facts given below. RULES: Use ONLY the information.",
+    "You are answering strictly from the established "
+    "facts given below. RULES: Use ONLY the information.",
     "The Firm is a legal thriller novel written by John Grisham that was published in 1991.",
     "Who is the author? When was it published? What is the genre? Answer the question directly.",
     "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ 0123456789 .,;:!?'\"-()[]{}",
 ]
 
-SPECIALS = ["<pad>", "<eos>", "<bos>", "<|im_start|>", "<|im_end|>", "<start_of_turn>", "<end_of_turn>"]
+SPECIALS = [
+    "<pad>",
+    "<eos>",
+    "<bos>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<start_of_turn>",
+    "<end_of_turn>",
+]
 
 
 @functools.lru_cache(maxsize=None)
@@ -47,7 +56,9 @@ def _tokenizer_json(vocab_size: int) -> str:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        vocab_size=vocab_size,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tok.train_from_iterator(CORPUS * 4, trainer=trainer)
     return tok.to_str()
@@ -74,10 +85,18 @@ def make_config(family: str, tok, layers: int = 2, hidden: int = 32, init_std: f
     from transformers import Gemma2Config, LlamaConfig, Qwen2Config, Qwen3Config
 
     common = dict(
-        vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-        pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id,
-        tie_word_embeddings=False, initializer_range=init_std,
+        vocab_size=len(tok),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=tok.bos_token_id,
+        tie_word_embeddings=False,
+        initializer_range=init_std,
     )
     if family == "llama":
         return LlamaConfig(**common)
@@ -86,16 +105,23 @@ def make_config(family: str, tok, layers: int = 2, hidden: int = 32, init_std: f
     if family == "qwen3":
         return Qwen3Config(head_dim=hidden // 4, **common)
     if family == "gemma2":
-        return Gemma2Config(head_dim=hidden // 4, sliding_window=256, query_pre_attn_scalar=hidden // 4, **common)
+        return Gemma2Config(
+            head_dim=hidden // 4, sliding_window=256, query_pre_attn_scalar=hidden // 4, **common
+        )
     raise ValueError(f"unknown family {family!r}; use one of {FAMILIES}")
 
 
 def make_tiny_model_and_tokenizer(
-    family: str = "llama", tmp_path: Path | None = None, seed: int = 0, layers: int = 2, init_std: float = 0.02
+    family: str = "llama",
+    tmp_path: Path | None = None,
+    seed: int = 0,
+    layers: int = 2,
+    init_std: float = 0.02,
 ):
     """A tiny random causal LM of ``family`` and its tokenizer; saved to ``tmp_path`` when given.
 
-    ``init_std`` > 0.02 gives peakier next-token distributions (used where a test needs real gate decisions).
+    ``init_std`` > 0.02 gives peakier next-token distributions (used where a test needs real gate
+    decisions).
     """
     from transformers import AutoModelForCausalLM
 
@@ -119,25 +145,41 @@ def tiny_hparams(**overrides):
     from hpse_easyedit import HPSEHyperParams
 
     base = dict(
-        model_name="tiny", device="cpu", dtype="float32", ftm_layer=1, rounds=2, inner_steps=3,
-        max_new_tokens=12, lr=1e-2, max_length=1024,
+        model_name="tiny",
+        device="cpu",
+        dtype="float32",
+        ftm_layer=1,
+        rounds=2,
+        inner_steps=3,
+        max_new_tokens=12,
+        lr=1e-2,
+        max_length=1024,
     )
     base.update(overrides)
     return HPSEHyperParams(**base)
 
 
 def weights_snapshot(model):
-    """Every tensor of ``model``'s state dict (cloned), which parameters train, and the model's class."""
-    return ({k: v.detach().clone() for k, v in model.state_dict().items()},
-            {n: p.requires_grad for n, p in model.named_parameters()}, type(model))
+    """Every tensor of ``model``'s state dict (cloned), which parameters train, and the model's
+    class."""
+    return (
+        {k: v.detach().clone() for k, v in model.state_dict().items()},
+        {n: p.requires_grad for n, p in model.named_parameters()},
+        type(model),
+    )
 
 
 def same_weights(model, snap) -> bool:
-    """``model`` is exactly as ``weights_snapshot`` saw it: same class, keys, tensors and trainable flags."""
+    """``model`` is exactly as ``weights_snapshot`` saw it: same class, keys, tensors and trainable
+    flags."""
     state, grads, cls = snap
     now = model.state_dict()
-    return (type(model) is cls and set(now) == set(state) and all(torch.equal(now[k], state[k]) for k in state)
-            and {n: p.requires_grad for n, p in model.named_parameters()} == grads)
+    return (
+        type(model) is cls
+        and set(now) == set(state)
+        and all(torch.equal(now[k], state[k]) for k in state)
+        and {n: p.requires_grad for n, p in model.named_parameters()} == grads
+    )
 
 
 def changed_weights(model, snap) -> set:

@@ -1,13 +1,15 @@
-"""The one way the benchmarks ask an LLM: one-message chats to any OpenAI-compatible endpoint, with one cache.
+"""The one way the benchmarks ask an LLM: one-message chats to any OpenAI-compatible endpoint, with
+one cache.
 
-``ChatClient`` sends through the ``openai`` package, which itself retries timeouts, connection errors,
-408/409/429 and 5xx answers with its own exponential backoff (its ``max_retries``). What is ours is
-re-asking when an answer arrived but cannot be parsed (or is not a chat completion at all); a library
-client cannot know our answer format. ``--judge-max-attempts`` bounds the requests one question may cost
-in all, transport retries and re-asks together.
+``ChatClient`` sends through the ``openai`` package, which itself retries timeouts, connection
+errors, 408/409/429 and 5xx answers with its own exponential backoff (its ``max_retries``). What is
+ours is re-asking when an answer arrived but cannot be parsed (or is not a chat completion at all);
+a library client cannot know our answer format. ``--judge-max-attempts`` bounds the requests one
+question may cost in all, transport retries and re-asks together.
 
 Every well-formed answer is kept in ``ResponseCache`` (SQLite, keyed by the model and the exact
-request), so a rerun of the same evaluation, or of the same subject or passage generation, sends nothing.
+request), so a rerun of the same evaluation, or of the same subject or passage generation, sends
+nothing.
 """
 
 from __future__ import annotations
@@ -22,7 +24,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Generic, TypeVar
 
-__all__ = ["ChatClient", "JudgeError", "JudgeRefusedError", "JudgeSettings", "Parsed", "ResponseCache"]
+__all__ = [
+    "ChatClient",
+    "JudgeError",
+    "JudgeRefusedError",
+    "JudgeSettings",
+    "Parsed",
+    "ResponseCache",
+]
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +43,8 @@ class JudgeError(RuntimeError):
 
 
 class JudgeRefusedError(JudgeError):
-    """The endpoint refused the request itself (HTTP 4xx: key, model name): asking again cannot help."""
+    """The endpoint refused the request itself (HTTP 4xx: key, model name): asking again cannot
+    help."""
 
 
 @dataclass
@@ -46,14 +56,16 @@ class Parsed(Generic[T]):
 
 
 class ResponseCache:
-    """Well-formed LLM answers on disk (SQLite), keyed by a hash of the model and the exact request."""
+    """Well-formed LLM answers on disk (SQLite), keyed by a hash of the model and the exact
+    request."""
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(self.path)
         self._db.execute(
-            "CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, model TEXT, response TEXT, created REAL)"
+            "CREATE TABLE IF NOT EXISTS responses (key TEXT "
+            "PRIMARY KEY, model TEXT, response TEXT, created REAL)"
         )
         self._db.commit()
 
@@ -68,7 +80,8 @@ class ResponseCache:
 
     def put(self, key: str, model: str, response: str) -> None:
         self._db.execute(
-            "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?)", (key, model, response, time.time())
+            "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?)",
+            (key, model, response, time.time()),
         )
         self._db.commit()
 
@@ -92,8 +105,9 @@ class JudgeSettings:
     DEFAULT_MODEL = "gemini-2.5-flash"
 
     def resolve(self) -> "JudgeSettings":
-        """Fill unset fields: ``HPSE_JUDGE_BASE_URL`` / ``OPENAI_BASE_URL``, ``HPSE_JUDGE_MODEL`` (default
-        ``gemini-2.5-flash``, the paper's judge), ``HPSE_JUDGE_API_KEY`` / ``OPENAI_API_KEY``."""
+        """Fill unset fields: ``HPSE_JUDGE_BASE_URL`` / ``OPENAI_BASE_URL``, ``HPSE_JUDGE_MODEL``
+        (default ``gemini-2.5-flash``, the paper's judge), ``HPSE_JUDGE_API_KEY`` /
+        ``OPENAI_API_KEY``."""
         env = os.environ
         return JudgeSettings(
             base_url=self.base_url or env.get("HPSE_JUDGE_BASE_URL") or env.get("OPENAI_BASE_URL"),
@@ -113,7 +127,8 @@ class JudgeSettings:
 
 
 class ChatClient:
-    """One-message chat completions: the ``openai`` client's own retries, our re-asking on malformed answers, a cache."""
+    """One-message chat completions: the ``openai`` client's own retries, our re-asking on malformed
+    answers, a cache."""
 
     def __init__(self, settings: JudgeSettings) -> None:
         import openai
@@ -121,8 +136,9 @@ class ChatClient:
         settings = settings.resolve()
         if not settings.configured:
             raise JudgeError(
-                "no judge endpoint: set --judge-base-url (or HPSE_JUDGE_BASE_URL / OPENAI_BASE_URL) and, if the "
-                "endpoint needs one, an API key in HPSE_JUDGE_API_KEY or OPENAI_API_KEY; or use --judge lexical"
+                "no judge endpoint: set --judge-base-url (or HPSE_JUDGE_BASE_URL / "
+                "OPENAI_BASE_URL) and, if the endpoint needs one, an API key in "
+                "HPSE_JUDGE_API_KEY or OPENAI_API_KEY; or use --judge lexical"
             )
         if settings.max_attempts < 1:
             raise ValueError(f"judge max_attempts must be >= 1, got {settings.max_attempts}")
@@ -131,12 +147,17 @@ class ChatClient:
         self._openai = openai
         self.stats = {"requests": 0, "cache_hits": 0, "retries": 0, "malformed": 0}
         self._last_status: int | None = None
-        # A local server needs no key, but the client insists on one. The hooks only count and log what the
-        # client's own retry loop sends.
-        http = openai.DefaultHttpxClient(event_hooks={"request": [self._on_request], "response": [self._on_response]})
+        # A local server needs no key, but the client insists on one. The hooks only count and log
+        # what the client's own retry loop sends.
+        http = openai.DefaultHttpxClient(
+            event_hooks={"request": [self._on_request], "response": [self._on_response]}
+        )
         self._client = openai.OpenAI(
-            base_url=settings.base_url, api_key=settings.api_key or "no-key", timeout=settings.timeout,
-            max_retries=settings.max_attempts - 1, http_client=http,
+            base_url=settings.base_url,
+            api_key=settings.api_key or "no-key",
+            timeout=settings.timeout,
+            max_retries=settings.max_attempts - 1,
+            http_client=http,
         )
         self.cache = ResponseCache(settings.cache_path) if settings.cache_path else None
 
@@ -148,26 +169,36 @@ class ChatClient:
         self.stats["requests"] += 1
         retry = int(request.headers.get("x-stainless-retry-count", "0") or 0)
         if retry:
-            why = f"HTTP {self._last_status}" if self._last_status is not None else "a timeout or connection error"
-            log.warning("judge request sent again by the openai client after %s (retry %d)", why, retry)
+            why = (
+                f"HTTP {self._last_status}"
+                if self._last_status is not None
+                else "a timeout or connection error"
+            )
+            log.warning(
+                "judge request sent again by the openai client after %s (retry %d)", why, retry
+            )
         self._last_status = None
 
     def _on_response(self, response: Any) -> None:
         self._last_status = response.status_code
 
     def _request(self, prompt: str) -> dict:
-        req: dict[str, Any] = {"messages": [{"role": "user", "content": prompt}], "temperature": self.settings.temperature}
+        req: dict[str, Any] = {
+            "messages": [{"role": "user", "content": prompt}],
+            "temperature": self.settings.temperature,
+        }
         if self.settings.max_tokens is not None:
             req["max_tokens"] = self.settings.max_tokens
         return req
 
     def complete(self, prompt: str, parse: Callable[[str], Parsed[T]]) -> Parsed[T]:
-        """Ask ``prompt`` and parse the answer; a cached well-formed answer is reused without a request.
+        """Ask ``prompt`` and parse the answer; a cached well-formed answer is reused without a
+        request.
 
-        At most ``max_attempts`` requests in all: the openai client retries transport errors within that
-        budget, and an answer that does not parse (or is not a chat completion) is asked again while budget
-        is left. After that the last parsed answer is returned with ``complete=False`` (and not cached), or
-        JudgeError is raised when no answer arrived at all.
+        At most ``max_attempts`` requests in all: the openai client retries transport errors within
+        that budget, and an answer that does not parse (or is not a chat completion) is asked again
+        while budget is left. After that the last parsed answer is returned with ``complete=False``
+        (and not cached), or JudgeError is raised when no answer arrived at all.
         """
         request = self._request(prompt)
         key = ResponseCache.key(self.model, request)
@@ -182,26 +213,38 @@ class ChatClient:
         finally:
             self.stats["retries"] += max(0, self.stats["requests"] - first - 1)
 
-    def _ask(self, request: dict, key: str, parse: Callable[[str], Parsed[T]], first: int) -> Parsed[T]:
+    def _ask(
+        self, request: dict, key: str, parse: Callable[[str], Parsed[T]], first: int
+    ) -> Parsed[T]:
         o, budget = self._openai, self.settings.max_attempts
         where = self.settings.base_url or "(OpenAI default)"
         last: Parsed[T] | None = None
         last_error: Exception | None = None
         while (left := budget - (self.stats["requests"] - first)) > 0:
-            client = self._client if left == budget else self._client.with_options(max_retries=left - 1)
+            client = (
+                self._client if left == budget else self._client.with_options(max_retries=left - 1)
+            )
             try:
                 text = _completion_text(client.chat.completions.create(model=self.model, **request))
-            except (ValueError, o.APIResponseValidationError) as err:  # HTTP 200, body not a chat completion
+            except (
+                ValueError,
+                o.APIResponseValidationError,
+            ) as err:  # HTTP 200, body not a chat completion
                 last_error = err
                 self.stats["malformed"] += 1
-                log.warning("judge answer is not a chat completion (request %d/%d): %s",
-                            self.stats["requests"] - first, budget, err)
+                log.warning(
+                    "judge answer is not a chat completion (request %d/%d): %s",
+                    self.stats["requests"] - first,
+                    budget,
+                    err,
+                )
                 continue
             except o.APIStatusError as err:
                 if err.status_code < 500 and err.status_code not in (408, 409, 429):
                     raise JudgeRefusedError(
-                        f"judge endpoint {where} refused the request with HTTP {err.status_code} for model "
-                        f"{self.model!r}; check the model name and the API key variable (HPSE_JUDGE_API_KEY / OPENAI_API_KEY)"
+                        f"judge endpoint {where} refused the request with HTTP {err.status_code} "
+                        f"for model {self.model!r}; check the model name and the API key variable "
+                        "(HPSE_JUDGE_API_KEY / OPENAI_API_KEY)"
                     ) from None
                 last_error = err
                 break  # the client's own retries are spent
@@ -214,32 +257,44 @@ class ChatClient:
                     self.cache.put(key, self.model, text)
                 return last
             self.stats["malformed"] += 1
-            log.warning("judge answer malformed (request %d/%d): %.200r", self.stats["requests"] - first, budget, text)
+            log.warning(
+                "judge answer malformed (request %d/%d): %.200r",
+                self.stats["requests"] - first,
+                budget,
+                text,
+            )
         if last is None:
             raise JudgeError(
-                f"judge endpoint {where} failed {self.stats['requests'] - first} times, last error: "
-                f"{type(last_error).__name__}: {last_error}"
+                f"judge endpoint {where} failed {self.stats['requests'] - first} times, last "
+                f"error: {type(last_error).__name__}: {last_error}"
             )
-        log.warning("judge answer still malformed after %d requests; keeping what parsed", self.stats["requests"] - first)
+        log.warning(
+            "judge answer still malformed after %d requests; keeping what parsed",
+            self.stats["requests"] - first,
+        )
         return last
 
     def probe(self) -> None:
-        """One cheap request (``GET {base_url}/models``, no tokens spent) that fails fast when the endpoint is unreachable
-        or refuses the API key, so a run stops before its first edit rather than after it. Any other answer,
-        even an error status of a server without that route, shows the endpoint is there."""
+        """One cheap request (``GET {base_url}/models``, no tokens spent) that fails fast when the
+        endpoint is unreachable or refuses the API key, so a run stops before its first edit rather
+        than after it. Any other answer, even an error status of a server without that route, shows
+        the endpoint is there."""
         o = self._openai
         where = self.settings.base_url or "(OpenAI default)"
         try:
-            self._client.with_options(timeout=min(self.settings.timeout, 15.0), max_retries=0).models.list()
+            self._client.with_options(
+                timeout=min(self.settings.timeout, 15.0), max_retries=0
+            ).models.list()
         except (o.AuthenticationError, o.PermissionDeniedError) as err:
             raise JudgeError(
-                f"judge endpoint {where} refused the API key (HTTP {err.status_code}); set the right key in "
-                "HPSE_JUDGE_API_KEY or OPENAI_API_KEY, or use --judge lexical"
+                f"judge endpoint {where} refused the API key (HTTP {err.status_code}); set the "
+                "right key in HPSE_JUDGE_API_KEY or OPENAI_API_KEY, or use --judge lexical"
             ) from None
         except (o.APIConnectionError, o.APITimeoutError) as err:
             raise JudgeError(
-                f"judge endpoint {where} is unreachable ({type(err).__name__}: {err}); start it or fix --judge-base-url "
-                "(HPSE_JUDGE_BASE_URL / OPENAI_BASE_URL), or use --judge lexical"
+                f"judge endpoint {where} is unreachable ({type(err).__name__}: {err}); start it "
+                "or fix --judge-base-url (HPSE_JUDGE_BASE_URL "
+                "/ OPENAI_BASE_URL), or use --judge lexical"
             ) from None
         except Exception:  # noqa: BLE001 - the server answered (404/501/unparsable body): it is there
             pass
@@ -253,7 +308,9 @@ class ChatClient:
 
         out = self.complete(prompt, parse)
         if not out.complete:
-            raise JudgeError(f"judge model {self.model!r} returned empty text {self.settings.max_attempts} times")
+            raise JudgeError(
+                f"judge model {self.model!r} returned empty text {self.settings.max_attempts} times"
+            )
         return out.value
 
     def close(self) -> None:
@@ -267,7 +324,8 @@ class _NotACompletion(ValueError):
 
 
 def _completion_text(resp: Any) -> str:
-    """The message text of a chat-completion response; ``_NotACompletion`` for anything else (a string body, HTML)."""
+    """The message text of a chat-completion response; ``_NotACompletion`` for anything else (a
+    string body, HTML)."""
     choices = getattr(resp, "choices", None)
     if choices is None:
         raise _NotACompletion(f"the response body is not a chat completion: {str(resp)[:120]!r}")

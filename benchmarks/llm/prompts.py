@@ -28,10 +28,12 @@ __all__ = [
 ]
 
 # Paper Fig. judge_prompt, verbatim ({c} = edit passage, {s} = subject).
-DECOMPOSITION_DEMO = "Please breakdown the following sentence into independent facts: {sentence}\n{facts}\n\n"
+DECOMPOSITION_DEMO = (
+    "Please breakdown the following sentence into independent facts: {sentence}\n{facts}\n\n"
+)
 DECOMPOSITION_TASK = (
-    "Now break down EACH of the following sentences into independent facts. For each sentence, output its "
-    "header then one '- fact' line per fact:\n\n"
+    "Now break down EACH of the following sentences into independent facts. For each sentence, "
+    "output its header then one '- fact' line per fact:\n\n"
 )
 SUPPORT_HEAD = "Answer the questions about {subject} based on the given context.\n\n{passage}\n\n"
 SUPPORT_ITEM = "ITEM {i}: Input: {fact} True or False?\n"
@@ -41,22 +43,25 @@ SUPPORT_TAIL = (
     "(1 = True/supported by the context, 0 = False/not supported)"
 )
 COVERAGE_HEAD = (
-    "You are scoring atomic sub-questions. For each item, judge whether the model ANSWER expresses the "
-    "EXPECTED FACT for that sub-question.\n\n"
-    "The expected fact is knowledge the model was deliberately given; it may be COUNTERFACTUAL (it can "
-    "contradict real-world knowledge on purpose). Judge ONLY whether the answer expresses the expected fact "
-    "-- never penalize the answer for disagreeing with reality, and never reward real-world-correct content "
-    "that is not the expected fact.\n\n"
+    "You are scoring atomic sub-questions. For each item, judge whether the model ANSWER "
+    "expresses the EXPECTED FACT for that sub-question.\n\n"
+    "The expected fact is knowledge the model was deliberately given; it may be COUNTERFACTUAL "
+    "(it can contradict real-world knowledge on purpose). Judge ONLY whether the answer expresses "
+    "the expected fact -- never penalize the answer for disagreeing with reality, and never "
+    "reward real-world-correct content that is not the expected fact.\n\n"
 )
-COVERAGE_ITEM = "ITEM {i}:\n  Sub-question: {question}\n  Expected fact: {expected}\n  Model answer: {answer}\n"
+COVERAGE_ITEM = (
+    "ITEM {i}:\n  Sub-question: {question}\n  Expected fact: {expected}\n  Model answer: {answer}\n"
+)
 COVERAGE_TAIL = (
-    "\nFor each item, output <score>1</score> if the answer states or clearly entails that expected fact, "
-    "otherwise <score>0</score>. Then add one sentence <explanation>. Output one line per item, in the given "
-    "order, formatted exactly like this:\n\n"
+    "\nFor each item, output <score>1</score> if the answer states or clearly entails that "
+    "expected fact, otherwise <score>0</score>. Then add one sentence <explanation>. Output one "
+    "line per item, in the given order, formatted exactly like this:\n\n"
     "ITEM 1: <score>SCORE</score> <explanation>EXPLANATION</explanation>\n"
     "ITEM 2: <score>SCORE</score> <explanation>EXPLANATION</explanation>\n"
     "..."
 )
+
 
 @dataclass
 class CoverageItem:
@@ -71,7 +76,8 @@ class CoverageItem:
 # project. The first FIXED_DEMOS are always shown; one more is retrieved from the rest by BM25.
 DEMONSTRATIONS: list[tuple[str, list[str]]] = [
     (
-        "Maria Lopez (born 3 May 1961) is a Chilean architect who designed the Valparaiso harbour museum.",
+        "Maria Lopez (born 3 May 1961) is a Chilean "
+        "architect who designed the Valparaiso harbour museum.",
         [
             "Maria Lopez was born on 3 May 1961.",
             "Maria Lopez is Chilean.",
@@ -89,7 +95,8 @@ DEMONSTRATIONS: list[tuple[str, list[str]]] = [
         ],
     ),
     (
-        "The band released its debut album, Northern Lights, in 1998 and toured Europe the following year.",
+        "The band released its debut album, Northern Lights, "
+        "in 1998 and toured Europe the following year.",
         [
             "The band released a debut album.",
             "The band's debut album is Northern Lights.",
@@ -135,7 +142,8 @@ DEMONSTRATIONS: list[tuple[str, list[str]]] = [
         ],
     ),
     (
-        "The river rises in the Alps, flows north through three countries and empties into the North Sea.",
+        "The river rises in the Alps, flows north through "
+        "three countries and empties into the North Sea.",
         [
             "The river rises in the Alps.",
             "The river flows north.",
@@ -144,7 +152,8 @@ DEMONSTRATIONS: list[tuple[str, list[str]]] = [
         ],
     ),
     (
-        "The novel, set in 1920s Shanghai, follows a young journalist who uncovers a smuggling ring.",
+        "The novel, set in 1920s Shanghai, follows a "
+        "young journalist who uncovers a smuggling ring.",
         [
             "The novel is set in Shanghai.",
             "The novel is set in the 1920s.",
@@ -153,7 +162,8 @@ DEMONSTRATIONS: list[tuple[str, list[str]]] = [
         ],
     ),
     (
-        "Water boils at 100 degrees Celsius at sea level, but at a lower temperature on high mountains.",
+        "Water boils at 100 degrees Celsius at sea level, "
+        "but at a lower temperature on high mountains.",
         [
             "Water boils at 100 degrees Celsius at sea level.",
             "Water boils at a lower temperature on high mountains.",
@@ -168,7 +178,8 @@ DEMONSTRATIONS: list[tuple[str, list[str]]] = [
         ],
     ),
     (
-        "As chief executive from 2010 to 2016, she doubled the firm's revenue and opened offices in Brazil.",
+        "As chief executive from 2010 to 2016, she doubled "
+        "the firm's revenue and opened offices in Brazil.",
         [
             "She was chief executive.",
             "She was chief executive from 2010 to 2016.",
@@ -210,7 +221,8 @@ def build_decomposition_prompt(sentences: Sequence[str]) -> str:
     retrieved = pool[_bm25_best(" ".join(sentences), [s for s, _ in pool])]
     demos = DEMONSTRATIONS[:FIXED_DEMOS] + [retrieved]
     text = "".join(
-        DECOMPOSITION_DEMO.format(sentence=s, facts="\n".join(f"- {f}" for f in facts)) for s, facts in demos
+        DECOMPOSITION_DEMO.format(sentence=s, facts="\n".join(f"- {f}" for f in facts))
+        for s, facts in demos
     )
     text += DECOMPOSITION_TASK
     text += "".join(f"Sentence {i}: {s}\n" for i, s in enumerate(sentences, 1))
@@ -218,7 +230,8 @@ def build_decomposition_prompt(sentences: Sequence[str]) -> str:
 
 
 def build_support_prompt(subject: str, passage: str, facts: Sequence[str]) -> str:
-    """The FActScore support-validation prompt: every fact of one answer against the edit passage."""
+    """The FActScore support-validation prompt: every fact of one answer against the edit
+    passage."""
     items = "".join(SUPPORT_ITEM.format(i=i, fact=f) for i, f in enumerate(facts, 1))
     return SUPPORT_HEAD.format(subject=subject, passage=passage) + items + SUPPORT_TAIL
 
@@ -248,7 +261,7 @@ def parse_decomposition(text: str, n_sentences: int) -> Parsed[list[str]]:
         h = _HEADER_RE.match(line)
         if h:
             headers.add(int(h.group(1)))
-            line = line[h.end():]
+            line = line[h.end() :]
         m = _BULLET_RE.match(line)
         if m and m.group(1) not in facts:
             facts.append(m.group(1))
@@ -261,7 +274,8 @@ _FALSE = {"0", "false", "no", "not supported", "unsupported"}
 
 
 def _item_values(text: str, tag: str, n_items: int) -> dict[int, int]:
-    """``ITEM k: ... <tag>v</tag>`` verdicts; the last one per item wins (reasoning may come first)."""
+    """``ITEM k: ... <tag>v</tag>`` verdicts; the last one per item wins (reasoning may come
+    first)."""
     found: dict[int, int] = {}
     pattern = re.compile(rf"ITEM\s*(\d+)\s*:?[^\n<]*<{tag}>\s*([^<]*?)\s*</{tag}>", re.IGNORECASE)
     for m in pattern.finditer(text):

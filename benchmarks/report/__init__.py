@@ -4,11 +4,13 @@ The paper's main table puts UnKEBench (Jnt, Dmp, Div, Avg, MMLU) and MQuAKE-uns 
 by side, one row per method, numbers in percent with one decimal. ``paper_table`` renders that as
 markdown for any subset of the two benchmarks; a benchmark a row has no summary for shows dashes.
 
-    python -m benchmarks.report runs/mq-lora runs/mq-hpse                      # the paper-layout table
-    python -m benchmarks.report runs/mq-lora runs/mq-hpse --html runs/mq.html  # one self-contained HTML file
+    python -m benchmarks.report runs/mq-lora runs/mq-hpse  # the paper-layout table
+    # one self-contained HTML file:
+    python -m benchmarks.report runs/mq-lora runs/mq-hpse --html runs/mq.html
 
-``__main__`` is that command; ``html`` writes the HTML report, which adds the case-by-case comparison
-with intervals, the step-in plot, and every case with its questions, answers, verdicts and rollouts.
+``__main__`` is that command; ``html`` writes the HTML report, which adds the case-by-case
+comparison with intervals, the step-in plot, and every case with its questions, answers, verdicts
+and rollouts.
 """
 
 from __future__ import annotations
@@ -23,15 +25,20 @@ __all__ = ["judge_note", "paper_cells", "paper_table", "plot_stepin_rates"]
 
 
 def _fmt(value: object) -> str:
-    return f"{value:.1f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
+    return (
+        f"{value:.1f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
+    )
 
 
-def paper_cells(rows: Sequence[tuple[str, Mapping[str, Mapping | None]]]) -> tuple[list[tuple[str, int]], list[str], list[list[str]]]:
-    """The paper-layout table as cells: benchmark groups (title, number of columns), metric names, body rows.
+def paper_cells(
+    rows: Sequence[tuple[str, Mapping[str, Mapping | None]]],
+) -> tuple[list[tuple[str, int]], list[str], list[list[str]]]:
+    """The paper-layout table as cells: benchmark groups (title, number of columns), metric names,
+    body rows.
 
-    One body row per (label, {benchmark: summary}), columns for every benchmark present, numbers with
-    one decimal and dashes where a row has no summary for a benchmark. ``paper_table`` renders these
-    as markdown, ``benchmarks.report.html`` as HTML.
+    One body row per (label, {benchmark: summary}), columns for every benchmark present, numbers
+    with one decimal and dashes where a row has no summary for a benchmark. ``paper_table`` renders
+    these as markdown, ``benchmarks.report.html`` as HTML.
     """
     present = [t for t in TASKS.values() if any(s.get(t.name) for _, s in rows)]
     if not present:
@@ -49,7 +56,8 @@ def paper_cells(rows: Sequence[tuple[str, Mapping[str, Mapping | None]]]) -> tup
 
 
 def paper_table(rows: Sequence[tuple[str, Mapping[str, Mapping | None]]]) -> str:
-    """Markdown table: one row per (label, {benchmark: summary}); columns for every benchmark present.
+    """Markdown table: one row per (label, {benchmark: summary}); columns for every benchmark
+    present.
 
     With both benchmarks the header row names the benchmark groups and the first body row, in bold,
     names the metrics (markdown has a single header row).
@@ -60,13 +68,18 @@ def paper_table(rows: Sequence[tuple[str, Mapping[str, Mapping | None]]]) -> str
         lines = ["| " + " | ".join(metric_names) + " |", rule]
     else:
         heads = [""] + [c for title, n in groups for c in [f"**{title}**"] + [""] * (n - 1)]
-        lines = ["| " + " | ".join(heads) + " |", rule, "| " + " | ".join(f"**{m}**" for m in metric_names) + " |"]
+        lines = [
+            "| " + " | ".join(heads) + " |",
+            rule,
+            "| " + " | ".join(f"**{m}**" for m in metric_names) + " |",
+        ]
     lines += ["| " + " | ".join(cells) + " |" for cells in body]
     return "\n".join(lines) + "\n"
 
 
 def judge_note(summaries: Sequence[Mapping]) -> str:
-    """A line under a table naming the UnKEBench judge(s), loudly when the lexical fallback was used."""
+    """A line under a table naming the UnKEBench judge(s), loudly when the lexical fallback was
+    used."""
     judges = sorted({str(s["judge"]) for s in summaries if s and s.get("judge")})
     if not judges:
         return ""

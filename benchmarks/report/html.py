@@ -1,7 +1,9 @@
-"""One self-contained HTML file for one or more benchmark runs: tables, the step-in plot, every case.
+"""One self-contained HTML file for one or more benchmark runs: tables, the step-in plot, every
+case.
 
-``python -m benchmarks.report RUN [RUN ...] --html FILE`` writes it (``benchmarks/report/__main__.py``).
-The file needs no network: styles, the filter script and the plot (a base64 PNG) are inline. It holds
+``python -m benchmarks.report RUN [RUN ...] --html FILE`` writes it
+(``benchmarks/report/__main__.py``). The file needs no network: styles, the filter script and the
+plot (a base64 PNG) are inline. It holds
 
 - the paper-layout table (``report.paper_cells``) and the case-by-case comparison of
   ``benchmarks.paired`` (means with 95% bootstrap intervals; every run against the first: paired
@@ -45,9 +47,9 @@ from hpse_easyedit.atomic import replacing
 
 from ..metrics import answer_matches
 from ..paired import ANSWER_DIVERSITY, METRICS, load_run, multi_report, paired_report
-from . import judge_note, paper_cells, plot_stepin_rates
 from ..rollouts import unpack_gaps, unpack_rollout
 from ..tasks import TASKS, Question
+from . import judge_note, paper_cells, plot_stepin_rates
 
 __all__ = ["RunData", "load_tokenizer", "read_run", "write_html_report"]
 
@@ -58,7 +60,8 @@ Decoder = Callable[[Sequence[int]], str]
 
 @dataclass
 class RunData:
-    """One run directory: its label, config, summary (None if not written yet) and ``{case_id: record}``."""
+    """One run directory: its label, config, summary (None if not written yet) and ``{case_id:
+    record}``."""
 
     path: Path
     label: str
@@ -74,51 +77,71 @@ class RunData:
 
 
 def read_run(path: str | os.PathLike, label: str | None = None) -> RunData:
-    """A run directory as ``RunData``; the label defaults to the run's own ``--label``, else its directory name."""
+    """A run directory as ``RunData``; the label defaults to the run's own ``--label``, else its
+    directory name."""
     path = Path(path)
     benchmark, records = load_run(path)
     config = json.loads((path / "config.json").read_text(encoding="utf-8"))
     summary_file = path / "summary.json"
-    summary = json.loads(summary_file.read_text(encoding="utf-8")) if summary_file.is_file() else None
+    summary = (
+        json.loads(summary_file.read_text(encoding="utf-8")) if summary_file.is_file() else None
+    )
     label = label or (summary or {}).get("label") or path.name
     return RunData(path, label, benchmark, config, summary, records)
 
 
 def load_tokenizer(model_name: str) -> Decoder | None:
-    """A decoder for ``model_name``'s token ids (local directory, HF cache, or the embedded SmolLM2), or None.
+    """A decoder for ``model_name``'s token ids (local directory, HF cache, or the embedded
+    SmolLM2), or None.
 
-    Never runs remote code; a tokenizer that cannot be had offline gives None and the report shows ids.
+    Never runs remote code; a tokenizer that cannot be had offline gives None and the report shows
+    ids.
     """
     try:
         from transformers import AutoTokenizer
 
-        from hpse_easyedit.loading import model_source  # the loader's own lookup, embedded-model fallback included
+        from hpse_easyedit.loading import (
+            model_source,
+        )  # the loader's own lookup, embedded-model fallback included
 
         source = model_source(model_name)
         tok = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
     except Exception as err:  # noqa: BLE001 - any failure means "no tokenizer": the report shows ids
-        log.warning("no tokenizer for %s (%s); rollouts are shown as token ids", model_name, str(err).splitlines()[0][:200])
+        log.warning(
+            "no tokenizer for %s (%s); rollouts are shown as token ids",
+            model_name,
+            str(err).splitlines()[0][:200],
+        )
         return None
-    return lambda ids: tok.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    return lambda ids: tok.decode(
+        list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
+    )
 
 
-# ---------------------------------------------------------------------------------------------- templates
+# ---------------------------------------------------------------------------------------- templates
 class JoinLines(Extension):
-    """A line break in a template and the indentation after it are not output, so the templates can be
-    indented for reading while the page stays one run of elements (as the report was always written)."""
+    """A line break in a template and the indentation after it are not output, so the templates can
+    be indented for reading while the page stays one run of elements (as the report was always
+    written)."""
 
     def preprocess(self, source: str, name: str | None, filename: str | None = None) -> str:
         return re.sub(r"\n[ \t]*", "", source)
 
 
 def _escape(value: Any) -> Markup:
-    """Every ``{{ value }}`` through ``html.escape`` (quotes as ``&quot;``/``&#x27;``); Markup stays as it is."""
+    """Every ``{{ value }}`` through ``html.escape`` (quotes as ``&quot;``/``&#x27;``); Markup stays
+    as it is."""
     return value if isinstance(value, Markup) else Markup(html.escape(str(value), quote=True))
 
 
 _TEMPLATES = Path(__file__).with_name("templates")
-_ENV = Environment(loader=FileSystemLoader(_TEMPLATES), autoescape=True, finalize=_escape, extensions=[JoinLines],
-                   undefined=StrictUndefined)
+_ENV = Environment(
+    loader=FileSystemLoader(_TEMPLATES),
+    autoescape=True,
+    finalize=_escape,
+    extensions=[JoinLines],
+    undefined=StrictUndefined,
+)
 _ENV.globals["zip"] = zip
 _ENV.filters["bool"] = bool
 
@@ -133,7 +156,7 @@ def _static(name: str) -> Markup:
     return Markup("\n" + (_TEMPLATES / name).read_text(encoding="utf-8"))
 
 
-# ---------------------------------------------------------------------------------------------- html pieces
+# -------------------------------------------------------------------------------------- html pieces
 def _paper_table_html(runs: Sequence[RunData]) -> Markup:
     rows = [(r.label, {r.benchmark: r.summary or _summary_from_records(r)}) for r in runs]
     groups, names, body = paper_cells(rows)
@@ -146,11 +169,16 @@ def _summary_from_records(run: RunData) -> dict:
     return TASKS[run.benchmark].partial_summary(list(run.records.values()))
 
 
-def _comparison_html(runs: Sequence[RunData], resamples: int) -> tuple[Markup, dict[str, list[float | None]], int]:
-    """Means with intervals, paired differences against the first run; also the step-in series and n cases."""
+def _comparison_html(
+    runs: Sequence[RunData], resamples: int
+) -> tuple[Markup, dict[str, list[float | None]], int]:
+    """Means with intervals, paired differences against the first run; also the step-in series and n
+    cases."""
     loaded = [(r.benchmark, r.records) for r in runs]
     if len(runs) == 1:
-        rep = paired_report(runs[0].path, runs[0].path, resamples=resamples, runs=(loaded[0], loaded[0]))
+        rep = paired_report(
+            runs[0].path, runs[0].path, resamples=resamples, runs=(loaded[0], loaded[0])
+        )
         pairs, n = [rep], rep["n_cases"]
     else:
         multi = multi_report([r.path for r in runs], resamples=resamples, loaded=loaded)
@@ -159,7 +187,9 @@ def _comparison_html(runs: Sequence[RunData], resamples: int) -> tuple[Markup, d
     series = {runs[0].label: pairs[0]["stepin_rate_by_round"]["a"]}
     for run, p in zip(runs[1:], pairs if len(runs) > 1 else []):
         series[run.label] = p["stepin_rate_by_round"]["b"]
-    table = _macros().comparison([r.label for r in runs], pairs, metrics, n, resamples, ANSWER_DIVERSITY)
+    table = _macros().comparison(
+        [r.label for r in runs], pairs, metrics, n, resamples, ANSWER_DIVERSITY
+    )
     return table, series, n
 
 
@@ -171,7 +201,8 @@ def _plot_png(series: Mapping[str, Sequence[float | None]], benchmark: str, n: i
 
 
 def _match(answer: str, aliases: Sequence[str]) -> tuple[tuple[str, str, str] | None, bool]:
-    """The answer cut around the first matching alias (None when none is marked), and the official verdict."""
+    """The answer cut around the first matching alias (None when none is marked), and the official
+    verdict."""
     ok = answer_matches(answer, aliases)
     low = answer.lower()
     if ok and len(low) == len(answer):
@@ -185,12 +216,17 @@ def _match(answer: str, aliases: Sequence[str]) -> tuple[tuple[str, str, str] | 
 
 def _answer_cell(q: Question, rec: Mapping[str, Any] | None) -> dict:
     """One run's answer to ``q`` with its verdict: the alias found (``alias``), the judge's verdict
-    (``coverage``) or the judge's facts (``facts``); ``missing`` when the run has no record of the case."""
+    (``coverage``) or the judge's facts (``facts``); ``missing`` when the run has no record of the
+    case."""
     if rec is None:
         return {"kind": "missing"}
     answer = q.answer(rec)
     if q.check == "facts":
-        fs = (rec.get("factscore") or [None, None])[q.facts] if len(rec.get("factscore") or []) > q.facts else None
+        fs = (
+            (rec.get("factscore") or [None, None])[q.facts]
+            if len(rec.get("factscore") or []) > q.facts
+            else None
+        )
         return {"kind": "facts", "answer": answer, "facts": fs}
     if q.check == "coverage":
         dmp = rec.get("dmp_scores") or []
@@ -201,22 +237,30 @@ def _answer_cell(q: Question, rec: Mapping[str, Any] | None) -> dict:
 
 
 def _questions(questions: Sequence[Question], recs: Sequence[dict | None]) -> list[dict]:
-    """One row per question of a case (``Task.case_questions``): the question, the expected answer (with
-    its aliases; None for a question judged against the passage) and every run's answer."""
-    return [{"kind": q.kind, "text": q.text, "expected": q.expected, "cells": [_answer_cell(q, rec) for rec in recs]}
-            for q in questions]
+    """One row per question of a case (``Task.case_questions``): the question, the expected answer
+    (with its aliases; None for a question judged against the passage) and every run's answer."""
+    return [
+        {
+            "kind": q.kind,
+            "text": q.text,
+            "expected": q.expected,
+            "cells": [_answer_cell(q, rec) for rec in recs],
+        }
+        for q in questions
+    ]
 
 
 def rollout_html(stored: Mapping[str, Any], decode: Decoder | None, attrs: str) -> str:
-    """One stored rollout as a block of text, each stepped-in token in ``<mark data-t=INDEX data-p=P data-g=G>``.
+    """One stored rollout as a block of text, each stepped-in token in ``<mark data-t=INDEX data-p=P
+    data-g=G>``.
 
-    ``P`` is the teacher's probability of the token in percent (``pi*(y*)``, what the gate compares with
-    kappa), ``G`` the gate's margin ``log pi*(y*) - log pi_theta(y*)`` in nats (what it compares with tau;
-    runs stored before the margin was kept have none); the page's script turns it, with the block's tau
-    and kappa, into the hover text, so the file carries a few bytes per step-in instead of a sentence.
-    Runs of student tokens are decoded together (multi-byte characters split over tokens survive); each
-    stepped-in token is decoded alone. Without ``decode`` the ids are shown. ``attrs``: HTML attributes
-    of the block.
+    ``P`` is the teacher's probability of the token in percent (``pi*(y*)``, what the gate compares
+    with kappa), ``G`` the gate's margin ``log pi*(y*) - log pi_theta(y*)`` in nats (what it
+    compares with tau; runs stored before the margin was kept have none); the page's script turns
+    it, with the block's tau and kappa, into the hover text, so the file carries a few bytes per
+    step-in instead of a sentence. Runs of student tokens are decoded together (multi-byte
+    characters split over tokens survive); each stepped-in token is decoded alone. Without
+    ``decode`` the ids are shown. ``attrs``: HTML attributes of the block.
     """
     ids, mask, probs = unpack_rollout(stored)
     gaps = unpack_gaps(stored)
@@ -229,8 +273,16 @@ def rollout_html(stored: Mapping[str, Any], decode: Decoder | None, attrs: str) 
         if start < t:
             pieces.append((show(ids[start:t]), None))
         if t < len(ids):
-            pieces.append((show(ids[t:t + 1]), {"t": t, "p": f"{100 * probs[t]:.0f}" if probs else None,
-                                               "g": f"{gaps[t]:g}" if gaps else None}))
+            pieces.append(
+                (
+                    show(ids[t : t + 1]),
+                    {
+                        "t": t,
+                        "p": f"{100 * probs[t]:.0f}" if probs else None,
+                        "g": f"{gaps[t]:g}" if gaps else None,
+                    },
+                )
+            )
         start = t + 1
     return _macros().rollout(pieces, Markup(attrs), len(ids), sum(mask))
 
@@ -248,9 +300,17 @@ def _rollouts_html(run_index: int, run: RunData, rec: Mapping[str, Any]) -> Mark
             shown.append({"round": r, "requests": requests, "same_as": previous})
         else:
             previous = r
-            blocks = [(subjects[k] if k < len(subjects) else f"request {k + 1}",
-                       rollout_html(stored, run.decode, f'data-run="{run_index}" data-round="{r}" data-req="{k}"'))
-                      for k, stored in enumerate(requests)]
+            blocks = [
+                (
+                    subjects[k] if k < len(subjects) else f"request {k + 1}",
+                    rollout_html(
+                        stored,
+                        run.decode,
+                        f'data-run="{run_index}" data-round="{r}" data-req="{k}"',
+                    ),
+                )
+                for k, stored in enumerate(requests)
+            ]
             shown.append({"round": r, "requests": blocks, "same_as": None})
     hp = run.hparams
     return _macros().rollouts(run.label, hp.get("tau"), hp.get("kappa"), shown)
@@ -266,36 +326,57 @@ def _case_html(cid: str, case: Mapping[str, Any] | None, runs: Sequence[RunData]
     present = [tuple(round(x, 9) for x in v) for v in values if v is not None]
     metrics = METRICS[runs[0].benchmark]
     subjects = next((rec.get("subjects") for rec in recs if rec and rec.get("subjects")), None) or (
-        [r["subject"] for r in case["requests"]] if case else [])
+        [r["subject"] for r in case["requests"]] if case else []
+    )
     view = {
         "id": cid,
         "avgs": ["" if v is None else f"{sum(v) / len(v):.6f}" for v in values],
         "disagree": int(len(set(present)) > 1),
         "subjects": subjects,
-        "chips": [(run.label, metrics, v, v is not None and rec.get("judge_complete") is False)
-                  for run, v, rec in zip(runs, values, recs)],
-        "passages": None if case is None else [(r["subject"], r["target_new"]) for r in case["requests"]],
-        "questions": None if case is None else _questions(TASKS[runs[0].benchmark].case_questions(case), recs),
-        "answers": [(run.label, json.dumps(rec.get("answers"), ensure_ascii=False))
-                    for run, rec in zip(runs, recs) if rec],
-        "rollouts": [_rollouts_html(i, run, rec) for i, (run, rec) in enumerate(zip(runs, recs)) if rec],
+        "chips": [
+            (run.label, metrics, v, v is not None and rec.get("judge_complete") is False)
+            for run, v, rec in zip(runs, values, recs)
+        ],
+        "passages": None
+        if case is None
+        else [(r["subject"], r["target_new"]) for r in case["requests"]],
+        "questions": None
+        if case is None
+        else _questions(TASKS[runs[0].benchmark].case_questions(case), recs),
+        "answers": [
+            (run.label, json.dumps(rec.get("answers"), ensure_ascii=False))
+            for run, rec in zip(runs, recs)
+            if rec
+        ],
+        "rollouts": [
+            _rollouts_html(i, run, rec) for i, (run, rec) in enumerate(zip(runs, recs)) if rec
+        ],
     }
     return _macros().case(view, [r.label for r in runs])
 
 
 def _runs_view(runs: Sequence[RunData]) -> list[dict]:
-    return [{"label": r.label, "path": r.path, "editor": r.config.get("editor", ""),
-             "model": r.hparams.get("model_name", ""), "cases": len(r.records),
-             "judge": (r.summary or {}).get("judge") or "",
-             "with_rollouts": sum(bool(rec.get("rollouts")) for rec in r.records.values())} for r in runs]
+    return [
+        {
+            "label": r.label,
+            "path": r.path,
+            "editor": r.config.get("editor", ""),
+            "model": r.hparams.get("model_name", ""),
+            "cases": len(r.records),
+            "judge": (r.summary or {}).get("judge") or "",
+            "with_rollouts": sum(bool(rec.get("rollouts")) for rec in r.records.values()),
+        }
+        for r in runs
+    ]
 
 
-def _load_cases(runs: Sequence[RunData], data_dir: str | os.PathLike | None, data_file: str | None,
-                strict: bool) -> dict[str, Mapping[str, Any]] | None:
+def _load_cases(
+    runs: Sequence[RunData], data_dir: str | os.PathLike | None, data_file: str | None, strict: bool
+) -> dict[str, Mapping[str, Any]] | None:
     """The benchmark's cases by id, from the data file the runs recorded (checked by its sha256).
 
-    None, with a warning, when the file is absent (unless ``strict``: the user named ``--data``) or is
-    not the file a run used: its questions would then not be the ones the run answered.
+    None, with a warning, when the file is absent (unless ``strict``: the user named ``--data``) or
+    is not the file a run used: its questions would then not be the ones the run answered.
     """
     from ..datasets import DataError, default_data_dir, file_sha256
 
@@ -307,10 +388,15 @@ def _load_cases(runs: Sequence[RunData], data_dir: str | os.PathLike | None, dat
         if not path.is_file():
             raise DataError(f"{path}: no such data file")
         digest = file_sha256(path)
-        strangers = [str(r.path) for r in runs if digest not in (r.config.get("data") or {}).values()]
+        strangers = [
+            str(r.path) for r in runs if digest not in (r.config.get("data") or {}).values()
+        ]
         if strangers:
-            raise DataError(f"{path} is not the data file that {', '.join(strangers)} recorded in config.json (its "
-                            "sha256 differs); pass --data DIR and --data-file FILE naming the file the runs used")
+            raise DataError(
+                f"{path} is not the data file that {', '.join(strangers)} recorded in config.json "
+                "(its sha256 differs); pass --data DIR and "
+                "--data-file FILE naming the file the runs used"
+            )
         cases = task.load_cases(where, file)
     except DataError:
         if strict:
@@ -320,15 +406,24 @@ def _load_cases(runs: Sequence[RunData], data_dir: str | os.PathLike | None, dat
     return {str(c["case_id"]): c for c in cases}
 
 
-def write_html_report(run_dirs: Sequence[str | os.PathLike], out: str | os.PathLike, *, labels: Sequence[str] | None = None,
-                      data_dir: str | os.PathLike | None = None, data_file: str | None = None, resamples: int = 10000,
-                      tokenizer: str | None = None, rollouts: bool = True, title: str | None = None) -> Path:
+def write_html_report(
+    run_dirs: Sequence[str | os.PathLike],
+    out: str | os.PathLike,
+    *,
+    labels: Sequence[str] | None = None,
+    data_dir: str | os.PathLike | None = None,
+    data_file: str | None = None,
+    resamples: int = 10000,
+    tokenizer: str | None = None,
+    rollouts: bool = True,
+    title: str | None = None,
+) -> Path:
     """Write the report of ``run_dirs`` (the first is the baseline) to ``out``; returns its path.
 
-    ``data_dir`` / ``data_file``: where the runs' data file is (default: the default data directory and
-    the benchmark's default file); questions are shown only when its sha256 is the one every run
-    recorded. ``tokenizer``: a model name or directory to decode rollouts with, instead of each run's
-    ``hparams.model_name``. ``rollouts=False`` leaves the rollouts out (a smaller file).
+    ``data_dir`` / ``data_file``: where the runs' data file is (default: the default data directory
+    and the benchmark's default file); questions are shown only when its sha256 is the one every run
+    recorded. ``tokenizer``: a model name or directory to decode rollouts with, instead of each
+    run's ``hparams.model_name``. ``rollouts=False`` leaves the rollouts out (a smaller file).
     """
     labels = list(labels or [])
     runs = [read_run(d, labels[i] if i < len(labels) else None) for i, d in enumerate(run_dirs)]
@@ -339,11 +434,15 @@ def write_html_report(run_dirs: Sequence[str | os.PathLike], out: str | os.PathL
             r.label = f"{r.label} ({r.path.name})"
     benches = {r.benchmark for r in runs}
     if len(benches) > 1:
-        raise ValueError(f"the runs mix benchmarks ({', '.join(sorted(benches))}); one report per benchmark")
+        raise ValueError(
+            f"the runs mix benchmarks ({', '.join(sorted(benches))}); one report per benchmark"
+        )
     benchmark = runs[0].benchmark
     if not rollouts:
         for r in runs:
-            r.records = {c: {k: v for k, v in rec.items() if k != "rollouts"} for c, rec in r.records.items()}
+            r.records = {
+                c: {k: v for k, v in rec.items() if k != "rollouts"} for c, rec in r.records.items()
+            }
     decoders: dict[str, Decoder | None] = {}
     for r in runs:
         if any(rec.get("rollouts") for rec in r.records.values()):
@@ -351,19 +450,32 @@ def write_html_report(run_dirs: Sequence[str | os.PathLike], out: str | os.PathL
             if name and name not in decoders:
                 decoders[name] = load_tokenizer(name)
             r.decode = decoders.get(name) if name else None
-    cases = _load_cases(runs, data_dir, data_file, strict=data_dir is not None or data_file is not None)
+    cases = _load_cases(
+        runs, data_dir, data_file, strict=data_dir is not None or data_file is not None
+    )
     table, series, n_common = _comparison_html(runs, resamples)
     ids = set().union(*(r.records for r in runs))
     order = [c for c in cases if c in ids] if cases else []
     order += sorted(ids - set(order), key=lambda c: (len(c), c))
-    names = " vs ".join(r.label for r in runs) if len(runs) <= 3 else f"{len(runs)} runs against {runs[0].label}"
+    names = (
+        " vs ".join(r.label for r in runs)
+        if len(runs) <= 3
+        else f"{len(runs)} runs against {runs[0].label}"
+    )
     title = title or f"{TASKS[benchmark].title}: {names}"
-    page = _macros().page({
-        "title": title, "css": _static("report.css"), "js": _static("report.js"), "runs": _runs_view(runs),
-        "labels": [r.label for r in runs], "paper_table": _paper_table_html(runs), "comparison": table,
-        "plot": _plot_png(series, benchmark, n_common),
-        "cases": [_case_html(c, (cases or {}).get(c), runs) for c in order],
-    })
+    page = _macros().page(
+        {
+            "title": title,
+            "css": _static("report.css"),
+            "js": _static("report.js"),
+            "runs": _runs_view(runs),
+            "labels": [r.label for r in runs],
+            "paper_table": _paper_table_html(runs),
+            "comparison": table,
+            "plot": _plot_png(series, benchmark, n_common),
+            "cases": [_case_html(c, (cases or {}).get(c), runs) for c in order],
+        }
+    )
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with replacing(out) as tmp:

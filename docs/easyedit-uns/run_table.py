@@ -75,12 +75,13 @@ def with_subjects(dataset_class: type, subjects: dict) -> type:
 
 
 def minilm_or_nan() -> str:
-    from huggingface_hub import snapshot_download
     from easyeditor.evaluate import evaluate_uns
+    from huggingface_hub import snapshot_download
 
     try:
         return snapshot_download(MINILM, local_files_only=True)
     except Exception:
+
         class NaNEncoder:
             def __init__(self, *args, **kwargs):
                 pass
@@ -97,24 +98,41 @@ def write_table(out: Path) -> None:
     """``table.md``: EasyEdit's scores per method (percent), the answers that came back empty, and
     the seconds per record (model load, edit and the script's generation)."""
     summary = json.loads((out / "summary.json").read_text())
-    head = ("| method | Original BLEU | Original R-1 | Original R-L | Para BLEU | Para R-1 "
-            "| Para R-L | Sub R-1 | Sub R-L | MiniLM | empty answers | s / record |")
+    head = (
+        "| method | Original BLEU | Original R-1 | Original R-L | Para BLEU | Para R-1 "
+        "| Para R-L | Sub R-1 | Sub R-L | MiniLM | empty answers | s / record |"
+    )
     lines = [head, "|" + "---|" * 12]
     for method, row in summary.items():
         m = row["metrics"]
         items = json.loads((out / f"{method}_results.json").read_text())
-        answers = [a for i in items for a in [i["original_prediction"], i["para_prediction"],
-                                              *i["sub_pred"]]]
+        answers = [
+            a
+            for i in items
+            for a in [i["original_prediction"], i["para_prediction"], *i["sub_pred"]]
+        ]
         empty = sum(not a.strip() for a in answers)
         bert = m["Original"].get("Bert Score")
-        cells = [100 * m[p][k] for p, k in (("Original", "BLEU SCORE"), ("Original", "ROUGE-1"),
-                                              ("Original", "ROUGE-L"), ("Para", "BLEU SCORE"),
-                                              ("Para", "ROUGE-1"), ("Para", "ROUGE-L"),
-                                              ("Sub", "ROUGE-1"), ("Sub", "ROUGE-L"))]
+        cells = [
+            100 * m[p][k]
+            for p, k in (
+                ("Original", "BLEU SCORE"),
+                ("Original", "ROUGE-1"),
+                ("Original", "ROUGE-L"),
+                ("Para", "BLEU SCORE"),
+                ("Para", "ROUGE-1"),
+                ("Para", "ROUGE-L"),
+                ("Sub", "ROUGE-1"),
+                ("Sub", "ROUGE-L"),
+            )
+        ]
         seconds = sum(row["seconds_per_record"]) / len(row["seconds_per_record"])
-        lines.append(f"| {method} | " + " | ".join(f"{c:.1f}" for c in cells)
-                     + f" | {'n/a' if bert is None or math.isnan(bert) else f'{bert:.3f}'}"
-                     + f" | {empty} of {len(answers)} | {seconds:.0f} |")
+        lines.append(
+            f"| {method} | "
+            + " | ".join(f"{c:.1f}" for c in cells)
+            + f" | {'n/a' if bert is None or math.isnan(bert) else f'{bert:.3f}'}"
+            + f" | {empty} of {len(answers)} | {seconds:.0f} |"
+        )
     (out / "table.md").write_text("\n".join(lines) + "\n")
     logger.info("wrote %s", out / "table.md")
 
@@ -122,11 +140,18 @@ def write_table(out: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=3, help="first N UnKEBench records")
-    parser.add_argument("--methods", nargs="+", default=["HPSE", "LoRA_uns", "FT_uns", "Unedited"],
-                        help="also HPSE_subjects: HPSE with attach_subjects (Introduce {subject}.)")
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        default=["HPSE", "LoRA_uns", "FT_uns", "Unedited"],
+        help="also HPSE_subjects: HPSE with attach_subjects (Introduce {subject}.)",
+    )
     parser.add_argument("--out", type=Path, default=HERE / "unke-3")
-    parser.add_argument("--table-only", action="store_true",
-                        help="only write table.md from the summary.json and results in --out")
+    parser.add_argument(
+        "--table-only",
+        action="store_true",
+        help="only write table.md from the summary.json and results in --out",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if args.table_only:
@@ -160,8 +185,9 @@ def main() -> None:
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
     scratch = Path(tempfile.mkdtemp(prefix="easyedit-uns-"))  # one-record data dirs: not committed
     for method in args.methods:
-        script.AKEWUnifiedDataset = (with_subjects(plain_dataset, subjects)
-                                     if method == "HPSE_subjects" else plain_dataset)
+        script.AKEWUnifiedDataset = (
+            with_subjects(plain_dataset, subjects) if method == "HPSE_subjects" else plain_dataset
+        )
         hp_path = args.out / f"{method}.hparams.json"
         hp_path.write_text(json.dumps({**hparams_files[method], "model_name": local_dir}, indent=2))
         edited, seconds = [], []
@@ -169,12 +195,23 @@ def main() -> None:
             one = scratch / f"record-{k}"
             (one / "UnKE").mkdir(parents=True, exist_ok=True)
             (one / "UnKE" / "final_data_v3.json").write_text(json.dumps([record]))
-            (one / "alpaca_data.json").write_text(json.dumps(
-                [{"instruction": f"Count to {i}.", "input": "", "output": str(i)}
-                 for i in range(20)]))
-            run = argparse.Namespace(editing_method=method, hparams_dir=str(hp_path),
-                                     data_type="unke", data_dir=str(one), ds_size=None,
-                                     sequential_edit=False, batch_size=1)
+            (one / "alpaca_data.json").write_text(
+                json.dumps(
+                    [
+                        {"instruction": f"Count to {i}.", "input": "", "output": str(i)}
+                        for i in range(20)
+                    ]
+                )
+            )
+            run = argparse.Namespace(
+                editing_method=method,
+                hparams_dir=str(hp_path),
+                data_type="unke",
+                data_dir=str(one),
+                ds_size=None,
+                sequential_edit=False,
+                batch_size=1,
+            )
             start = time.perf_counter()
             data, _ = script.run_unstructured_editing(run)
             seconds.append(time.perf_counter() - start)

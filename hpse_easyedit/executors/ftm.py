@@ -1,4 +1,5 @@
-"""FT-M executor: full fine-tuning of one MLP matrix; the teacher pass sees the original matrix (swap, no copy of the model)."""
+"""FT-M executor: full fine-tuning of one MLP matrix; the teacher pass sees the original matrix
+(swap, no copy of the model)."""
 
 from __future__ import annotations
 
@@ -21,9 +22,9 @@ class FTMExecutor(Executor):
     for teacher passes, so in continual editing the teacher stays the unedited pi_0.
 
     In a half-precision model (bfloat16/float16) Adam's steps of about ``lr`` round away against the
-    format's spacing, so most entries would never move: Adam then updates a float32 master copy of the
-    matrix (one extra matrix, its moments in float32) and the model's matrix is its cast after every
-    step; each backward pass's gradient is accumulated into the master's float32 gradient.
+    format's spacing, so most entries would never move: Adam then updates a float32 master copy of
+    the matrix (one extra matrix, its moments in float32) and the model's matrix is its cast after
+    every step; each backward pass's gradient is accumulated into the master's float32 gradient.
     """
 
     name = "ft_m"
@@ -43,8 +44,8 @@ class FTMExecutor(Executor):
             state.ftm_grad_flags = {n: p.requires_grad for n, p in base.named_parameters()}
         elif state.ftm_original[0] != self.param_name:
             raise ValueError(
-                f"this model was already edited with FT-M at {state.ftm_original[0]}, not {self.param_name}; "
-                "restore it first or keep the same 'ftm_layer'"
+                f"this model was already edited with FT-M at {state.ftm_original[0]}, not "
+                f"{self.param_name}; restore it first or keep the same 'ftm_layer'"
             )
         self._original = state.ftm_original[1]
         self._before = self.weight.detach().clone()
@@ -58,14 +59,17 @@ class FTMExecutor(Executor):
 
     @classmethod
     def model_mismatch(cls, model: Any, hparams: Any) -> str | None:
-        """``ftm_module_template.format(ftm_layer) + '.weight'`` must be a parameter of the model."""
+        """``ftm_module_template.format(ftm_layer) + '.weight'`` must be a parameter of the
+        model."""
         name = hparams.ftm_module_template.format(hparams.ftm_layer) + ".weight"
         if name in dict(unwrapped(model).named_parameters()):
             return None
         n_layers = num_layers(model)
         where = f" (it has {n_layers} layers, 0..{n_layers - 1})" if n_layers else ""
-        return (f"keys 'ftm_layer'/'ftm_module_template' give {name}, which is not a parameter of "
-                f"{hparams.model_name}{where}; fix 'ftm_layer' or 'ftm_module_template'")
+        return (
+            f"keys 'ftm_layer'/'ftm_module_template' give {name}, which is not a parameter of "
+            f"{hparams.model_name}{where}; fix 'ftm_layer' or 'ftm_module_template'"
+        )
 
     def _grad_to_master(self, weight: torch.Tensor) -> None:
         grad = weight.grad.float()
@@ -106,14 +110,22 @@ class FTMExecutor(Executor):
 
     @contextlib.contextmanager
     def _row_switch(self, teacher_rows: torch.Tensor) -> Iterator[None]:
-        """Rows marked True see the original matrix, the rest the edited one (one extra matmul, no model copy)."""
+        """Rows marked True see the original matrix, the rest the edited one (one extra matmul, no
+        model copy)."""
         module = unwrapped(self.model).get_submodule(self.module_name)
-        rows = teacher_rows.view(-1, 1, 1).to(module.weight.device)  # once, not in every captured step
+        rows = teacher_rows.view(-1, 1, 1).to(
+            module.weight.device
+        )  # once, not in every captured step
 
-        def original_for_teacher_rows(mod: torch.nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
+        def original_for_teacher_rows(
+            mod: torch.nn.Module, inputs: Any, output: torch.Tensor
+        ) -> torch.Tensor:
             # on the input's device: the device the layer runs on, wherever device_map put it
             original = torch.nn.functional.linear(
-                inputs[0], self._original.to(device=inputs[0].device, dtype=inputs[0].dtype), mod.bias)
+                inputs[0],
+                self._original.to(device=inputs[0].device, dtype=inputs[0].dtype),
+                mod.bias,
+            )
             return torch.where(rows.to(output.device), original, output)
 
         handle = module.register_forward_hook(original_for_teacher_rows)
@@ -132,7 +144,10 @@ class FTMExecutor(Executor):
         from safetensors.torch import save_file
 
         name = hparams.ftm_module_template.format(hparams.ftm_layer) + ".weight"
-        save_file({name: model.get_parameter(name).detach().cpu().contiguous()}, str(out_dir / "ft_m.safetensors"))
+        save_file(
+            {name: model.get_parameter(name).detach().cpu().contiguous()},
+            str(out_dir / "ft_m.safetensors"),
+        )
         return "ft_m.safetensors"
 
     @staticmethod
@@ -145,7 +160,8 @@ class FTMExecutor(Executor):
 
     @staticmethod
     def release(model: Any) -> Any:
-        """Drop the kept original matrix once the model holds it again, and give back requires_grad flags."""
+        """Drop the kept original matrix once the model holds it again, and give back requires_grad
+        flags."""
         base = unwrapped(model)
         state = edit_state(base)
         if state.ftm_original is None:

@@ -1,4 +1,5 @@
-"""LoRA executor: low-rank adapters through peft; the teacher is the same model with the adapter off."""
+"""LoRA executor: low-rank adapters through peft; the teacher is the same model with the adapter
+off."""
 
 from __future__ import annotations
 
@@ -15,12 +16,14 @@ from .state import edit_state
 __all__ = ["LoRAExecutor", "ADAPTER_NAME"]
 
 ADAPTER_NAME = "hpse"
-#: base-model dtypes whose decode computes the adapters in that dtype (``LoRAExecutor._half_weights``)
+#: base-model dtypes whose decode computes the adapters in that dtype
+#: (``LoRAExecutor._half_weights``)
 HALF = (torch.float16, torch.bfloat16)
 
 
 class LoRAExecutor(Executor):
-    """Adapters on ``target_modules`` of ``layers`` (all by default); base weights frozen and shared."""
+    """Adapters on ``target_modules`` of ``layers`` (all by default); base weights frozen and
+    shared."""
 
     name = "lora"
 
@@ -28,18 +31,29 @@ class LoRAExecutor(Executor):
         from peft import LoraConfig, PeftModel, get_peft_model
 
         super().__init__(model, hparams)
-        reuse = isinstance(model, PeftModel) and ADAPTER_NAME in model.peft_config and not keep_original_weight
+        reuse = (
+            isinstance(model, PeftModel)
+            and ADAPTER_NAME in model.peft_config
+            and not keep_original_weight
+        )
         state = edit_state(model)
         if reuse:
             self.model = model
             self.model.set_adapter(ADAPTER_NAME)
-            if state.adapter_model is not model:  # an adapter from elsewhere: remembered, never unloaded
-                state.adapter_model, state.adapter_created, state.adapter_grad_flags = model, False, {}
+            if (
+                state.adapter_model is not model
+            ):  # an adapter from elsewhere: remembered, never unloaded
+                state.adapter_model, state.adapter_created, state.adapter_grad_flags = (
+                    model,
+                    False,
+                    {},
+                )
         else:
             if isinstance(model, PeftModel):
                 raise ValueError(
-                    "keep_original_weight=True needs an unwrapped model, but this one already carries a peft adapter; "
-                    "restore it first (hpse_easyedit.restore_weights) or pass keep_original_weight=False to keep editing it"
+                    "keep_original_weight=True needs an unwrapped model, but this one already "
+                    "carries a peft adapter; restore it first (hpse_easyedit.restore_weights) or "
+                    "pass keep_original_weight=False to keep editing it"
                 )
             grad_flags = {n: p.requires_grad for n, p in model.named_parameters()}
             config = LoraConfig(
@@ -54,35 +68,47 @@ class LoRAExecutor(Executor):
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(hparams.seed)
                 self.model = get_peft_model(model, config, adapter_name=ADAPTER_NAME)
-            state.adapter_model, state.adapter_created, state.adapter_grad_flags = self.model, True, grad_flags
+            state.adapter_model, state.adapter_created, state.adapter_grad_flags = (
+                self.model,
+                True,
+                grad_flags,
+            )
         self._params = [
             p for n, p in self.model.named_parameters() if "lora_" in n and f".{ADAPTER_NAME}." in n
         ]
         if not self._params:
             raise ValueError(
-                f"no LoRA parameters were created: none of target_modules {hparams.target_modules} matched a module of "
-                f"{type(model).__name__} in layers {hparams.layers}; fix 'target_modules'/'layers' in the hparams"
+                "no LoRA parameters were created: none of target_modules "
+                f"{hparams.target_modules} matched a module of {type(model).__name__} in layers "
+                f"{hparams.layers}; fix 'target_modules'/'layers' in the hparams"
             )
         for p in self._params:
             p.requires_grad_(True)
         from peft.tuners.lora import LoraLayer
 
         self._lora_layers = [m for m in self.model.modules() if isinstance(m, LoraLayer)]
-        self._half: list[torch.Tensor] | None = None  # the adapters in a half-precision model's dtype (decode)
+        self._half: list[torch.Tensor] | None = (
+            None  # the adapters in a half-precision model's dtype (decode)
+        )
 
     @classmethod
     def model_mismatch(cls, model: Any, hparams: Any) -> str | None:
-        """Every ``target_modules`` name must end some module name, and every ``layers`` index be a layer."""
+        """Every ``target_modules`` name must end some module name, and every ``layers`` index be a
+        layer."""
         leaves = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
         missing = [m for m in hparams.target_modules if m not in leaves]
         if missing:
             known = sorted(n for n in leaves if n.endswith("proj")) or sorted(leaves)[:12]
-            return (f"key 'target_modules' names {missing}, which {type(model).__name__} does not have; "
-                    f"use module names of this model, e.g. {known}")
+            return (
+                f"key 'target_modules' names {missing}, which {type(model).__name__} does not "
+                f"have; use module names of this model, e.g. {known}"
+            )
         n_layers = num_layers(model)
         if hparams.layers is not None and n_layers is not None and max(hparams.layers) >= n_layers:
-            return (f"key 'layers' is {list(hparams.layers)} but {hparams.model_name} has {n_layers} layers "
-                    f"(0..{n_layers - 1}); use indices below {n_layers}, or null for all layers")
+            return (
+                f"key 'layers' is {list(hparams.layers)} but {hparams.model_name} has {n_layers} "
+                f"layers (0..{n_layers - 1}); use indices below {n_layers}, or null for all layers"
+            )
         return None
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
@@ -90,9 +116,10 @@ class LoRAExecutor(Executor):
 
     @contextlib.contextmanager
     def _adapters_off(self) -> Iterator[None]:
-        # peft's PeftModel.disable_adapter() walks every module and builds a layer-status report on each
-        # call (~80 ms on SmolLM2, as long as a decode step); the rollout enters the teacher once per
-        # token, so flip the flag LoRA layers read in forward() on the layers collected once.
+        # peft's PeftModel.disable_adapter() walks every module and builds a layer-status report on
+        # each call (~80 ms on SmolLM2, as long as a decode step); the rollout enters the teacher
+        # once per token, so flip the flag LoRA layers read in forward() on the layers collected
+        # once.
         saved = [layer._disable_adapters for layer in self._lora_layers]
         for layer in self._lora_layers:
             layer._disable_adapters = True
@@ -104,7 +131,8 @@ class LoRAExecutor(Executor):
 
     @contextlib.contextmanager
     def _row_switch(self, teacher_rows: torch.Tensor) -> Iterator[None]:
-        """Rows marked True compute the frozen base model (their adapter output is zeroed), the rest the student."""
+        """Rows marked True compute the frozen base model (their adapter output is zeroed), the rest
+        the student."""
         keep = (~teacher_rows).view(-1, 1, 1)
         if self._lora_layers and all(_plain_lora_linear(layer) for layer in self._lora_layers):
             half = self._lora_layers[0].base_layer.weight.dtype in HALF
@@ -117,7 +145,9 @@ class LoRAExecutor(Executor):
                 yield
             return
 
-        def zero_teacher_rows(module: torch.nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
+        def zero_teacher_rows(
+            module: torch.nn.Module, inputs: Any, output: torch.Tensor
+        ) -> torch.Tensor:
             return output * keep.to(device=output.device, dtype=output.dtype)
 
         handles = [
@@ -132,12 +162,16 @@ class LoRAExecutor(Executor):
                 handle.remove()
 
     def _half_weights(self) -> list[torch.Tensor]:
-        """Every adapter matrix (``lora_A``, ``lora_B`` per layer) cast to the base model's half dtype: one cast of
-        the float32 adapters per decode (a rollout is no-grad, so they cannot change inside it) instead of a cast
-        of each projection's input on every call. The copies are kept (one rank-r pair per projection) and
-        refreshed in place, so a captured decode step reads the same tensors in every round."""
-        masters = [w for layer in self._lora_layers
-                   for w in (layer.lora_A[ADAPTER_NAME].weight, layer.lora_B[ADAPTER_NAME].weight)]
+        """Every adapter matrix (``lora_A``, ``lora_B`` per layer) cast to the base model's half
+        dtype: one cast of the float32 adapters per decode (a rollout is no-grad, so they cannot
+        change inside it) instead of a cast of each projection's input on every call. The copies are
+        kept (one rank-r pair per projection) and refreshed in place, so a captured decode step
+        reads the same tensors in every round."""
+        masters = [
+            w
+            for layer in self._lora_layers
+            for w in (layer.lora_A[ADAPTER_NAME].weight, layer.lora_B[ADAPTER_NAME].weight)
+        ]
         dtype = self._lora_layers[0].base_layer.weight.dtype
         if self._half is None:
             self._half = [torch.empty_like(w, dtype=dtype) for w in masters]
@@ -148,7 +182,9 @@ class LoRAExecutor(Executor):
         return self._half
 
     def _teacher_context(self) -> ContextManager:
-        if self._lora_layers and all(hasattr(layer, "_disable_adapters") for layer in self._lora_layers):
+        if self._lora_layers and all(
+            hasattr(layer, "_disable_adapters") for layer in self._lora_layers
+        ):
             return self._adapters_off()
         return self.model.disable_adapter()
 
@@ -158,24 +194,29 @@ class LoRAExecutor(Executor):
 
     @staticmethod
     def save_edit(model: Any, hparams: Any, out_dir: Path) -> str:
-        """The adapter; load it with ``PeftModel.from_pretrained(base_model, out_dir / "adapter/hpse")``."""
+        """The adapter; load it with ``PeftModel.from_pretrained(base_model, out_dir /
+        "adapter/hpse")``."""
         model.save_pretrained(str(out_dir / "adapter"), selected_adapters=[ADAPTER_NAME])
         return f"adapter/{ADAPTER_NAME}"
 
     @staticmethod
     def load_edit(model: Any, weights: Path) -> Any:
-        """The saved adapter around ``model`` (a peft ``PeftModel``, frozen), which later edits continue in."""
+        """The saved adapter around ``model`` (a peft ``PeftModel``, frozen), which later edits
+        continue in."""
         from peft import PeftModel
 
         return PeftModel.from_pretrained(model, str(weights), adapter_name=ADAPTER_NAME)
 
     @staticmethod
     def release(model: Any) -> Any:
-        """Unload an adapter this package created once it adds nothing again; returns the model to use."""
+        """Unload an adapter this package created once it adds nothing again; returns the model to
+        use."""
         state = edit_state(model)
         if state.adapter_model is not model or not state.adapter_created:
             return model
-        lora_b = [p for n, p in model.named_parameters() if "lora_B" in n and f".{ADAPTER_NAME}." in n]
+        lora_b = [
+            p for n, p in model.named_parameters() if "lora_B" in n and f".{ADAPTER_NAME}." in n
+        ]
         if any(bool(p.detach().ne(0).any()) for p in lora_b):
             return model
         flags = state.adapter_grad_flags
@@ -188,14 +229,20 @@ class LoRAExecutor(Executor):
 
 
 def _plain_lora_linear(layer: Any) -> bool:
-    """Whether ``layer`` is a peft LoRA ``Linear`` whose forward is exactly base + ``lora_B(lora_A(x)) * scaling``
-    for our one adapter (no dropout, variant such as DoRA, merge, bias or hook in the way), so that
-    ``_lean_forwards`` can compute it without peft's per-call dispatch."""
+    """Whether ``layer`` is a peft LoRA ``Linear`` whose forward is exactly base +
+    ``lora_B(lora_A(x)) * scaling`` for our one adapter (no dropout, variant such as DoRA, merge,
+    bias or hook in the way), so that ``_lean_forwards`` can compute it without peft's per-call
+    dispatch."""
     from peft.tuners.lora.layer import Linear
 
-    if (type(layer) is not Linear or ADAPTER_NAME not in layer.lora_A or "forward" in vars(layer)
-            or list(layer.active_adapters) != [ADAPTER_NAME]
-            or not hasattr(layer, "lora_variant") or not hasattr(layer, "_cast_input_dtype")):  # peft < 0.15: hooks
+    if (
+        type(layer) is not Linear
+        or ADAPTER_NAME not in layer.lora_A
+        or "forward" in vars(layer)
+        or list(layer.active_adapters) != [ADAPTER_NAME]
+        or not hasattr(layer, "lora_variant")
+        or not hasattr(layer, "_cast_input_dtype")
+    ):  # peft < 0.15: hooks
         return False
     lora_a, lora_b = layer.lora_A[ADAPTER_NAME], layer.lora_B[ADAPTER_NAME]
     modules = (layer, lora_a, lora_b)
@@ -203,18 +250,23 @@ def _plain_lora_linear(layer: Any) -> bool:
         ADAPTER_NAME not in layer.lora_variant
         and isinstance(layer.lora_dropout[ADAPTER_NAME], torch.nn.Identity)
         and not layer.merged
-        and type(lora_a) is torch.nn.Linear and type(lora_b) is torch.nn.Linear
-        and lora_a.bias is None and lora_b.bias is None
-        and not any(m._forward_hooks or m._forward_pre_hooks or hasattr(m, "_hf_hook") for m in modules)
+        and type(lora_a) is torch.nn.Linear
+        and type(lora_b) is torch.nn.Linear
+        and lora_a.bias is None
+        and lora_b.bias is None
+        and not any(
+            m._forward_hooks or m._forward_pre_hooks or hasattr(m, "_hf_hook") for m in modules
+        )
     )
 
 
 @contextlib.contextmanager
 def _lean_forwards(layers: list, keep: torch.Tensor) -> Iterator[None]:
-    """The row switch as plain tensor calls: each LoRA layer computes ``base(x) + (lora_B(lora_A(x)) * keep) *
-    scaling``, the very operations (and so the very bits) of peft's forward under the ``lora_B`` forward hook
-    that zeroes the teacher rows, without peft's per-call dispatch, the two adapter modules' calls and the hook:
-    210 layers per decode step of SmolLM2, about 1.1x on a CPU rollout."""
+    """The row switch as plain tensor calls: each LoRA layer computes ``base(x) +
+    (lora_B(lora_A(x)) * keep) * scaling``, the very operations (and so the very bits) of peft's
+    forward under the ``lora_B`` forward hook that zeroes the teacher rows, without peft's per-call
+    dispatch, the two adapter modules' calls and the hook: 210 layers per decode step of SmolLM2,
+    about 1.1x on a CPU rollout."""
     keep_as: dict = {}
 
     def make(layer: Any) -> Any:
@@ -226,10 +278,14 @@ def _lean_forwards(layers: list, keep: torch.Tensor) -> Iterator[None]:
             if layer.disable_adapters:
                 return result
             dtype = result.dtype
-            delta = F.linear(F.linear(layer._cast_input_dtype(x, weight_a.dtype), weight_a), weight_b)
+            delta = F.linear(
+                F.linear(layer._cast_input_dtype(x, weight_a.dtype), weight_a), weight_b
+            )
             mask = keep_as.get((delta.device, delta.dtype))
             if mask is None:
-                mask = keep_as[delta.device, delta.dtype] = keep.to(device=delta.device, dtype=delta.dtype)
+                mask = keep_as[delta.device, delta.dtype] = keep.to(
+                    device=delta.device, dtype=delta.dtype
+                )
             return (result + (delta * mask) * scaling).to(dtype)
 
         return forward
@@ -244,8 +300,8 @@ def _lean_forwards(layers: list, keep: torch.Tensor) -> Iterator[None]:
 
 
 def _leading_students(teacher_rows: torch.Tensor) -> int:
-    """How many student rows lead the batch when its rows are ``[student] * n + [teacher] * m`` (the rollouts'
-    layout), else 0; one host read per decode, not per token."""
+    """How many student rows lead the batch when its rows are ``[student] * n + [teacher] * m`` (the
+    rollouts' layout), else 0; one host read per decode, not per token."""
     flags = teacher_rows.tolist()
     students = flags.index(True) if True in flags else len(flags)
     return students if not any(flags[:students]) and all(flags[students:]) else 0
@@ -253,11 +309,11 @@ def _leading_students(teacher_rows: torch.Tensor) -> int:
 
 @contextlib.contextmanager
 def _half_forwards(layers: list, students: int, half: list[torch.Tensor]) -> Iterator[None]:
-    """The row switch of a half-precision model: each LoRA layer adds ``scaling * x B^T A^T`` to its base output
-    for the leading ``students`` rows only, in the model's dtype (``half``: the adapters cast once per decode),
-    the teacher rows keep the base output. Two kernels per adapted projection (the rank-r product and one
-    ``addmm_`` into the base output) instead of peft's input cast, two products, mask, scale, add and cast
-    back."""
+    """The row switch of a half-precision model: each LoRA layer adds ``scaling * x B^T A^T`` to its
+    base output for the leading ``students`` rows only, in the model's dtype (``half``: the adapters
+    cast once per decode), the teacher rows keep the base output. Two kernels per adapted projection
+    (the rank-r product and one ``addmm_`` into the base output) instead of peft's input cast, two
+    products, mask, scale, add and cast back."""
 
     def make(layer: Any, weight_a: torch.Tensor, weight_b: torch.Tensor) -> Any:
         base, scaling = layer.base_layer, layer.scaling[ADAPTER_NAME]
@@ -268,7 +324,9 @@ def _half_forwards(layers: list, students: int, half: list[torch.Tensor]) -> Ite
                 return result
             low = F.linear(x[:students], weight_a)
             out = result[:students]
-            out.view(-1, out.shape[-1]).addmm_(low.view(-1, low.shape[-1]), weight_b.t(), alpha=scaling)
+            out.view(-1, out.shape[-1]).addmm_(
+                low.view(-1, low.shape[-1]), weight_b.t(), alpha=scaling
+            )
             return result
 
         return forward

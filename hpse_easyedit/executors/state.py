@@ -1,14 +1,16 @@
-"""What the edits on one model leave behind for later edits and restores: one ``EditState`` per model.
+"""What the edits on one model leave behind for later edits and restores: one ``EditState`` per
+model.
 
-An edit ends, but some of what it set up must outlive it: the LoRA adapter this package wrapped around
-the model (so that a later edit continues in it, and a restore can unload it), FT-M's original matrix
-(the teacher of every later edit, and how a restore knows it is done), the ``requires_grad`` flags to give
-back, and the restore handles of edits not undone yet (so that they are undone last first). The executors
-own this state; everything else reaches it through ``edit_state(model)``.
+An edit ends, but some of what it set up must outlive it: the LoRA adapter this package wrapped
+around the model (so that a later edit continues in it, and a restore can unload it), FT-M's
+original matrix (the teacher of every later edit, and how a restore knows it is done), the
+``requires_grad`` flags to give back, and the restore handles of edits not undone yet (so that they
+are undone last first). The executors own this state; everything else reaches it through
+``edit_state(model)``.
 
-It is kept with the unwrapped model (one attribute, held by nothing else), so it lives and dies with the
-model, and a ``copy.deepcopy`` of the model (EasyEdit's ``copy=True``) copies it along, its adapter and
-matrix with it.
+It is kept with the unwrapped model (one attribute, held by nothing else), so it lives and dies with
+the model, and a ``copy.deepcopy`` of the model (EasyEdit's ``copy=True``) copies it along, its
+adapter and matrix with it.
 """
 
 from __future__ import annotations
@@ -29,11 +31,13 @@ class EditState:
 
     #: LoRA: the peft ``PeftModel`` around the model that the last LoRA edit trained in (None: none)
     adapter_model: Any = None
-    #: LoRA: whether this package created that adapter (only such an adapter is unloaded by a restore)
+    #: LoRA: whether this package created that adapter (only such an adapter is unloaded by a
+    #: restore)
     adapter_created: bool = False
     #: LoRA: every parameter's ``requires_grad`` before the adapter was created
     adapter_grad_flags: dict[str, bool] = field(default_factory=dict)
-    #: FT-M: ``(parameter name, its value before the first FT-M edit)``; None once a restore brought it back
+    #: FT-M: ``(parameter name, its value before the first FT-M edit)``; None once a restore brought
+    #: it back
     ftm_original: tuple[str, torch.Tensor] | None = None
     #: FT-M: every parameter's ``requires_grad`` before the first FT-M edit
     ftm_grad_flags: dict[str, bool] = field(default_factory=dict)
@@ -42,8 +46,8 @@ class EditState:
 
 
 def unwrapped(model: Any) -> Any:
-    """``model`` without a peft wrapper (peft injects its layers into the wrapped model, which stays the same
-    object)."""
+    """``model`` without a peft wrapper (peft injects its layers into the wrapped model, which stays
+    the same object)."""
     get_base = getattr(model, "get_base_model", None)
     return get_base() if get_base is not None else model
 

@@ -34,8 +34,14 @@ from ..edit_requests import RequestError
 from ..prompts import end_of_turn_id
 from .entries import apply_coin_to_model, apply_hpse_to_model
 
-__all__ = ["apply_coin_uns_to_model", "apply_hpse_uns_to_model", "attach_subjects",
-           "strip_end_of_turn", "uns_requests", "user_message"]
+__all__ = [
+    "apply_coin_uns_to_model",
+    "apply_hpse_uns_to_model",
+    "attach_subjects",
+    "strip_end_of_turn",
+    "uns_requests",
+    "user_message",
+]
 
 _PROBE = "HPSEPROBEQUESTION"
 
@@ -48,8 +54,11 @@ def user_message(tok: Any, text: str, template_kwargs: Mapping[str, Any] | None 
     are matched."""
     try:
         rendered = tok.apply_chat_template(
-            [{"role": "user", "content": _PROBE}], tokenize=False, add_generation_prompt=True,
-            **dict(template_kwargs or {}))
+            [{"role": "user", "content": _PROBE}],
+            tokenize=False,
+            add_generation_prompt=True,
+            **dict(template_kwargs or {}),
+        )
     except Exception:  # a tokenizer without a chat template: nothing can be templated
         return text
     head, _, tail = rendered.partition(_PROBE)
@@ -60,7 +69,7 @@ def user_message(tok: Any, text: str, template_kwargs: Mapping[str, Any] | None 
         header = head[start:]
         at = body.rfind(header)
         if header.strip() and at >= 0:
-            return body[at + len(header):]
+            return body[at + len(header) :]
     return text
 
 
@@ -84,19 +93,25 @@ def uns_requests(tok: Any, batch_data: Sequence[Mapping[str, Any]], hparams: Any
     is established here about <question>? ...").
     """
     if isinstance(batch_data, Mapping) or not isinstance(batch_data, Sequence) or not batch_data:
-        raise RequestError("batch_data must be a non-empty list of AKEWUnifiedDataset items "
-                           "(use_unstructured_data=True), e.g. ds[0:1]")
+        raise RequestError(
+            "batch_data must be a non-empty list of AKEWUnifiedDataset items "
+            "(use_unstructured_data=True), e.g. ds[0:1]"
+        )
     template_kwargs = getattr(hparams, "chat_template_kwargs", None)
     requests = []
     for i, item in enumerate(batch_data):
         if not isinstance(item, Mapping):
-            raise RequestError(f"batch item {i}: expected an AKEWUnifiedDataset item (a dict), "
-                               f"got {type(item).__name__}")
+            raise RequestError(
+                f"batch item {i}: expected an AKEWUnifiedDataset item (a dict), "
+                f"got {type(item).__name__}"
+            )
         where = f"batch item {i} (id {item.get('id')!r})"
         passage = item.get("answer")
         if not isinstance(passage, str) or not passage.strip():
-            raise RequestError(f"{where}: 'answer' must be the passage to inject, got {passage!r}; "
-                               "load AKEWUnifiedDataset with use_unstructured_data=True")
+            raise RequestError(
+                f"{where}: 'answer' must be the passage to inject, got {passage!r}; "
+                "load AKEWUnifiedDataset with use_unstructured_data=True"
+            )
         passage = strip_end_of_turn(tok, passage)
         subject = item.get("subject")
         if isinstance(subject, str) and subject.strip():
@@ -104,8 +119,10 @@ def uns_requests(tok: Any, batch_data: Sequence[Mapping[str, Any]], hparams: Any
             continue
         question = item.get("question")
         if not isinstance(question, str) or not question.strip():
-            raise RequestError(f"{where}: needs a 'subject' or a 'question' to edit with, got "
-                               f"question {question!r}; add 'subject' (attach_subjects)")
+            raise RequestError(
+                f"{where}: needs a 'subject' or a 'question' to edit with, got "
+                f"question {question!r}; add 'subject' (attach_subjects)"
+            )
         question = user_message(tok, question, template_kwargs).strip()
         requests.append({"prompt": question, "subject": question, "target_new": passage})
     return requests
@@ -123,8 +140,10 @@ def attach_subjects(dataset: Any, subjects: Mapping[str, str] | None = None) -> 
     """
     raw = getattr(dataset, "raw_data", None)
     if raw is None:
-        raise TypeError("attach_subjects needs EasyEdit's AKEWUnifiedDataset (with raw_data), "
-                        f"got {type(dataset).__name__}")
+        raise TypeError(
+            "attach_subjects needs EasyEdit's AKEWUnifiedDataset (with raw_data), "
+            f"got {type(dataset).__name__}"
+        )
     found = 0
     for index in range(len(dataset)):
         item = dataset[index]
@@ -141,8 +160,9 @@ def attach_subjects(dataset: Any, subjects: Mapping[str, str] | None = None) -> 
     return found
 
 
-def _changed_tensors(model: Any, edited: Any,
-                     weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def _changed_tensors(
+    model: Any, edited: Any, weights: Mapping[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
     """``weights`` (named in ``edited``, e.g. a peft ``PeftModel`` around ``model``) named as in
     ``model``."""
     names = {id(p): n for n, p in model.named_parameters()}
@@ -150,16 +170,20 @@ def _changed_tensors(model: Any, edited: Any,
     for name, value in weights.items():
         param = edited.get_parameter(name)
         if id(param) not in names:
-            raise RuntimeError(f"the edited tensor {name} is not a parameter of the model passed "
-                               "in; pass the model itself, not a copy")
+            raise RuntimeError(
+                f"the edited tensor {name} is not a parameter of the model passed "
+                "in; pass the model itself, not a copy"
+            )
         out[names[id(param)]] = value
     return out
 
 
-def _uns_entry(apply_to_model: Callable[..., tuple[Any, Any]], method: str,
-               name: str) -> Callable[..., dict]:
-    def apply(model: Any, tok: Any, hparams: Any, batch_data: Sequence[Mapping[str, Any]],
-              **kwargs: Any) -> dict[str, torch.Tensor]:
+def _uns_entry(
+    apply_to_model: Callable[..., tuple[Any, Any]], method: str, name: str
+) -> Callable[..., dict]:
+    def apply(
+        model: Any, tok: Any, hparams: Any, batch_data: Sequence[Mapping[str, Any]], **kwargs: Any
+    ) -> dict[str, torch.Tensor]:
         requests = uns_requests(tok, batch_data, hparams)
         edited, weights = apply_to_model(model, tok, requests, hparams)
         return _changed_tensors(model, edited, weights)

@@ -1,26 +1,27 @@
 """Thin adapters that run EasyEdit's own MEMIT, AlphaEdit, UnKE and AnyEdit on unstructured edits.
 
-Nothing here re-implements a method: each adapter turns our requests (editing prompt ``Introduce {s}.``,
-passage, subject) into what EasyEdit's implementation takes, supplies what it would otherwise download
-or hard-code, calls it, and hands back ``(model, weights_copy)``.
+Nothing here re-implements a method: each adapter turns our requests (editing prompt ``Introduce
+{s}.``, passage, subject) into what EasyEdit's implementation takes, supplies what it would
+otherwise download or hard-code, calls it, and hands back ``(model, weights_copy)``.
 
-- Requests. The editing prompt goes through the tokenizer's chat template (the edited models are chat
-  models and are asked through their template); the target is the passage followed by the template's
-  end-of-turn token, as in AnyEdit's and UnKE's own data. MEMIT and AlphaEdit get
+- Requests. The editing prompt goes through the tokenizer's chat template (the edited models are
+  chat models and are asked through their template); the target is the passage followed by the
+  template's end-of-turn token, as in AnyEdit's and UnKE's own data. MEMIT and AlphaEdit get
   ``{prompt, subject, target_new}``; UnKE and AnyEdit get ``{question, answer}``.
-- MEMIT / AlphaEdit run through EasyEdit's own ``ALG_DICT`` entries with EasyEdit's own hparams classes,
-  read from our YAML files (which keep EasyEdit's schema, so ``MEMITHyperParams.from_hparams`` reads them
-  too). Their covariance statistics are computed offline by ``hpse_easyedit.integrations.covariance`` when
-  ``mom2_dataset`` names a local corpus; AlphaEdit's null-space projection ``P`` is computed once per
-  model with EasyEdit's own ``get_project`` and stored at ``P_loc``. EasyEdit keeps per-process caches
-  that assume one model (``COV_CACHE``, AlphaEdit's ``P`` and ``cache_c``); an ``EasyEditCaches`` object,
-  kept with EasyEdit's AlphaEdit module (the state it describes lives and dies with that module), resets
-  them when another model is edited, and AlphaEdit's ``cache_c`` also after every restore (each single
+- MEMIT / AlphaEdit run through EasyEdit's own ``ALG_DICT`` entries with EasyEdit's own hparams
+  classes, read from our YAML files (which keep EasyEdit's schema, so
+  ``MEMITHyperParams.from_hparams`` reads them too). Their covariance statistics are computed
+  offline by ``hpse_easyedit.integrations.covariance`` when ``mom2_dataset`` names a local corpus;
+  AlphaEdit's null-space projection ``P`` is computed once per model with EasyEdit's own
+  ``get_project`` and stored at ``P_loc``. EasyEdit keeps per-process caches that assume one model
+  (``COV_CACHE``, AlphaEdit's ``P`` and ``cache_c``); an ``EasyEditCaches`` object, kept with
+  EasyEdit's AlphaEdit module (the state it describes lives and dies with that module), resets them
+  when another model is edited, and AlphaEdit's ``cache_c`` also after every restore (each single
   edit starts fresh).
-- UnKE / AnyEdit (EasyEdit's ``models/unke`` and ``models/unke_ARE``, outside ``ALG_DICT``, with JSON
-  hparams) are called with EasyEdit's own hparams classes built from our YAML, and the locality data
-  they preserve (``ex_data``: 20 instruction/answer texts, Alpaca in the original) drawn from a local set;
-  a ``LocalityTexts`` cache passed in by the caller keeps the loaded set across edits.
+- UnKE / AnyEdit (EasyEdit's ``models/unke`` and ``models/unke_ARE``, outside ``ALG_DICT``, with
+  JSON hparams) are called with EasyEdit's own hparams classes built from our YAML, and the locality
+  data they preserve (``ex_data``: 20 instruction/answer texts, Alpaca in the original) drawn from a
+  local set; a ``LocalityTexts`` cache passed in by the caller keeps the loaded set across edits.
 
 Three places where EasyEdit's code decides by model name get a name it recognises, chosen from the
 model's config, never changing the algorithm (``easyedit_model_name``):

@@ -1,5 +1,5 @@
-"""The requests EasyEdit's baselines get: a one-turn chat-templated prompt, the passage closed by the
-template's end-of-turn token (as in AnyEdit's and UnKE's own data)."""
+"""The requests EasyEdit's baselines get: a one-turn chat-templated prompt, the passage closed by
+the template's end-of-turn token (as in AnyEdit's and UnKE's own data)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,10 @@ __all__ = ["chat_text", "end_of_turn_text"]
 def chat_text(tok: Any, user: str, template_kwargs: Mapping[str, Any] | None = None) -> str:
     """The chat-templated text of a one-turn user message, ending with the assistant header."""
     return tok.apply_chat_template(
-        [{"role": "user", "content": user}], tokenize=False, add_generation_prompt=True, **dict(template_kwargs or {})
+        [{"role": "user", "content": user}],
+        tokenize=False,
+        add_generation_prompt=True,
+        **dict(template_kwargs or {}),
     )
 
 
@@ -21,4 +24,3 @@ def end_of_turn_text(tok: Any, template_kwargs: Mapping[str, Any] | None = None)
     """The text of the template's end-of-turn token ("" when it has none)."""
     eot = end_of_turn_id(tok, template_kwargs)
     return "" if eot is None else tok.decode([eot], skip_special_tokens=False)
-
