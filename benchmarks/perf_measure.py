@@ -108,7 +108,9 @@ def isolated_edit_peak(
     model = _warm_up(model, tok, hp, passage)
     gc.collect()
     reset_peak_rss()
-    base = rss_bytes()
+    # the base from the counter the peak is read from (VmHWM just after its reset): statm's RSS and
+    # VmHWM are updated apart, so statm could stand above a later VmHWM by a few pages
+    base = peak_rss_since_reset()
     hpse_edit(model, tok, _requests(passage), hp.with_overrides(list(extra)))
     return {"peak": peak_rss_since_reset(), "base": base}
 
