@@ -263,8 +263,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     cards = " ".join(f"{c:>4}" for c in CARDS_GIB)
     print(
         f"{plan['model_name']} ({plan['dtype']}, {plan['executor']}), {plan['benchmark']}: peak "
-        f"{plan['peak_gib']:.1f} GiB of tensors + "
-        f"{plan['cuda_overhead_gib']:.1f} GiB CUDA overhead (estimate)"
+        f"{plan['peak_gib']:.1f} GiB of tensors, {plan['card_gib']:.1f} GiB on the card (the "
+        f"allocator's pool and the CUDA context, as measured on an H100)"
     )
     print(f"{'phase':<16} {'GiB':>6}  fits {cards}  knob for {args.gpu_gib:g} GiB")
     for name, phase in plan["phases"].items():

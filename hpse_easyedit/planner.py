@@ -24,8 +24,9 @@ the edit's own steps, in order:
   the benchmark's answer length), prefill and one decode step.
 
 The figure is what the tensors need (a CUDA ``max_memory_allocated``). A CUDA process also holds its
-context and the caching allocator's slack: ``CUDA_OVERHEAD_GIB`` is added before comparing with a
-card, an estimate (no GPU has measured it for this project). Decode memory is planned on the static
+context and the caching allocator's slack: ``card_gib`` adds them (``CUDA_CONTEXT_GIB`` and
+``ALLOCATOR_SLACK``, measured on an H100 for one Qwen2.5-7B LoRA edit, docs/GPU.md) before comparing
+with a card. Decode memory is planned on the static
 path; the default dynamic cache reaches the same KV bytes at its last token. Prompt and passage
 lengths are the benchmark's (``WORKLOADS``, counted with the SmolLM2 tokenizer on the data; other
 tokenizers differ by a few per cent)."""
@@ -50,11 +51,13 @@ from .hparams import HParamsError
 __all__ = [
     "BACKBONE_DIR",
     "CARDS_GIB",
-    "CUDA_OVERHEAD_GIB",
+    "ALLOCATOR_SLACK",
+    "CUDA_CONTEXT_GIB",
     "LiveBytes",
     "WORKLOADS",
     "Workload",
     "backbone_config",
+    "card_gib",
     "fused_attention_on_meta",
     "plan_edit",
     "plan_with_knobs",
@@ -68,9 +71,12 @@ BACKBONE_DIR = Path(__file__).with_name("backbones")
 #: A100; 48: L40S, RTX 6000 Ada; 80: H100); some show a little less to CUDA (an H100 80 GB: 79.6
 #: GiB)
 CARDS_GIB = (24, 40, 48, 80)
-#: an estimate of what a CUDA process holds besides its tensors (context, cuBLAS workspace,
-#: allocator slack)
-CUDA_OVERHEAD_GIB = 1.0
+#: what a CUDA process holds besides its tensors and the allocator's pool: the context and its
+#: libraries (measured: 0.77 GiB, H100, torch 2.11 + CUDA 13.0, docs/perf/gpu-h100-perf.json)
+CUDA_CONTEXT_GIB = 0.8
+#: the caching allocator's reserved peak over its allocated peak, minus one (measured: 19.09 / 16.08
+#: GiB in one Qwen2.5-7B LoRA edit on an H100, docs/perf/gpu-h100-perf.json; one measurement)
+ALLOCATOR_SLACK = 0.19
 GIB = 2**30
 
 
@@ -230,8 +236,14 @@ def fused_attention_on_meta() -> Iterator[None]:
         F.scaled_dot_product_attention = original
 
 
+def card_gib(gib: float) -> float:
+    """What a card holds for a peak of ``gib`` GiB of tensors: the allocator's pool around them and
+    the CUDA context."""
+    return gib * (1 + ALLOCATOR_SLACK) + CUDA_CONTEXT_GIB
+
+
 def _fits(gib: float) -> dict[str, bool]:
-    return {str(card): gib + CUDA_OVERHEAD_GIB <= card for card in CARDS_GIB}
+    return {str(card): card_gib(gib) <= card for card in CARDS_GIB}
 
 
 def plan_edit(
@@ -368,7 +380,8 @@ def _report(
         "gradient_checkpointing": hp.gradient_checkpointing,
         "peak_gib": round(gib, 3),
         "weights_gib": round(weights / GIB, 3),
-        "cuda_overhead_gib": CUDA_OVERHEAD_GIB,
+        "card_gib": round(card_gib(gib), 3),
+        "cuda_overhead_gib": round(card_gib(gib) - gib, 3),
         "fits": _fits(gib),
         "phases": out_phases,
     }
@@ -392,7 +405,7 @@ def plan_with_knobs(
     whose own plan makes that phase fit, and each tried knob's peak."""
     plan = plan_edit(hparams, workload, layers=layers)
     plan["gpu_gib"] = gpu_gib
-    short = [n for n, p in plan["phases"].items() if p["peak_gib"] + CUDA_OVERHEAD_GIB > gpu_gib]
+    short = [n for n, p in plan["phases"].items() if card_gib(p["peak_gib"]) > gpu_gib]
     plan["knobs"] = []
     for label, overrides, smaller in KNOBS:
         if not short:
@@ -408,7 +421,7 @@ def plan_with_knobs(
             dataclasses.replace(workload, **smaller),
             layers=layers,
         )
-        fixed = [n for n in short if tried["phases"][n]["peak_gib"] + CUDA_OVERHEAD_GIB <= gpu_gib]
+        fixed = [n for n in short if card_gib(tried["phases"][n]["peak_gib"]) <= gpu_gib]
         plan["knobs"].append({"knob": label, "peak_gib": tried["peak_gib"], "makes_fit": fixed})
         for name in fixed:
             plan["phases"][name].setdefault("knob", label)
