@@ -113,6 +113,8 @@ class Editing:
                 batch_size=self.batch_size,
                 system=answer_system(model, results, self.hp),
                 template_kwargs=getattr(self.hp, "chat_template_kwargs", None),
+                static_decode=getattr(self.hp, "static_decode", False),
+                stop_every=getattr(self.hp, "decode_stop_every", 8),
                 progress=bar.update,
             )
         out, pos = [], 0

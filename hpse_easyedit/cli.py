@@ -219,7 +219,12 @@ def _edit_and_save(args: argparse.Namespace, hp: HPSEHyperParams, requests: list
 
     model, tok = load_model(hp)
     questions = [r["prompt"] for r in requests] + list(args.ask)
-    kwargs = {"max_new_tokens": args.max_answer_tokens, "template_kwargs": hp.chat_template_kwargs}
+    kwargs = {
+        "max_new_tokens": args.max_answer_tokens,
+        "template_kwargs": hp.chat_template_kwargs,
+        "static_decode": hp.static_decode,
+        "stop_every": hp.decode_stop_every,
+    }
     _print_answers("before the edit", questions, generate_answers(model, tok, questions, **kwargs))
     t0 = time.perf_counter()
     try:

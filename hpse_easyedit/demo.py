@@ -48,7 +48,12 @@ def run(hparams_path: str, overrides: Sequence[str], max_answer_tokens: int = 48
     model, tok = load_model(hp)
     prompt = hp.editing_prompt.format(subject=SUBJECT)
     questions = [prompt, ATOMIC[0], TWO_HOP[0]]
-    kwargs = {"max_new_tokens": max_answer_tokens, "template_kwargs": hp.chat_template_kwargs}
+    kwargs = {
+        "max_new_tokens": max_answer_tokens,
+        "template_kwargs": hp.chat_template_kwargs,
+        "static_decode": hp.static_decode,
+        "stop_every": hp.decode_stop_every,
+    }
     print(
         f"Model: {hp.model_name} ({sum(p.numel() for p in model.parameters()) / 1e6:.0f}M "
         f"parameters), executor {hp.executor}, {hp.rounds} "

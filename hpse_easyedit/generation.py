@@ -10,7 +10,7 @@ import torch
 from .padding import pad_rows, pad_token_id
 from .prompts import chat_prompt_ids, has_system_role, stop_token_ids
 from .rollout import input_device
-from .static_decode import plain_greedy, static_generate
+from .static_decode import decode_mode, plain_greedy, static_generate
 
 __all__ = ["generate_answers"]
 
@@ -27,7 +27,7 @@ def generate_answers(
     batch_size: int = 8,
     system: str | None = None,
     template_kwargs: Mapping[str, Any] | None = None,
-    static_decode: bool = False,
+    static_decode: bool | str = False,
     stop_every: int = 8,
     progress: Callable[[int], Any] | None = None,
 ) -> list[str]:
@@ -37,8 +37,10 @@ def generate_answers(
     ``system``: a system message for every question (folded into the user turn for chat templates
     without a system role, e.g. Gemma2's). ``static_decode``: decode on the graph-capturable path
     (``static_decode.static_generate``, the stop test every ``stop_every`` tokens) instead of
-    ``model.generate``: the same tokens, unless the model's generation config asks for a logits
-    processor (e.g. a repetition penalty), in which case ``generate`` is used. ``progress``: called
+    ``model.generate`` (``"compile"``: its step under ``torch.compile``, CUDA graphs on CUDA;
+    ``"auto"``: that on CUDA, ``model.generate`` elsewhere): the same tokens, unless the model's
+    generation config asks for a logits processor (e.g. a repetition penalty), in which case
+    ``generate`` is used. ``progress``: called
     with the number of questions answered after each batch (a progress bar's ``update``).
     """
     if not questions:
@@ -49,6 +51,7 @@ def generate_answers(
     device = input_device(model)
     stops = sorted(stop_token_ids(model, tok))
     pad_id = pad_token_id(tok, stops)
+    static_decode = decode_mode(static_decode, model)
     if static_decode and (field := plain_greedy(model)) is not None:
         logger.info(
             "static_decode: generation_config.%s is set, so answers use model.generate", field
@@ -74,6 +77,7 @@ def generate_answers(
                     stop_ids=stops,
                     pad_id=pad_id,
                     stop_every=stop_every,
+                    compiled=static_decode == "compile",
                 )
             else:
                 ids, mask = pad_rows(rows, pad_id, left=True)

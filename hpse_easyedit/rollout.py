@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from .fast_decode import few_row_linears
 from .losses import stepin_decision
 from .padding import pad_rows
-from .static_decode import StaticDecoder, compile_step
+from .static_decode import StaticDecoder, compile_step, decode_mode
 
 __all__ = [
     "Rollout",
@@ -301,8 +301,10 @@ def batched_hybrid_rollout(
     and the stop test every ``stop_every`` tokens (the loop's one host sync); the steps decoded past
     a stop are discarded, and counted in ``teacher_forward_tokens``. Same tokens, step-ins and
     teacher top-K ids as the dynamic path (``tests/test_static_decode.py``). ``"compile"``: the step
-    under ``torch.compile`` (CUDA graphs on CUDA).
+    under ``torch.compile`` (CUDA graphs on CUDA); ``"auto"``: that on CUDA, the dynamic path
+    elsewhere (``static_decode.decode_mode``).
     """
+    static_decode = decode_mode(static_decode, model)
     if static_decode:
         return batched_hybrid_rollouts(
             model,
@@ -463,15 +465,16 @@ def draw_rollout(
         hybrid=hparams.rollout == "hybrid",
     )
     student = executor.model
+    mode = decode_mode(hparams.static_decode, student)
     with few_row_linears(student, enabled=hparams.fast_decode):
-        if hparams.batched_rollout or hparams.static_decode:
+        if hparams.batched_rollout or mode:
             return batched_hybrid_rollout(
                 student,
                 executor.row_switch,
                 prompts.student_ids,
                 prompts.teacher_ids,
                 pad_id=pad_id,
-                static_decode=hparams.static_decode,
+                static_decode=mode,
                 stop_every=hparams.decode_stop_every,
                 **gate,
             )
@@ -492,7 +495,8 @@ def draw_rollouts(
     teacher prompt ids). With ``static_decode`` all requests decode as ONE batch
     (``batched_hybrid_rollouts``: a step's kernels serve every request's token); otherwise one
     ``draw_rollout`` per request, as before."""
-    if not hparams.static_decode or len(prompts) == 1:
+    mode = decode_mode(hparams.static_decode, executor.model)
+    if not mode or len(prompts) == 1:
         return [
             draw_rollout(executor, p, hparams, stop_ids=stop_ids, pad_id=pad_id) for p in prompts
         ]
@@ -508,6 +512,6 @@ def draw_rollouts(
             stop_ids=stop_ids,
             pad_id=pad_id,
             hybrid=hparams.rollout == "hybrid",
-            compiled=hparams.static_decode == "compile",
+            compiled=mode == "compile",
             stop_every=hparams.decode_stop_every,
         )

@@ -273,6 +273,46 @@ def test_draw_rollouts_batches_only_with_static_decode(monkeypatch):
         assert batches == want
 
 
+def test_auto_compiles_on_cuda_and_stays_dynamic_elsewhere(monkeypatch):
+    """``static_decode: auto`` (the shipped 7B-9B files): the compiled step on a CUDA model, the
+    dynamic path on a CPU one, for the rollout and the answers alike."""
+    from hpse_easyedit import generation, static_decode
+    from hpse_easyedit import rollout as rollout_module
+    from hpse_easyedit.generation import generate_answers
+    from hpse_easyedit.prompts import EditPrompts
+
+    model, tok = make_tiny_model_and_tokenizer("qwen2")
+    assert static_decode.decode_mode("auto", model) is False
+    for setting in (False, True, "compile"):
+        assert static_decode.decode_mode(setting, model) == setting
+    monkeypatch.setattr(static_decode, "_model_device", lambda m: torch.device("cuda", 0))
+    assert static_decode.decode_mode("auto", model) == "compile"
+
+    # a CUDA model (the device stood in for): the round's rollouts and the answers go through the
+    # compiled static path
+    seen = []
+    monkeypatch.setattr(
+        rollout_module,
+        "_static_rollouts",
+        lambda *a, **k: seen.append(("rollout", k["compiled"])) or [None] * len(a[2]),
+    )
+    monkeypatch.setattr(
+        generation,
+        "static_generate",
+        lambda *a, **k: seen.append(("answers", k["compiled"])) or torch.zeros(1, 0, dtype=int),
+    )
+    ex, tok = _edited_executor("qwen2")
+    prompts = [
+        EditPrompts(
+            subject="s", student_ids=tok(STUDENT)["input_ids"], teacher_ids=[5], passage_ids=[5]
+        )
+    ] * 2
+    hp = tiny_hparams(static_decode="auto", max_new_tokens=4)
+    draw_rollouts(ex, prompts, hp, stop_ids=[], pad_id=tok.pad_token_id)
+    generate_answers(ex.model, tok, ["Who?"], static_decode="auto")
+    assert seen == [("rollout", True), ("answers", True)]
+
+
 def test_half_precision_lora_decode_costs_two_kernels_per_projection():
     """In a bfloat16 model the decode adds each adapter to the student rows in the model's dtype
     (one cast of the adapters per decode): two kernels per adapted projection, against seven on the
