@@ -88,3 +88,18 @@ def test_cuda_rollout_gives_the_cpu_tokens(family):
     assert len(reference[0]) > 0
     for key, run in runs.items():
         assert run == reference, key
+
+
+def test_answers_under_cuda_graphs_are_generates():
+    """``static_decode: auto`` (the shipped 7B-9B files) answers on CUDA with the compiled static
+    step: the same answers as ``model.generate``."""
+    from hpse_easyedit.generation import generate_answers
+
+    model, tok = make_tiny_model_and_tokenizer("qwen2", init_std=0.3)
+    model = model.to("cuda")
+    questions = ["Who is AJ Lee?", "Where does AJ Lee live and which language does he speak?"]
+    want = generate_answers(model, tok, questions, max_new_tokens=12)
+    got = generate_answers(
+        model, tok, questions, max_new_tokens=12, static_decode="auto", stop_every=3
+    )
+    assert got == want and any(want)
