@@ -19,7 +19,7 @@ from hpse_easyedit.loading import check_placement
 from hpse_easyedit.methods import MethodSpec
 from hpse_easyedit.training import EditDivergedError
 
-from .mmlu import MMLUProbe
+from .mmlu import MMLUProbe, NoProbe
 from .rollouts import pack_rounds
 from .run_dir import write_kept
 from .scorer import Scorer
@@ -170,7 +170,7 @@ class CaseLoop:
     editing: Editing
     cases: Any
     scorer: Scorer
-    probe: MMLUProbe
+    probe: MMLUProbe | NoProbe
     results: ResultFile
 
 

@@ -22,7 +22,14 @@ from hpse_easyedit.padding import pad_rows
 from .datasets import MMLUItem, load_mmlu_subset
 from .store import IncompleteRunError, write_json_atomic
 
-__all__ = ["MMLUProbe", "format_mmlu_prompt", "letter_scores", "letter_token_ids", "mmlu_accuracy"]
+__all__ = [
+    "MMLUProbe",
+    "NoProbe",
+    "format_mmlu_prompt",
+    "letter_scores",
+    "letter_token_ids",
+    "mmlu_accuracy",
+]
 
 _LETTERS = "ABCD"
 
@@ -192,6 +199,25 @@ def mmlu_accuracy(
         for s in letter_scores(model, tokenizer, items, batch_size, share_prefix=share_prefix)
     ]
     return sum(p == it.answer for p, it in zip(preds, items)) / len(items), preds
+
+
+class NoProbe:
+    """The locality check of a task that has none (``Task.locality_probe``): nothing to load or
+    measure, nothing recorded."""
+
+    enabled = False
+
+    def load(self) -> None:
+        pass
+
+    def lacks_before(self) -> bool:
+        return False
+
+    def due(self, unit: int) -> bool:
+        return False
+
+    def before(self, unedited: Callable[[], tuple[Any, Any]] | None) -> None:
+        return None
 
 
 class MMLUProbe:

@@ -34,7 +34,6 @@ from .case_loop import Editing, Progress, SequentialLoop, SingleLoop
 from .datasets import EDIT_PROMPT, file_sha256
 from .distributed import ProcessContext, process_context
 from .methods import method_for_file, method_label
-from .mmlu import MMLUProbe
 from .paths import default_cache_dir, default_data_dir
 from .rollouts import stepin_rate_by_round
 from .run_dir import RunDirectory, units
@@ -134,12 +133,7 @@ class _Run:
             else default_out_dir(opts.benchmark, opts.hparams, opts.overrides)
         )
         self.directory = RunDirectory(out_dir, self.ctx, config_policy(requested))
-        self.probe = MMLUProbe(
-            opts.task_options,
-            self.task.measures_mmlu and opts.task_options["mmlu_n"] > 0,
-            self.data_dir,
-            out_dir,
-        )
+        self.probe = self.task.locality_probe(opts.task_options, self.data_dir, out_dir)
         self.editing = Editing(
             self.method,
             hp,

@@ -21,6 +21,7 @@ from .datasets import (
 )
 from .judge import LEXICAL_JUDGE_NAME, CoverageItem, Judge, JudgeError, LexicalJudge
 from .metrics import diversity, mean, mquake_case_scores
+from .mmlu import MMLUProbe, NoProbe
 from .unke_scores import KEY as UNKE_METRICS
 from .unke_scores import record_metrics, summarize_metrics
 
@@ -186,6 +187,15 @@ class Task:
         """What this task adds to a run's config.json (the judge, the subjects, the MMLU subset);
         ``options``: the values of its declared options."""
         return {}
+
+    def locality_probe(
+        self, options: Mapping[str, Any], data_dir: Path, out_dir: Path
+    ) -> MMLUProbe | NoProbe:
+        """The locality check around this task's edits: MMLU for a task that ``measures_mmlu``
+        (with ``mmlu_n`` > 0 questions), none otherwise."""
+        if self.measures_mmlu and options["mmlu_n"] > 0:
+            return MMLUProbe(options, True, data_dir, out_dir)
+        return NoProbe()
 
     def questions(self, case: Mapping[str, Any]) -> list[str]:
         raise NotImplementedError
