@@ -215,9 +215,8 @@ class SequentialLoop(CaseLoop):
     def run(self, blocks: list[tuple[int, list[int]]], progress: Progress) -> None:
         e, snapshots = self.editing, self.editing.method.resume is not None
         for b, block in blocks:
-            model, weights0, edits, results = self._resume_block(
-                b, block
-            )  # results: IN_CONTEXT's passages
+            # results: the edits' results so far (IN_CONTEXT's passages)
+            model, weights0, edits, results = self._resume_block(b, block)
             self.checkpoint(b, block, len(edits), model, results)
             for j in range(len(edits), len(block)):
                 model, weights0, edit, res = self._sequence_edit(model, weights0, b, j, block[j])
@@ -235,18 +234,20 @@ class SequentialLoop(CaseLoop):
             )
             mmlu_after = self.probe.measure(model, e.tok) if self.probe.due(b) else None
             e.restore(model, weights0)
-            records = []
-            for i, a, edit in zip(block, answers, edits):
-                rec = {k: v for k, v in edit.items() if k != "position"}
+            records = [{k: v for k, v in edit.items() if k != "position"} for edit in edits]
+            for i, a, rec in zip(block, answers, records):
                 if "failed" not in rec:
-                    rec.update(self.scorer.score(self.cases[i], a))
-                    if mmlu_after is not None:
-                        rec["MMLU_after"] = mmlu_after
-                records.append(rec)
+                    self._scored(rec, self.cases[i], a, mmlu_after)
             write_kept(self.results, records)
             self.sequence.finish(b)
             self.scorer.stop_if_refused()
             progress(len(block), None)
+
+    def _scored(self, rec: dict, case: Mapping[str, Any], answers: Any, mmlu: float | None) -> None:
+        """``rec`` with the case's scores, and the MMLU measured after the edits (if it was)."""
+        rec.update(self.scorer.score(case, answers))
+        if mmlu is not None:
+            rec["MMLU_after"] = mmlu
 
     def _resume_block(self, b: int, block: list[int]) -> tuple[Any, Any, list[dict], list[Any]]:
         """The model as the recorded edits of block ``b`` left it, the values before its first edit,
@@ -339,26 +340,25 @@ class SequentialLoop(CaseLoop):
             desc=f"block {b}: checkpoint after {edits} edits",
         )
         mmlu_after = self.probe.measure(model, self.editing.tok) if self.probe.enabled else None
-        records = []
-        for i, a in zip(done, answers):
-            case = self.cases[i]
-            rec: dict[str, Any] = {
-                "case_id": case["case_id"],
-                "index": i,
-                "block": b,
-                "checkpoint": edits,
-                "subjects": [r["subject"] for r in case["requests"]],
-            }
-            if str(case["case_id"]) in failed:
-                rec["failed"] = failed[str(case["case_id"])]
-                records.append(rec)
-                continue
-            rec.update(self.scorer.score(case, a))
-            if mmlu_after is not None:
-                rec["MMLU_after"] = mmlu_after
-            records.append(rec)
+        records = [_checkpoint_record(self.cases[i], i, b, edits) for i in done]
+        for i, a, rec in zip(done, answers, records):
+            if str(rec["case_id"]) in failed:
+                rec["failed"] = failed[str(rec["case_id"])]
+            else:
+                self._scored(rec, self.cases[i], a, mmlu_after)
         write_kept(self.sequence.checkpoints, records)
         self.scorer.stop_if_refused()
         log.info(
             "block %d: checkpoint after %d edits evaluated in %.0f s", b, edits, time.time() - t0
         )
+
+
+def _checkpoint_record(case: Mapping[str, Any], i: int, b: int, edits: int) -> dict[str, Any]:
+    """The head of case ``i``'s record at the checkpoint after ``edits`` edits of block ``b``."""
+    return {
+        "case_id": case["case_id"],
+        "index": i,
+        "block": b,
+        "checkpoint": edits,
+        "subjects": [r["subject"] for r in case["requests"]],
+    }

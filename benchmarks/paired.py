@@ -700,7 +700,7 @@ def _recitation(args: argparse.Namespace, loaded: Sequence[tuple[str, dict]]) ->
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _parser() -> OneLineParser:
     parser = OneLineParser(prog="python -m benchmarks.paired", description=__doc__.split("\n")[0])
     parser.add_argument(
         "runs",
@@ -783,7 +783,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="N",
         help="with --recitation: the token cut (default 32 tokens of the runs' model tokenizer)",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _checked_labels(parser: OneLineParser, args: Any) -> list[str]:
+    """The label of each run; a combination of options that does not fit is a one-line error."""
     if args.recitation_tokens < 1:
         parser.error(f"--recitation-tokens {args.recitation_tokens}: give a number of tokens >= 1")
     if len(args.runs) < 2:
@@ -811,6 +815,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"--whole-word-aliases {args.whole_word_aliases}: "
             "give a length >= 0 (0 = the official check)"
         )
+    return labels
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    labels = _checked_labels(parser, args)
     try:
         loaded = [load_run(r) for r in args.runs]
         if args.cases is not None:

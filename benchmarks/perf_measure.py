@@ -451,30 +451,7 @@ def measure(args: argparse.Namespace) -> dict:
                 peaks[name] = max(peaks.get(name, 0), peak - base)
                 peaks[name + "_total"] = max(peaks.get(name + "_total", 0), peak)
             if name == "hpse":
-                adapters = (
-                    sum(v.numel() for v in res.weights_copy.values())
-                    if hp.executor == "lora"
-                    else 0
-                )
-                widths = [
-                    (1, len(prompts.student_ids) + round(r["rollout_len"])) for r in res.rounds
-                ]
-                batches = (
-                    [(1, len(prompts.student_ids) + len(prompts.passage_ids))]
-                    * hp.rounds
-                    * hp.inner_steps
-                )
-                batches += [b for b in widths for _ in range(hp.inner_steps)]
-                train = sum(r["seconds"] - r["rollout_seconds"] for r in res.rounds)
-                flops = train_flops(res.model, hp, batches, adapters)
-                report.setdefault("train", {"seconds": [], "flops": flops})["seconds"].append(train)
-                report["teacher_forward_tokens_per_edit"] = res.teacher_forward_tokens
-                report["inner_step_teacher_passes"] = res.inner_step_teacher_passes
-                report["stepin_rate_by_round"] = [r["stepin_rate"] for r in res.rounds]
-                report["hpse_rollout_seconds"] = sum(
-                    r.get("rollout_seconds", 0.0) for r in res.rounds
-                )
-                report["hpse_rollout_tokens"] = sum(r.get("rollout_len", 0.0) for r in res.rounds)
+                _record_hpse_edit(report, res, hp, prompts)
             model = restore_weights(res.model, res.weights_copy)
             del res
     report["train"]["seconds"] = statistics.median(report["train"]["seconds"])
@@ -518,27 +495,7 @@ def measure(args: argparse.Namespace) -> dict:
     # 5. memory after N sequential edits (cut-down edits: growth, not training, is what is
     #    measured).
     if args.sequential:
-        seq_hp = hp.with_overrides(list(args.sequential_set))
-        counts = sorted(set(args.sequential))
-        mem: dict[int, int] = {}
-        edited, first_copy = model, None
-        for i in range(1, counts[-1] + 1):
-            res = hpse_edit(
-                edited, tok, [{"subject": f"Subject {i}", "target_new": passage}], seq_hp
-            )
-            edited = res.model
-            first_copy = first_copy if first_copy is not None else res.weights_copy
-            del res
-            if i in counts:
-                gc.collect()
-                mem[i] = torch.cuda.memory_allocated(device) if on_gpu else rss_bytes()
-        model = restore_weights(edited, first_copy)
-        report["sequential"] = {
-            "kind": "CUDA allocated" if on_gpu else "RSS",
-            "overrides": list(args.sequential_set),
-            "bytes_after": {str(k): v for k, v in mem.items()},
-            "growth_vs_first": mem[counts[-1]] / mem[counts[0]] - 1.0,
-        }
+        model, report["sequential"] = _sequential_memory(model, tok, hp, passage, args, device)
 
     # 6. one MMLU pass (the locality check of UnKEBench), new path vs the whole-prompt path.
     report["mmlu"] = _mmlu(model, tok, args) if args.mmlu_n else {"skipped": "--mmlu-n 0"}
@@ -554,6 +511,54 @@ def measure(args: argparse.Namespace) -> dict:
     # measured CPU edit (SmolLM2).
     report["gpu_path"], model = _gpu_path(model, tok, hp, passage, args, on_gpu)
     return report
+
+
+def _record_hpse_edit(report: dict, res: Any, hp: Any, prompts: Any) -> None:
+    """Into ``report``: the HPSE edit's training seconds (appended, one per repeat) and FLOPs, its
+    teacher traffic, step-in rates and rollout time."""
+    adapters = sum(v.numel() for v in res.weights_copy.values()) if hp.executor == "lora" else 0
+    widths = [(1, len(prompts.student_ids) + round(r["rollout_len"])) for r in res.rounds]
+    batches = (
+        [(1, len(prompts.student_ids) + len(prompts.passage_ids))] * hp.rounds * hp.inner_steps
+    )
+    batches += [b for b in widths for _ in range(hp.inner_steps)]
+    train = sum(r["seconds"] - r["rollout_seconds"] for r in res.rounds)
+    flops = train_flops(res.model, hp, batches, adapters)
+    report.setdefault("train", {"seconds": [], "flops": flops})["seconds"].append(train)
+    report["teacher_forward_tokens_per_edit"] = res.teacher_forward_tokens
+    report["inner_step_teacher_passes"] = res.inner_step_teacher_passes
+    report["stepin_rate_by_round"] = [r["stepin_rate"] for r in res.rounds]
+    report["hpse_rollout_seconds"] = sum(r.get("rollout_seconds", 0.0) for r in res.rounds)
+    report["hpse_rollout_tokens"] = sum(r.get("rollout_len", 0.0) for r in res.rounds)
+
+
+def _sequential_memory(
+    model: Any, tok: Any, hp: Any, passage: str, args: argparse.Namespace, device: Any
+) -> tuple[Any, dict]:
+    """Memory after ``args.sequential`` edits made one after another (cut down by
+    ``args.sequential_set``), then the model restored; CUDA allocated on a GPU, RSS on a CPU."""
+    from hpse_easyedit import hpse_edit, restore_weights
+
+    on_gpu = device.type == "cuda"
+    seq_hp = hp.with_overrides(list(args.sequential_set))
+    counts = sorted(set(args.sequential))
+    mem: dict[int, int] = {}
+    edited, first_copy = model, None
+    for i in range(1, counts[-1] + 1):
+        res = hpse_edit(edited, tok, [{"subject": f"Subject {i}", "target_new": passage}], seq_hp)
+        edited = res.model
+        first_copy = first_copy if first_copy is not None else res.weights_copy
+        del res
+        if i in counts:
+            gc.collect()
+            mem[i] = torch.cuda.memory_allocated(device) if on_gpu else rss_bytes()
+    model = restore_weights(edited, first_copy)
+    return model, {
+        "kind": "CUDA allocated" if on_gpu else "RSS",
+        "overrides": list(args.sequential_set),
+        "bytes_after": {str(k): v for k, v in mem.items()},
+        "growth_vs_first": mem[counts[-1]] / mem[counts[0]] - 1.0,
+    }
 
 
 def _gpu_path(

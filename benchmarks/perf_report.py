@@ -170,26 +170,7 @@ def table(report: dict) -> str:
                 f"{report['hpse_rollout_tokens']:.0f} tokens over {report['rounds']} rounds",
             )
         )
-    if "memory" in report:
-        m = report["memory"]
-        rows.append(
-            (
-                "memory HPSE / NLL-only",
-                f"{m['ratio']:.3f}  ({m['hpse'] / gib:.3f} GiB vs {m['nll_only'] / gib:.3f} GiB; "
-                f"above the model: {m['hpse_extra'] / gib:.3f} "
-                f"vs {m['nll_only_extra'] / gib:.3f} GiB)",
-            )
-        )
-        if "isolated" in m:
-            i = m["isolated"]
-            rows.append(
-                (
-                    "  each edit in a fresh process",
-                    f"{i['ratio']:.3f}  ({i['hpse'] / gib:.3f} GiB vs {i['nll_only'] / gib:.3f} "
-                    f"GiB; above the warmed-up model: {i['hpse_extra'] / gib:.3f} vs "
-                    f"{i['nll_only_extra'] / gib:.3f} GiB)",
-                )
-            )
+    rows += _memory_rows(report)
     rows.append(("teacher forward tokens / edit", str(report["teacher_forward_tokens_per_edit"])))
     rows.append(("teacher passes in inner steps", str(report["inner_step_teacher_passes"])))
     if "sequential" in report:
@@ -203,3 +184,29 @@ def table(report: dict) -> str:
         )
     width = max(len(r[0]) for r in rows)
     return "\n".join(f"| {k:<{width}} | {v} |" for k, v in rows)
+
+
+def _memory_rows(report: dict) -> list[tuple[str, str]]:
+    """The table's rows of the edits' peak memory (none where it was not measured)."""
+    if "memory" not in report:
+        return []
+    gib, m, rows = 1024**3, report["memory"], []
+    rows.append(
+        (
+            "memory HPSE / NLL-only",
+            f"{m['ratio']:.3f}  ({m['hpse'] / gib:.3f} GiB vs {m['nll_only'] / gib:.3f} GiB; "
+            f"above the model: {m['hpse_extra'] / gib:.3f} "
+            f"vs {m['nll_only_extra'] / gib:.3f} GiB)",
+        )
+    )
+    if "isolated" in m:
+        i = m["isolated"]
+        rows.append(
+            (
+                "  each edit in a fresh process",
+                f"{i['ratio']:.3f}  ({i['hpse'] / gib:.3f} GiB vs {i['nll_only'] / gib:.3f} "
+                f"GiB; above the warmed-up model: {i['hpse_extra'] / gib:.3f} vs "
+                f"{i['nll_only_extra'] / gib:.3f} GiB)",
+            )
+        )
+    return rows

@@ -22,18 +22,19 @@ command line is ``benchmarks.cli``, which imports this module (never the reverse
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from hpse_easyedit.errors import UsageError
 
 from .case_loop import Editing, Progress, SequentialLoop, SingleLoop
 from .datasets import EDIT_PROMPT, file_sha256
 from .distributed import ProcessContext, process_context
-from .methods import method_for_file, method_label
+from .methods import MethodSpec, method_for_file, method_label
 from .paths import default_cache_dir, default_data_dir
 from .rollouts import stepin_rate_by_round
 from .run_dir import RunDirectory, units
@@ -102,36 +103,11 @@ class _Run:
         cache_dir = Path(opts.cache_dir) if opts.cache_dir else default_cache_dir()
         _check_data_paths(opts, self.data_dir)
         self.method = method_for_file(opts.hparams)
-        requested = self.method.load_hparams(opts.hparams, opts.overrides)
-        if (
-            self.method.preflight is not None
-        ):  # e.g. covariance statistics that cannot be had: refused before loading
-            self.method.preflight(requested)
-        self.hp_dict = json_plain(self.method.hparams_dict(requested))
-        self.ctx = context or process_context(
-            model_parallel=bool(self.hp_dict.get("model_parallel")),
-            timeout=timedelta(hours=opts.dist_timeout_hours),
-        )
-        # The recorded hparams (config.json, summary.json) are the requested ones; each process of a
-        # multi-process launch runs them on the device accelerate gave it.
-        hp = (
-            requested
-            if self.ctx.device is None
-            else self.method.load_hparams(
-                opts.hparams, [*opts.overrides, f"device={self.ctx.device}"]
-            )
-        )
+        requested, self.hp_dict, hp, self.ctx = _hparams(self.method, opts, context)
         method = method_label(self.method.name, self.hp_dict)
-        label = opts.label or f"{method} ({Path(opts.hparams).stem})" + "".join(
-            f" {o}" for o in _computing(opts.overrides)
-        )
         self.scorer = Scorer(self.task, opts.judge, opts.judge_settings, cache_dir)
         self.cache_dir = cache_dir
-        out_dir = (
-            Path(opts.out_dir)
-            if opts.out_dir
-            else default_out_dir(opts.benchmark, opts.hparams, opts.overrides)
-        )
+        out_dir = _out_dir(opts)
         self.directory = RunDirectory(out_dir, self.ctx, config_policy(requested))
         self.probe = self.task.locality_probe(opts.task_options, self.data_dir, out_dir)
         self.editing = Editing(
@@ -147,7 +123,7 @@ class _Run:
         self.summary = RunSummary(
             self.task,
             out_dir,
-            label=label,
+            label=_run_label(opts, method),
             method=method,
             judge=self.scorer.judge.name if self.scorer.judge else None,
             sequential=opts.sequential,
@@ -167,9 +143,8 @@ class _Run:
             "sequential": o.sequential,
             "max_new_tokens": self.editing.max_new_tokens,
         }
-        if (
-            o.checkpoints
-        ):  # only when set: the directories of runs without checkpoints keep resuming
+        # only when set: the directories of runs without checkpoints keep resuming
+        if o.checkpoints:
             config["checkpoints"] = o.checkpoints
         config.update(self.task.run_config(o.task_options, self.scorer.judge, self.probe.enabled))
         return config
@@ -183,32 +158,15 @@ class _Run:
         cases, paths = self.task.load(
             self.data_dir, o, self.scorer.client, self.cache_dir, template
         )
-        if o.cases:
-            ids = [str(c) for c in cases["case_id"]]
-            missing = [c for c in o.cases if c not in set(ids)]
-            if missing:
-                within = f" among the first {o.limit} cases (--limit)" if o.limit else ""
-                raise UsageError(
-                    f"--cases: no case_id {', '.join(missing)}{within} in {paths[0]}; "
-                    "check the ids (the case_id field of the data file)"
-                    + (" or raise --limit" if within else "")
-                )
-            wanted = set(o.cases)
-            cases = cases.select([i for i, c in enumerate(ids) if c in wanted])
-        if len(cases) == 0:
-            raise UsageError(
-                f"no cases selected from {paths[0]} (limit {o.limit}); check the data file"
-            )
-        return cases, paths
+        return _selected(cases, o, paths[0]), paths
 
     def run(self) -> dict:
         """Run (or resume) this process's share, then merge every process's records into the
         summary."""
         ctx, d = self.ctx, self.directory
         self.scorer.probe()
-        with (
-            ctx.main_first()
-        ):  # the main process fills shared caches and repairs files; the others then read them
+        # the main process fills shared caches and repairs files; the others then read them
+        with ctx.main_first():
             cases, paths = self.load_cases()
             ids = [str(c) for c in cases["case_id"]]
             blocks = units(len(ids), self.opts.sequential)
@@ -259,34 +217,8 @@ class _Run:
         self, cases: Any, todo: list[tuple[int, list[int]]], n_mine: int, n_todo: int
     ) -> None:
         """The case loop over this process's cases still to do, under a progress bar."""
-        from tqdm.auto import tqdm
-        from tqdm.contrib.logging import logging_redirect_tqdm
-
-        ctx = self.ctx
-        desc = f"{self.task.name} {self.summary.label}" + (
-            f" [{ctx.rank}/{ctx.world}]" if ctx.world > 1 else ""
-        )
-        with (
-            logging_redirect_tqdm(),
-            tqdm(
-                total=n_mine,
-                initial=n_mine - n_todo,
-                desc=desc,
-                unit="case",
-                dynamic_ncols=True,
-                disable=not ctx.is_main,
-            ) as bar,
-        ):
-            finished = [n_mine - n_todo]
-
-            def progress(n: int, postfix: Mapping[str, str] | None) -> None:
-                finished[0] += n
-                bar.update(n)
-                if postfix:
-                    bar.set_postfix(postfix)
-                if not ctx.is_main:  # only the main process draws a progress bar
-                    log.info("%s: %d of %d case(s) done", ctx.describe(), finished[0], n_mine)
-
+        desc = f"{self.task.name} {self.summary.label}"
+        with _progress_bar(self.ctx, desc, n_mine, n_todo) as progress:
             self._loop(cases, todo, progress)
 
     def _loop(self, cases: Any, todo: list[tuple[int, list[int]]], progress: Progress) -> None:
@@ -323,3 +255,90 @@ def run_benchmark(opts: RunOptions, context: ProcessContext | None = None) -> di
             return run.run()
     finally:
         run.scorer.close()
+
+
+def _hparams(
+    method: MethodSpec, opts: RunOptions, context: ProcessContext | None
+) -> tuple[Any, dict, Any, ProcessContext]:
+    """The requested hparams and their plain dict (what config.json and summary.json record), the
+    hparams this process runs (each process of a multi-process launch on the device accelerate gave
+    it), and the process context. A method's ``preflight`` refuses what cannot run (e.g. covariance
+    statistics that cannot be had) before any model is loaded."""
+    requested = method.load_hparams(opts.hparams, opts.overrides)
+    if method.preflight is not None:
+        method.preflight(requested)
+    hp_dict = json_plain(method.hparams_dict(requested))
+    ctx = context or process_context(
+        model_parallel=bool(hp_dict.get("model_parallel")),
+        timeout=timedelta(hours=opts.dist_timeout_hours),
+    )
+    if ctx.device is None:
+        return requested, hp_dict, requested, ctx
+    running = method.load_hparams(opts.hparams, [*opts.overrides, f"device={ctx.device}"])
+    return requested, hp_dict, running, ctx
+
+
+def _out_dir(opts: RunOptions) -> Path:
+    return Path(opts.out_dir or default_out_dir(opts.benchmark, opts.hparams, opts.overrides))
+
+
+def _run_label(opts: RunOptions, method: str) -> str:
+    """The run's label in tables: ``--label``, else the method, the hparams file and the overrides
+    that change what is computed."""
+    return opts.label or f"{method} ({Path(opts.hparams).stem})" + "".join(
+        f" {o}" for o in _computing(opts.overrides)
+    )
+
+
+def _selected(cases: Any, o: RunOptions, data_file: Path) -> Any:
+    """The ``--cases`` of ``cases`` (all without it); none selected, or an id not there, is a
+    ``UsageError``."""
+    if o.cases:
+        ids = [str(c) for c in cases["case_id"]]
+        missing = [c for c in o.cases if c not in set(ids)]
+        if missing:
+            within = f" among the first {o.limit} cases (--limit)" if o.limit else ""
+            raise UsageError(
+                f"--cases: no case_id {', '.join(missing)}{within} in {data_file}; "
+                "check the ids (the case_id field of the data file)"
+                + (" or raise --limit" if within else "")
+            )
+        wanted = set(o.cases)
+        cases = cases.select([i for i, c in enumerate(ids) if c in wanted])
+    if len(cases) == 0:
+        raise UsageError(
+            f"no cases selected from {data_file} (limit {o.limit}); check the data file"
+        )
+    return cases
+
+
+@contextlib.contextmanager
+def _progress_bar(ctx: ProcessContext, desc: str, n_mine: int, n_todo: int) -> Iterator[Progress]:
+    """A progress callback over this process's ``n_mine`` cases, ``n_todo`` of them still to do:
+    the main process draws a bar, the others log a line per update."""
+    from tqdm.auto import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    desc += f" [{ctx.rank}/{ctx.world}]" if ctx.world > 1 else ""
+    with (
+        logging_redirect_tqdm(),
+        tqdm(
+            total=n_mine,
+            initial=n_mine - n_todo,
+            desc=desc,
+            unit="case",
+            dynamic_ncols=True,
+            disable=not ctx.is_main,
+        ) as bar,
+    ):
+        finished = [n_mine - n_todo]
+
+        def progress(n: int, postfix: Mapping[str, str] | None) -> None:
+            finished[0] += n
+            bar.update(n)
+            if postfix:
+                bar.set_postfix(postfix)
+            if not ctx.is_main:  # only the main process draws a progress bar
+                log.info("%s: %d of %d case(s) done", ctx.describe(), finished[0], n_mine)
+
+        yield progress

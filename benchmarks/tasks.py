@@ -517,50 +517,14 @@ class UnKEBench(Task):
         cut: Cut | None = None,
         whole_word_max: int = 0,
     ) -> Mapping[str, Mapping]:
-        """Copies of the records rescored from their stored answers, each cut by ``cut`` first.
-
-        Div (1 - SelfBLEU-4 of the sub-question answers) is recomputed for every record. Jnt and Dmp
-        are recomputed only where the record was scored by the offline lexical judge, by rescoring
-        the cut answers with that judge (the passage and gold sub-answers come from ``cases``;
-        UnKE's metrics are recomputed with them); a record scored by an LLM judge gets Jnt and Dmp
-        None, since that judge cannot be rerun offline, and loses the UnKE metrics of its uncut
-        answers. No aliases to rescore: ``whole_word_max`` is not used.
-        """
+        """Copies of the records rescored from their stored answers, each cut by ``cut`` first
+        (``_rescored_unke``); no aliases to rescore: ``whole_word_max`` is not used."""
         if cut is None:
             return records
         lexical = LexicalJudge()
-        out = {}
-        for cid, rec in records.items():
-            answers = rec.get("answers") or {}
-            if not all(k in answers for k in ("question", "para_question", "sub_questions")):
-                raise ValueError(
-                    f"case {cid}: the record keeps no question/para_question/sub_questions "
-                    "answers, so it cannot be rescored"
-                )
-            texts = [cut(a) for a in self.answers_of(rec)]
-            if rec.get("judge") == LEXICAL_JUDGE_NAME:
-                case = cases.get(cid)
-                if case is None:
-                    raise ValueError(
-                        f"case {cid} is not in the UnKEBench data "
-                        "given; pass the --data directory the runs used"
-                    )
-                out[cid] = {**rec, **self.score(case, texts, lexical)}
-            else:
-                kept = {k: v for k, v in rec.items() if k != UNKE_METRICS}
-                cut_answers = {
-                    "question": texts[0],
-                    "para_question": texts[1],
-                    "sub_questions": texts[2:],
-                }
-                out[cid] = {
-                    **kept,
-                    "answers": cut_answers,
-                    "Jnt": None,
-                    "Dmp": None,
-                    "Div": diversity(texts[2:]),
-                }
-        return out
+        return {
+            cid: _rescored_unke(self, cid, rec, cases, cut, lexical) for cid, rec in records.items()
+        }
 
     def score(self, case: Mapping[str, Any], answers: Sequence[str], judge: Judge | None) -> dict:
         if judge is None:
@@ -572,25 +536,7 @@ class UnKEBench(Task):
             "judge": judge.name,
         }
         rec[UNKE_METRICS] = record_metrics(case["passage"], case["sub_answers"], rec["answers"])
-        facts = [judge.factscore(a, case["passage"], case["subject"]) for a in joint]
-        items = [
-            CoverageItem(q, e, a)
-            for q, e, a in zip(case["sub_questions"], case["sub_answers"], subs)
-        ]
-        dmp, dmp_complete = judge.coverage(items)
-        jnt_complete = all(f.complete for f in facts)
-        # An answer the judge could not judge is unjudged (None), never a 0; the next run judges it
-        # again.
-        unjudged = [m for m, ok in (("Jnt", jnt_complete), ("Dmp", dmp_complete)) if not ok]
-        rec.update(
-            factscore=[f.to_dict() for f in facts],
-            dmp_scores=dmp,
-            Jnt=mean(f.score for f in facts) if jnt_complete else None,
-            Dmp=mean(dmp) if dmp_complete else None,
-            judge_complete=not unjudged,
-        )
-        if unjudged:
-            rec["unjudged"] = unjudged
+        rec.update(_judged_unke(case, joint, subs, judge))
         return rec
 
     def unjudged_record(
@@ -598,21 +544,7 @@ class UnKEBench(Task):
     ) -> dict:
         """The record of a case whose judge failed for good: the answers and Div kept, Jnt/Dmp
         unjudged (not 0)."""
-        subs = list(answers[2:])
-        stored = {"question": answers[0], "para_question": answers[1], "sub_questions": subs}
-        return {
-            "answers": stored,
-            UNKE_METRICS: record_metrics(case["passage"], case["sub_answers"], stored),
-            "Div": diversity(subs),
-            "judge": judge.name,
-            "factscore": None,
-            "dmp_scores": None,
-            "Jnt": None,
-            "Dmp": None,
-            "judge_complete": False,
-            "unjudged": ["Jnt", "Dmp"],
-            "judge_error": " ".join(str(error).split())[:300],
-        }
+        return _unjudged_unke(case, answers, judge, error)
 
     def answers_of(self, record: Mapping[str, Any]) -> list[str]:
         a = record["answers"]
@@ -626,6 +558,87 @@ class UnKEBench(Task):
         if records and all(UNKE_METRICS in r for r in records):
             out[UNKE_METRICS] = summarize_metrics([r[UNKE_METRICS] for r in records])
         return out
+
+
+def _unjudged_unke(
+    case: Mapping[str, Any], answers: Sequence[str], judge: Judge, error: JudgeError
+) -> dict:
+    subs = list(answers[2:])
+    stored = {"question": answers[0], "para_question": answers[1], "sub_questions": subs}
+    return {
+        "answers": stored,
+        UNKE_METRICS: record_metrics(case["passage"], case["sub_answers"], stored),
+        "Div": diversity(subs),
+        "judge": judge.name,
+        "factscore": None,
+        "dmp_scores": None,
+        "Jnt": None,
+        "Dmp": None,
+        "judge_complete": False,
+        "unjudged": ["Jnt", "Dmp"],
+        "judge_error": " ".join(str(error).split())[:300],
+    }
+
+
+def _judged_unke(
+    case: Mapping[str, Any], joint: Sequence[str], subs: Sequence[str], judge: Judge
+) -> dict:
+    """Jnt (the judge's FActScore of the two joint answers) and Dmp (its coverage of each
+    sub-answer) of one UnKEBench case. An answer the judge could not judge is unjudged (None),
+    never a 0; the next run judges it again."""
+    facts = [judge.factscore(a, case["passage"], case["subject"]) for a in joint]
+    items = [
+        CoverageItem(q, e, a) for q, e, a in zip(case["sub_questions"], case["sub_answers"], subs)
+    ]
+    dmp, dmp_complete = judge.coverage(items)
+    jnt_complete = all(f.complete for f in facts)
+    unjudged = [m for m, ok in (("Jnt", jnt_complete), ("Dmp", dmp_complete)) if not ok]
+    out = dict(
+        factscore=[f.to_dict() for f in facts],
+        dmp_scores=dmp,
+        Jnt=mean(f.score for f in facts) if jnt_complete else None,
+        Dmp=mean(dmp) if dmp_complete else None,
+        judge_complete=not unjudged,
+    )
+    if unjudged:
+        out["unjudged"] = unjudged
+    return out
+
+
+def _rescored_unke(
+    task: UnKEBench,
+    cid: str,
+    rec: Mapping[str, Any],
+    cases: Mapping[str, Mapping],
+    cut: Cut,
+    lexical: LexicalJudge,
+) -> dict:
+    """A copy of one UnKEBench record rescored from its stored answers, each cut by ``cut`` first.
+
+    Div (1 - SelfBLEU-4 of the sub-question answers) is recomputed for every record. Jnt and Dmp
+    are recomputed only where the record was scored by the offline lexical judge, by rescoring the
+    cut answers with that judge (the passage and gold sub-answers come from ``cases``; UnKE's
+    metrics are recomputed with them); a record scored by an LLM judge gets Jnt and Dmp None, since
+    that judge cannot be rerun offline, and loses the UnKE metrics of its uncut answers.
+    """
+    answers = rec.get("answers") or {}
+    if not all(k in answers for k in ("question", "para_question", "sub_questions")):
+        raise ValueError(
+            f"case {cid}: the record keeps no question/para_question/sub_questions "
+            "answers, so it cannot be rescored"
+        )
+    texts = [cut(a) for a in task.answers_of(rec)]
+    if rec.get("judge") == LEXICAL_JUDGE_NAME:
+        case = cases.get(cid)
+        if case is None:
+            raise ValueError(
+                f"case {cid} is not in the UnKEBench data "
+                "given; pass the --data directory the runs used"
+            )
+        return {**rec, **task.score(case, texts, lexical)}
+    kept = {k: v for k, v in rec.items() if k != UNKE_METRICS}
+    cut_answers = {"question": texts[0], "para_question": texts[1], "sub_questions": texts[2:]}
+    return {**kept, "answers": cut_answers, "Jnt": None, "Dmp": None, "Div": diversity(texts[2:])}
 
 
 def composition_given_hops(recs: Sequence[Mapping[str, Any]]) -> dict[str, int]:

@@ -126,6 +126,32 @@ class JudgeSettings:
         return bool(self.base_url or self.api_key)
 
 
+class _RequestLog:
+    """The httpx hooks a ``ChatClient`` gives the openai client: they count every request sent in
+    ``stats`` and log the client's own retries (which happen inside one ``create`` call)."""
+
+    def __init__(self, stats: dict[str, int]) -> None:
+        self.stats = stats
+        self.last_status: int | None = None
+
+    def on_request(self, request: Any) -> None:
+        self.stats["requests"] += 1
+        retry = int(request.headers.get("x-stainless-retry-count", "0") or 0)
+        if retry:
+            why = (
+                f"HTTP {self.last_status}"
+                if self.last_status is not None
+                else "a timeout or connection error"
+            )
+            log.warning(
+                "judge request sent again by the openai client after %s (retry %d)", why, retry
+            )
+        self.last_status = None
+
+    def on_response(self, response: Any) -> None:
+        self.last_status = response.status_code
+
+
 class ChatClient:
     """One-message chat completions: the ``openai`` client's own retries, our re-asking on malformed
     answers, a cache."""
@@ -146,11 +172,11 @@ class ChatClient:
         self.model = str(settings.model)
         self._openai = openai
         self.stats = {"requests": 0, "cache_hits": 0, "retries": 0, "malformed": 0}
-        self._last_status: int | None = None
         # A local server needs no key, but the client insists on one. The hooks only count and log
         # what the client's own retry loop sends.
+        hooks = _RequestLog(self.stats)
         http = openai.DefaultHttpxClient(
-            event_hooks={"request": [self._on_request], "response": [self._on_response]}
+            event_hooks={"request": [hooks.on_request], "response": [hooks.on_response]}
         )
         self._client = openai.OpenAI(
             base_url=settings.base_url,
@@ -164,23 +190,6 @@ class ChatClient:
     @property
     def name(self) -> str:
         return f"llm:{self.model}"
-
-    def _on_request(self, request: Any) -> None:
-        self.stats["requests"] += 1
-        retry = int(request.headers.get("x-stainless-retry-count", "0") or 0)
-        if retry:
-            why = (
-                f"HTTP {self._last_status}"
-                if self._last_status is not None
-                else "a timeout or connection error"
-            )
-            log.warning(
-                "judge request sent again by the openai client after %s (retry %d)", why, retry
-            )
-        self._last_status = None
-
-    def _on_response(self, response: Any) -> None:
-        self._last_status = response.status_code
 
     def _request(self, prompt: str) -> dict:
         req: dict[str, Any] = {
@@ -226,10 +235,8 @@ class ChatClient:
             )
             try:
                 text = _completion_text(client.chat.completions.create(model=self.model, **request))
-            except (
-                ValueError,
-                o.APIResponseValidationError,
-            ) as err:  # HTTP 200, body not a chat completion
+            # HTTP 200, body not a chat completion
+            except (ValueError, o.APIResponseValidationError) as err:
                 last_error = err
                 self.stats["malformed"] += 1
                 log.warning(
@@ -240,12 +247,7 @@ class ChatClient:
                 )
                 continue
             except o.APIStatusError as err:
-                if err.status_code < 500 and err.status_code not in (408, 409, 429):
-                    raise JudgeRefusedError(
-                        f"judge endpoint {where} refused the request with HTTP {err.status_code} "
-                        f"for model {self.model!r}; check the model name and the API key variable "
-                        "(HPSE_JUDGE_API_KEY / OPENAI_API_KEY)"
-                    ) from None
+                _raise_if_refused(err, where, self.model)
                 last_error = err
                 break  # the client's own retries are spent
             except (o.APITimeoutError, o.APIConnectionError) as err:
@@ -275,29 +277,9 @@ class ChatClient:
         return last
 
     def probe(self) -> None:
-        """One cheap request (``GET {base_url}/models``, no tokens spent) that fails fast when the
-        endpoint is unreachable or refuses the API key, so a run stops before its first edit rather
-        than after it. Any other answer, even an error status of a server without that route, shows
-        the endpoint is there."""
-        o = self._openai
-        where = self.settings.base_url or "(OpenAI default)"
-        try:
-            self._client.with_options(
-                timeout=min(self.settings.timeout, 15.0), max_retries=0
-            ).models.list()
-        except (o.AuthenticationError, o.PermissionDeniedError) as err:
-            raise JudgeError(
-                f"judge endpoint {where} refused the API key (HTTP {err.status_code}); set the "
-                "right key in HPSE_JUDGE_API_KEY or OPENAI_API_KEY, or use --judge lexical"
-            ) from None
-        except (o.APIConnectionError, o.APITimeoutError) as err:
-            raise JudgeError(
-                f"judge endpoint {where} is unreachable ({type(err).__name__}: {err}); start it "
-                "or fix --judge-base-url (HPSE_JUDGE_BASE_URL "
-                "/ OPENAI_BASE_URL), or use --judge lexical"
-            ) from None
-        except Exception:  # noqa: BLE001 - the server answered (404/501/unparsable body): it is there
-            pass
+        """One cheap request that fails fast when the endpoint is unreachable or refuses the API
+        key, so a run stops before its first edit rather than after it (``probe_endpoint``)."""
+        probe_endpoint(self._client, self._openai, self.settings)
 
     def ask_text(self, prompt: str) -> str:
         """A free-text answer (stripped of quotes); for subject and passage generation."""
@@ -336,3 +318,36 @@ def _completion_text(resp: Any) -> str:
     if content is not None and not isinstance(content, str):
         raise _NotACompletion(f"the message content is {type(content).__name__}, not text")
     return content or ""
+
+
+def probe_endpoint(client: Any, openai: Any, settings: JudgeSettings) -> None:
+    """``GET {base_url}/models`` (no tokens spent) through ``client``: a refused API key or an
+    unreachable endpoint is a ``JudgeError`` naming the fix. Any other answer, even an error status
+    of a server without that route, shows the endpoint is there."""
+    where = settings.base_url or "(OpenAI default)"
+    try:
+        client.with_options(timeout=min(settings.timeout, 15.0), max_retries=0).models.list()
+    except (openai.AuthenticationError, openai.PermissionDeniedError) as err:
+        raise JudgeError(
+            f"judge endpoint {where} refused the API key (HTTP {err.status_code}); set the "
+            "right key in HPSE_JUDGE_API_KEY or OPENAI_API_KEY, or use --judge lexical"
+        ) from None
+    except (openai.APIConnectionError, openai.APITimeoutError) as err:
+        raise JudgeError(
+            f"judge endpoint {where} is unreachable ({type(err).__name__}: {err}); start it "
+            "or fix --judge-base-url (HPSE_JUDGE_BASE_URL "
+            "/ OPENAI_BASE_URL), or use --judge lexical"
+        ) from None
+    except Exception:  # noqa: BLE001 - the server answered (404/501/unparsable body): it is there
+        pass
+
+
+def _raise_if_refused(err: Any, where: str, model: str) -> None:
+    """An HTTP error status that asking again cannot mend (4xx but a timeout, a conflict or a rate
+    limit) is a ``JudgeRefusedError`` naming what to check."""
+    if err.status_code < 500 and err.status_code not in (408, 409, 429):
+        raise JudgeRefusedError(
+            f"judge endpoint {where} refused the request with HTTP {err.status_code} "
+            f"for model {model!r}; check the model name and the API key variable "
+            "(HPSE_JUDGE_API_KEY / OPENAI_API_KEY)"
+        ) from None
