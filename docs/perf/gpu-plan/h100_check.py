@@ -1,8 +1,8 @@
 """The planner against the H100's measured edit (docs/perf/gpu-h100-perf.json: random-weight
-Qwen2.5-7B, bfloat16, LoRA, the demo passage, the file's 96 rollout tokens): the plan at that edit's
-lengths (its passage counted with the tokenizer the run used, the embedded SmolLM2 one), against the
-CUDA peak allocated during the edit, and the card overhead the run measured (reserved over allocated,
-the context). From the repository root:
+Qwen2.5-7B, bfloat16, LoRA, the demo passage, the file's 96 rollout tokens): the plan at that
+edit's lengths (its passage counted with the tokenizer the run used, the embedded SmolLM2 one),
+against the CUDA peak allocated during the edit, and the card overhead the run measured (reserved
+over allocated, the context). From the repository root:
 
     OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python docs/perf/gpu-plan/h100_check.py >
     docs/perf/gpu-plan/h100-check.json"""
