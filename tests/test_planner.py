@@ -203,3 +203,21 @@ def test_shipped_backbones_are_package_data():
 def test_workloads_are_the_documented_lengths():
     assert dataclasses.astuple(WORKLOADS["unkebench"])[:4] == ("unkebench", 1, 157, 128)
     assert dataclasses.astuple(WORKLOADS["mquake"])[:4] == ("mquake", 3, 128, 96)
+
+
+def test_the_card_overhead_reproduces_the_h100_measurement():
+    """``card_gib`` (allocator pool and CUDA context around the tensors' peak) gives what the H100
+    run held for its edit (docs/perf/gpu-h100-perf.json: reserved peak plus context) within 1%, and
+    the plan's ``fits`` compare that figure, not the tensors' peak, with each card."""
+    from hpse_easyedit.planner import CARDS_GIB, card_gib
+
+    run = json.loads(
+        (Path(__file__).resolve().parents[1] / "docs" / "perf" / "gpu-h100-perf.json").read_text()
+    )
+    memory = run["memory"]
+    held = (memory["reserved"] + memory["context"]) / 2**30
+    assert card_gib(memory["hpse"] / 2**30) == pytest.approx(held, rel=0.01)
+    hp = HPSEHyperParams.from_hparams("hparams/HPSE/qwen2.5-7b.yaml")
+    plan = plan_edit(hp, WORKLOADS["mquake"], layers=2)
+    assert plan["card_gib"] == pytest.approx(card_gib(plan["peak_gib"]), abs=1e-3)
+    assert plan["fits"] == {str(c): card_gib(plan["peak_gib"]) <= c for c in CARDS_GIB}
