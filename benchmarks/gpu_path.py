@@ -37,6 +37,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .perf_machine import sync
+
 __all__ = [
     "H100",
     "OpCounter",
@@ -374,11 +376,6 @@ def planner_check(model: Any, tok: Any, hparams: Any, passage: str) -> dict:
     }
 
 
-def _cuda_sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def gpu_figures(
     hparams: Any,
     *,
@@ -431,10 +428,10 @@ def gpu_figures(
     ]
     executor = make_executor(model, hp)
     objective = HPSEObjective(executor, prompts, hp, stop_ids=[], pad_id=0)
-    _cuda_sync(target)
+    sync(target)
     t0 = time.perf_counter()
     train_edit(executor, hp, objective, rounds=hp.rounds, inner_steps=hp.inner_steps)
-    _cuda_sync(target)
+    sync(target)
     edit_seconds = time.perf_counter() - t0
     print(f"edit ({hp.static_decode=}): {edit_seconds:.1f} s", file=sys.stderr, flush=True)
     out = {
@@ -468,7 +465,7 @@ def _rollout_tok_s(
     device = next(executor.model.parameters()).device
     best = float("inf")
     for run in range(repeats + 1):
-        _cuda_sync(device)
+        sync(device)
         t0 = time.perf_counter()
         ro = batched_hybrid_rollout(
             executor.model,
@@ -484,7 +481,7 @@ def _rollout_tok_s(
             static_decode=mode,
             stop_every=hp.decode_stop_every,
         )
-        _cuda_sync(device)
+        sync(device)
         if run:
             best = min(best, time.perf_counter() - t0)
     return len(ro) / best

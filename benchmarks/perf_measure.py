@@ -44,6 +44,22 @@ DEFAULT_PASSAGE = REPO / "hpse_easyedit" / "demo_passage.txt"
 EASYEDIT_LORA_HPARAMS = Path(__file__).resolve().parent / "easyedit_lora.yaml"
 
 
+def _greedy_fixed_length(model: Any, ids: torch.Tensor, hp: Any, pad: int) -> None:
+    """``model.generate``'s greedy decode of exactly ``hp.max_new_tokens`` tokens after ``ids``
+    (the timed baseline the rollout is compared with)."""
+    model.generate(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=hp.max_new_tokens,
+        min_new_tokens=hp.max_new_tokens,
+        do_sample=False,
+        pad_token_id=pad,
+        temperature=None,
+        top_p=None,
+        top_k=None,
+    )
+
+
 def _load(
     hparams_path: str,
     overrides: Sequence[str],
@@ -184,18 +200,7 @@ def _rollout_vs_generate(
     eager_hp = hp.with_overrides(["fast_decode=false"]) if hp.fast_decode is not False else None
 
     def generate() -> None:
-        ids = torch.tensor([prompts.student_ids], device=device)
-        student.generate(
-            input_ids=ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=hp.max_new_tokens,
-            min_new_tokens=hp.max_new_tokens,
-            do_sample=False,
-            pad_token_id=pad,
-            temperature=None,
-            top_p=None,
-            top_k=None,
-        )
+        _greedy_fixed_length(student, torch.tensor([prompts.student_ids], device=device), hp, pad)
 
     rollout(), generate()  # warm-up
     if eager_hp is not None:
@@ -256,17 +261,7 @@ def _generate_speed(model: Any, tok: Any, prompts: Any, hp: Any, repeats: int) -
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
 
     def generate() -> None:
-        model.generate(
-            input_ids=ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=hp.max_new_tokens,
-            min_new_tokens=hp.max_new_tokens,
-            do_sample=False,
-            pad_token_id=pad,
-            temperature=None,
-            top_p=None,
-            top_k=None,
-        )
+        _greedy_fixed_length(model, ids, hp, pad)
 
     seconds = median_seconds(generate, device, repeats)
     return {
