@@ -58,6 +58,12 @@ def _first(recs: dict[str, dict], n: int | None) -> dict[str, dict]:
     return dict(sorted(recs.items(), key=lambda kv: kv[1].get("index", 0))[:n])
 
 
+def _per_sequence_metrics(task, records: Sequence[Mapping], T: int) -> dict[str, list[float]]:
+    """Each metric (and Avg) of each sequence: the records in data order, ``T`` to a sequence."""
+    summaries = [task.summarize(records[i : i + T]) for i in range(0, len(records), T)]
+    return {m: [s[m] for s in summaries] for m in [*task.metrics, "Avg"]}
+
+
 def continual_rows(
     pairs: Sequence[tuple[str, str]],
     names: Sequence[str],
@@ -119,6 +125,7 @@ def continual_rows(
                 **{m: summary[m] for m in task.metrics},
                 "Avg": summary["Avg"],
                 "per_sequence": [sum(v) / len(v) for _, v in sorted(blocks.items())],
+                "per_sequence_metrics": _per_sequence_metrics(task, [recs[c] for c in ids], b_T),
                 "hpse": recs is h_recs,
             }
             if recs is h_recs:
@@ -184,7 +191,7 @@ def continual_table(rows: Sequence[Mapping]) -> str:
 
 def plot_continual(rows: Sequence[Mapping], path: str | os.PathLike) -> None:
     """The paper's bar chart: per metric (one panel each) and T, the executor's bar filled, +HPSE
-    outlined."""
+    outlined; where a T has several sequences, a whisker spans their range of the metric."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -223,6 +230,18 @@ def plot_continual(rows: Sequence[Mapping], path: str | os.PathLike) -> None:
                         linewidth=2,
                         label=f"{name} + HPSE" if t == 0 else None,
                     )
+                for row, dx in ((base, -0.15), (hpse, 0.15)):  # the sequences' range, where several
+                    spread = (row or {}).get("per_sequence_metrics", {}).get(metric, [])
+                    if len(spread) > 1:
+                        ax.errorbar(
+                            x + dx * width,
+                            row[metric],
+                            yerr=[[row[metric] - min(spread)], [max(spread) - row[metric]]],
+                            fmt="none",
+                            ecolor="black" if row is base else colours[e % len(colours)],
+                            capsize=2,
+                            linewidth=1,
+                        )
         ax.set_xticks(range(len(Ts)), [f"T = {T}" if T > 1 else "single" for T in Ts])
         ax.set_xlim(-0.6, len(Ts) - 0.4)
         ax.set_title(metric)
@@ -230,7 +249,8 @@ def plot_continual(rows: Sequence[Mapping], path: str | os.PathLike) -> None:
     axes[0][0].set_ylabel("score (%)")
     axes[0][-1].legend(fontsize=8, loc="upper right")
     fig.suptitle(
-        f"Continual editing, {TASKS[rows[0]['benchmark']].title}: executor filled, + HPSE outlined",
+        f"Continual editing, {TASKS[rows[0]['benchmark']].title}: executor filled, + HPSE "
+        "outlined; whiskers: the range of the sequences where T has several",
         fontsize=10,
     )
     fig.tight_layout()

@@ -8,7 +8,8 @@ show:
     <!-- /study -->
 
 The marker names the tool and its arguments: ``paired`` (``python -m benchmarks.paired``),
-``continual`` (``python -m benchmarks.continual``: continual-editing pairs), ``runs`` (per run:
+``continual`` (``python -m benchmarks.continual``: continual-editing pairs), ``variants``
+(``python -m benchmarks.variants``: variants of one method against a reference), ``runs`` (per run:
 cases, MMLU before and after the measured edits, median edit seconds; ``runs DIR ... [--label
 NAME ...]``) or ``unke`` (``python -m benchmarks.unke_metrics``: UnKE's own BLEU and ROUGE per
 UnKEBench run). A run directory is written relative to the study root (``docs/study``).
@@ -65,7 +66,7 @@ _RESULT_RE = re.compile(
     r"(?<![\w.])(?:[+-]?\d+\.\d+(?![\w.]*\d)|\d+(?=%)|(?P<wins>\d+) "
     r"wins?(?:,| /) (?P<losses>\d+) loss(?:es)?\b)"
 )
-TOOLS = ("paired", "continual", "runs", "unke")
+TOOLS = ("paired", "continual", "variants", "runs", "unke")
 
 
 class StudyError(ValueError):
@@ -252,6 +253,7 @@ def generate(
     from .continual import main as continual_main
     from .paired import main as paired_main
     from .unke_metrics import main as unke_main
+    from .variants import main as variants_main
 
     root = Path(root)
     if not root.is_dir():
@@ -271,6 +273,7 @@ def generate(
                 rc = {
                     "paired": paired_main,
                     "continual": continual_main,
+                    "variants": variants_main,
                     "runs": runs_table,
                     "unke": unke_main,
                 }[tool](argv)
