@@ -110,7 +110,12 @@ class RunSummary:
         ):  # UnKE's own metrics: the same section `unke_metrics --write` adds
             from .unke_metrics import write_run
 
-            write_run(self.out_dir, summary["unke_metrics"])
+            checkpoints = {
+                c: part["unke_metrics"]
+                for c, part in summary.get("checkpoints", {}).items()
+                if "unke_metrics" in part
+            }
+            write_run(self.out_dir, summary["unke_metrics"], checkpoints)
 
 
 def failed_note(summaries: Sequence[Mapping]) -> str:

@@ -118,9 +118,15 @@ def metrics_table(
     return "\n".join(lines) + "\n"
 
 
-def write_run(run_dir: str | Path, metrics: Mapping[str, Any]) -> None:
+def write_run(
+    run_dir: str | Path,
+    metrics: Mapping[str, Any],
+    checkpoints: Mapping[str, Mapping[str, Any]] | None = None,
+) -> None:
     """Add ``metrics`` to ``run_dir``'s summary.json under ``unke_metrics`` (every other key as it
-    was) and a section to its table.md (replacing the one an earlier call added)."""
+    was), and ``checkpoints`` (checkpoint -> metrics of the cases evaluated there) to each of its
+    checkpoints' summaries, and a section to its table.md (replacing the one an earlier call
+    added), a row per checkpoint before the run's."""
     from .store import write_json_atomic, write_text_atomic
 
     run_dir = Path(run_dir)
@@ -131,6 +137,8 @@ def write_run(run_dir: str | Path, metrics: Mapping[str, Any]) -> None:
         )
     summary = json.loads(summary_file.read_text(encoding="utf-8"))
     summary[KEY] = dict(metrics)
+    for c, part in (checkpoints or {}).items():
+        summary["checkpoints"][c][KEY] = dict(part)
     write_json_atomic(summary_file, summary)
     table = run_dir / "table.md"
     if table.is_file():
@@ -138,17 +146,30 @@ def write_run(run_dir: str | Path, metrics: Mapping[str, Any]) -> None:
         label = summary.get("label") or run_dir.name
         section = (
             f"\n{_TABLE_MARK}\nUnKE's own metrics (EasyEdit's `eval_akew_unstructured`, "
-            "percent):\n\n" + metrics_table([(label, metrics)])
+            "percent):\n\n"
+            + metrics_table(
+                [
+                    *((f"{label} after {c} edits", m) for c, m in (checkpoints or {}).items()),
+                    (label, metrics),
+                ]
+            )
         )
         write_text_atomic(table, kept + section)
 
 
-def _unkebench_runs(paths: Sequence[str]) -> list[Path]:
-    """The UnKEBench run directories among ``paths`` and below them (those with a config.json)."""
-    found = []
-    for p in map(Path, paths):
+def _unkebench_runs(paths: Sequence[str]) -> list[Path | str]:
+    """The UnKEBench run directories among ``paths`` and below them (those with a config.json);
+    ``DIR@N`` (a run at its checkpoint after N edits) is kept as given."""
+    from .sequence import split_checkpoint
+
+    found: list[Path | str] = []
+    for given in paths:
+        p, checkpoint = split_checkpoint(given)
         if not p.is_dir():
             raise UsageError(f"{p}: no such directory")
+        if checkpoint is not None:
+            found.append(given)
+            continue
         own = p / "config.json"
         configs = [own] if own.is_file() else sorted(p.rglob("config.json"))
         found += [
@@ -161,8 +182,19 @@ def _unkebench_runs(paths: Sequence[str]) -> list[Path]:
     return found
 
 
-def _answer_cap(run_dir: Path) -> int | None:
-    return json.loads((run_dir / "config.json").read_text(encoding="utf-8")).get("max_new_tokens")
+def _answer_cap(run: Path | str) -> int | None:
+    from .sequence import split_checkpoint
+
+    config = split_checkpoint(run)[0] / "config.json"
+    return json.loads(config.read_text(encoding="utf-8")).get("max_new_tokens")
+
+
+def _checkpoints(run: Path | str) -> list[str]:
+    """The checkpoints a finished run's summary.json holds (none for a run without them)."""
+    summary = Path(run) / "summary.json"
+    if isinstance(run, str) or not summary.is_file():
+        return []
+    return list(json.loads(summary.read_text(encoding="utf-8")).get("checkpoints") or {})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -208,24 +240,49 @@ def _main(argv: Sequence[str]) -> int:
     cases = load_cases("unkebench", args.data, "UnKE's metrics")
     # the printed table never has Bert Score, so that it reads the same on every machine
     encoder, reason = load_encoder() if args.write else (None, "")
+    if args.write:
+        return _write(runs, args.runs, cases, encoder, reason)
     rows = []
     for run in runs:
         try:
-            metrics = run_metrics(run, cases, encoder, reason)
+            rows.append(run_metrics(run, cases, encoder, reason))
         except (FileNotFoundError, ValueError) as err:
             raise UsageError(str(err)) from None
-        if args.write:
-            write_run(run, metrics)
-            log.info("%s: %s added", run, KEY)
-        rows.append(metrics)
-    if args.write:
-        print(
-            f"added {KEY} to {len(runs)} UnKEBench run(s)"
-            + (f" (no Bert Score: {reason})" if reason else "")
-        )
-        return 0
-    labels = args.label or [run.name for run in runs]
+    labels = args.label or [run.name if isinstance(run, Path) else run for run in runs]
     print(metrics_table(list(zip(labels, rows)), [_answer_cap(run) for run in runs]), end="")
+    return 0
+
+
+def _write(
+    runs: Sequence[Path | str],
+    given: Sequence[str],
+    cases: Mapping[str, Mapping[str, Any]],
+    encoder: Encoder | None,
+    reason: str,
+) -> int:
+    """``--write``: the metrics into each finished run's summary.json and table.md, its
+    checkpoints' too; a run found below a given directory that has not finished is skipped."""
+    written = 0
+    for run in runs:
+        if isinstance(run, str):
+            raise UsageError(f"--write {run}: give the run directory; it writes every checkpoint")
+        if not (run / "summary.json").is_file():
+            if str(run) in given:
+                raise UsageError(f"{run}: no summary.json yet (the run has not finished)")
+            log.info("%s: not finished, skipped", run)
+            continue
+        try:
+            metrics = run_metrics(run, cases, encoder, reason)
+            at = {c: run_metrics(f"{run}@{c}", cases, encoder, reason) for c in _checkpoints(run)}
+        except (FileNotFoundError, ValueError) as err:
+            raise UsageError(str(err)) from None
+        write_run(run, metrics, at)
+        log.info("%s: %s added", run, KEY)
+        written += 1
+    print(
+        f"added {KEY} to {written} UnKEBench run(s)"
+        + (f" (no Bert Score: {reason})" if reason else "")
+    )
     return 0
 
 

@@ -35,6 +35,9 @@ def test_rows_hold_the_per_sequence_spread_and_the_paired_difference(tmp_path):
     )
     # per case Avg: 50, 25, 0, 0 -> sequences 37.5 and 0
     assert lora["per_sequence"] == pytest.approx([37.5, 0.0])
+    # each metric of each sequence too (the figure's whiskers): Ind 75 and 0, Cmp 0 and 0
+    assert lora["per_sequence_metrics"]["Ind"] == pytest.approx([75.0, 0.0])
+    assert lora["per_sequence_metrics"]["Avg"] == pytest.approx(lora["per_sequence"])
     # per case differences: +50, 0, +25, 0
     assert plus["diff"] == pytest.approx(18.75)
     assert plus["diff_ci"][0] <= plus["diff"] <= plus["diff_ci"][1]

@@ -16,6 +16,7 @@ import torch
 from benchmarks import unke_metrics as M
 from benchmarks import unke_scores as U
 from benchmarks.judge import LexicalJudge
+from benchmarks.paired import load_cases
 from benchmarks.study import find_blocks, generate
 from benchmarks.tasks import TASKS
 
@@ -179,3 +180,41 @@ def test_agrees_with_easyedits_eval_akew_unstructured(he, data_dir, tmp_path, mo
         for name, value in theirs[group].items():
             tol = 1e-6 if name == "Bert Score" else 1e-12  # float32 embeddings; else the same sums
             assert ours[group][name] == pytest.approx(100 * value, rel=tol), (group, name)
+
+
+def test_write_covers_each_checkpoint_and_dir_at_n_prints_one(tmp_path, data_dir, capsys):
+    study = tmp_path / "study"
+    run = study / "seq"
+    shutil.copytree(RUN, run)
+    records = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
+    # the first ten records again, as a --checkpoints run holds them after 10 edits
+    with open(run / "checkpoints.jsonl", "w") as fh:
+        for rec in records[:10]:
+            fh.write(json.dumps({**rec, "checkpoint": 10}) + "\n")
+    summary = json.loads((run / "summary.json").read_text())
+    summary.pop(U.KEY, None)
+    summary["checkpoints"] = {"10": {"n_cases": 10}}
+    (run / "summary.json").write_text(json.dumps(summary))
+    unfinished = study / "unfinished"
+    shutil.copytree(RUN, unfinished)
+    (unfinished / "summary.json").unlink()
+    assert M.main([str(study), "--write", "--data", str(data_dir)]) == 0
+    assert "added unke_metrics to 1 UnKEBench run(s)" in capsys.readouterr().out
+    written = json.loads((run / "summary.json").read_text())
+    at10 = written["checkpoints"]["10"][U.KEY]
+    assert at10["n_cases"] == 10 and written[U.KEY]["n_cases"] == 20
+    alone = M.run_metrics(f"{run}@10", load_cases("unkebench", data_dir, "test"))
+    assert {k: v for k, v in at10.items() if k != "not_computed"} == {
+        k: v for k, v in alone.items() if k != "not_computed"
+    }
+    assert f"{summary['label']} after 10 edits" in (run / "table.md").read_text()
+    assert not (unfinished / "summary.json").exists()  # skipped, not written
+    # DIR@N prints that checkpoint's row; --write refuses it, and a named unfinished run
+    assert M.main([f"{run}@10", "--label", "at 10", "--data", str(data_dir)]) == 0
+    row = capsys.readouterr().out.splitlines()[2]
+    assert row.startswith("| at 10 | 10 | 200 | ")
+    assert row.endswith(f" {at10['Sub']['ROUGE-L']:.1f} |")
+    assert M.main([f"{run}@10", "--write", "--data", str(data_dir)]) == 2
+    assert "give the run directory" in capsys.readouterr().err
+    assert M.main([str(unfinished), "--write", "--data", str(data_dir)]) == 2
+    assert "has not finished" in capsys.readouterr().err
