@@ -204,6 +204,7 @@ def plot_continual(rows: Sequence[Mapping], path: str | os.PathLike) -> None:
     fig, axes = plt.subplots(1, len(metrics), figsize=(3.2 * len(metrics), 3.0), squeeze=False)
     width = 0.5 / max(len(executors), 1)
     for ax, metric in zip(axes[0], metrics):
+        labelled: set[str] = set()  # each executor's legend entry once, at its first bar
         for e, name in enumerate(executors):
             for t, T in enumerate(Ts):
                 x = t + (e - (len(executors) - 1) / 2) * width
@@ -218,7 +219,7 @@ def plot_continual(rows: Sequence[Mapping], path: str | os.PathLike) -> None:
                         width * 0.9,
                         color=colours[e % len(colours)],
                         alpha=0.8,
-                        label=name if t == 0 else None,
+                        label=name if name not in labelled else None,
                     )
                 if hpse is not None:
                     ax.bar(
@@ -228,11 +229,12 @@ def plot_continual(rows: Sequence[Mapping], path: str | os.PathLike) -> None:
                         fill=False,
                         edgecolor=colours[e % len(colours)],
                         linewidth=2,
-                        label=f"{name} + HPSE" if t == 0 else None,
+                        label=f"{name} + HPSE" if f"{name} + HPSE" not in labelled else None,
                     )
+                labelled |= {r["label"] for r in (base, hpse) if r is not None}
                 for row, dx in ((base, -0.15), (hpse, 0.15)):  # the sequences' range, where several
                     spread = (row or {}).get("per_sequence_metrics", {}).get(metric, [])
-                    if len(spread) > 1:
+                    if row is not None and row["T"] > 1 and len(spread) > 1:
                         ax.errorbar(
                             x + dx * width,
                             row[metric],
