@@ -72,6 +72,7 @@ def continual_rows(
     seed: int = 0,
     first: Sequence[int | None] | None = None,
     recitation: Callable[[Sequence[str], list[tuple[str, dict]]], dict] | None = None,
+    per_metric: bool = False,
 ) -> list[dict]:
     """One dict per run of each (executor alone, executor + HPSE) pair: its label, T, sequences,
     cases, metrics, Avg per sequence and, for the +HPSE run, the paired Avg difference with its
@@ -81,7 +82,8 @@ def continual_rows(
     the single-editing runs on the cases of the sequences when they have gone on to more cases.
     ``recitation``: ``(run dirs, [(benchmark, records), ...]) ->
     benchmarks.paired.recitation_report``; with it the +HPSE row also holds its paired difference
-    with every answer cut (``cut_diffs``: cut -> Avg_diff)."""
+    with every answer cut (``cut_diffs``: cut -> Avg_diff). ``per_metric``: the +HPSE row also
+    holds the paired difference of each metric (``metric_diffs``: metric -> (mean, interval))."""
     from .paired import bootstrap_ci
 
     rows = []
@@ -132,6 +134,15 @@ def continual_rows(
                 diff = [_case_avg(task, h_recs[c]) - _case_avg(task, b_recs[c]) for c in ids]
                 row["diff"] = sum(diff) / len(diff)
                 row["diff_ci"] = list(bootstrap_ci(diff, resamples=resamples, seed=seed))
+                if per_metric:
+                    row["metric_diffs"] = {
+                        m: _paired(
+                            [100.0 * (float(h_recs[c][m]) - float(b_recs[c][m])) for c in ids],
+                            resamples,
+                            seed,
+                        )
+                        for m in task.metrics
+                    }
                 if recitation is not None:
                     report = recitation([base, hpse], [(b_bench, b_recs), (h_bench, h_recs)])
                     row["cut_diffs"] = {
@@ -143,6 +154,12 @@ def continual_rows(
     return rows
 
 
+def _paired(diff: Sequence[float], resamples: int, seed: int) -> tuple[float, list[float]]:
+    from .paired import bootstrap_ci
+
+    return sum(diff) / len(diff), list(bootstrap_ci(diff, resamples=resamples, seed=seed))
+
+
 def _interval(mean: float, ci: Sequence[float]) -> str:
     return f"{mean:+.1f} [{ci[0]:+.1f}, {ci[1]:+.1f}]"
 
@@ -150,6 +167,7 @@ def _interval(mean: float, ci: Sequence[float]) -> str:
 def continual_table(rows: Sequence[Mapping]) -> str:
     metrics = TASKS[rows[0]["benchmark"]].metrics
     cuts = list(dict.fromkeys(c for r in rows for c in r.get("cut_diffs", {})))
+    per_metric = [m for m in metrics if any(m in r.get("metric_diffs", {}) for r in rows)]
     head = [
         "method",
         "T",
@@ -159,11 +177,15 @@ def continual_table(rows: Sequence[Mapping]) -> str:
         "Avg",
         "Avg per sequence",
         "paired Δ Avg vs executor [95% CI]",
+        *(f"paired Δ {m} [95% CI]" for m in per_metric),
         *(f"Δ Avg, answers cut to {c}" for c in cuts),
     ]
     lines = [
         "| " + " | ".join(head) + " |",
-        "|---|---:|---:|---:|" + "---:|" * (len(metrics) + 1) + "---|---|" + "---|" * len(cuts),
+        "|---|---:|---:|---:|"
+        + "---:|" * (len(metrics) + 1)
+        + "---|---|"
+        + "---|" * (len(per_metric) + len(cuts)),
     ]
     for r in rows:
         diff = _interval(r["diff"], r["diff_ci"]) if "diff" in r else ""
@@ -183,6 +205,10 @@ def continual_table(rows: Sequence[Mapping]) -> str:
             f"{r['Avg']:.1f}",
             per_sequence,
             diff,
+            *(
+                _interval(*r["metric_diffs"][m]) if m in r.get("metric_diffs", {}) else ""
+                for m in per_metric
+            ),
             *cut_cells,
         ]
         lines.append("| " + " | ".join(cells) + " |")
@@ -346,6 +372,11 @@ def _main(argv: Sequence[str]) -> int:
         help="with --recitation: the data directory the runs used "
         "(default: $HPSE_DATA_DIR or ../shared/data)",
     )
+    parser.add_argument(
+        "--per-metric",
+        action="store_true",
+        help="add each +HPSE row's paired difference in every metric, with its interval",
+    )
     parser.add_argument("--png", metavar="FILE", help="write the bar chart here")
     parser.add_argument(
         "--resamples", type=int, default=10000, help="bootstrap resamples (default 10000)"
@@ -373,7 +404,12 @@ def _main(argv: Sequence[str]) -> int:
     try:
         recitation = _recitation(args) if args.recitation else None
         rows = continual_rows(
-            pairs, names, resamples=args.resamples, first=first, recitation=recitation
+            pairs,
+            names,
+            resamples=args.resamples,
+            first=first,
+            recitation=recitation,
+            per_metric=args.per_metric,
         )
     except ValueError as err:
         raise UsageError(str(err)) from None

@@ -43,6 +43,15 @@ def test_rows_hold_the_per_sequence_spread_and_the_paired_difference(tmp_path):
     assert plus["diff_ci"][0] <= plus["diff"] <= plus["diff_ci"][1]
     table = continual_table(rows)
     assert "| LoRA + HPSE | 2 | 2 | 4 |" in table and "+18.8 [" in table
+    assert "paired Δ Ind" not in table  # per metric only when asked
+    per_metric = continual_rows([(base, hpse)], ["LoRA"], resamples=200, per_metric=True)
+    ind, ind_ci = per_metric[1]["metric_diffs"]["Ind"]
+    cmp_, _ = per_metric[1]["metric_diffs"]["Cmp"]
+    # Ind differences 0, 0, +50, 0; Cmp +100, 0, 0, 0
+    assert (ind, cmp_) == pytest.approx((12.5, 25.0)) and ind_ci[0] <= 12.5 <= ind_ci[1]
+    table = continual_table(per_metric)
+    assert "| paired Δ Ind [95% CI] | paired Δ Cmp [95% CI] |" in table
+    assert "| +12.5 [" in table and "| +25.0 [" in table
 
 
 def test_command_line_writes_the_png_and_refuses_bad_pairs(tmp_path, capsys):
