@@ -270,7 +270,8 @@ def plot_continual(rows: Sequence[Mapping], path: str | os.PathLike) -> None:
                             capsize=2,
                             linewidth=1,
                         )
-        ax.set_xticks(range(len(Ts)), [f"T = {T}" if T > 1 else "single" for T in Ts])
+        ax.set_xticks(range(len(Ts)), [str(T) for T in Ts])
+        ax.set_xlabel("T (1: single editing)")
         ax.set_xlim(-0.6, len(Ts) - 0.4)
         ax.set_title(metric)
         ax.set_ylim(0, 100)
