@@ -27,10 +27,10 @@ from typing import Callable, Mapping, Sequence
 from hpse_easyedit.cli import OneLineParser, run_cli
 from hpse_easyedit.errors import UsageError, check_positive
 
-from .paired import CUTS
+from .paired import CUTS, add_reading_arguments
 from .tasks import TASKS
 
-__all__ = ["continual_rows", "continual_table", "main", "plot_continual"]
+__all__ = ["continual_rows", "continual_table", "main", "plot_continual", "run_row"]
 
 
 def _run(path: str) -> tuple[str, int, dict[str, dict]]:
@@ -62,6 +62,28 @@ def _per_sequence_metrics(task, records: Sequence[Mapping], T: int) -> dict[str,
     """Each metric (and Avg) of each sequence: the records in data order, ``T`` to a sequence."""
     summaries = [task.summarize(records[i : i + T]) for i in range(0, len(records), T)]
     return {m: [s[m] for s in summaries] for m in [*task.metrics, "Avg"]}
+
+
+def run_row(task, label: str, T: int, recs: Mapping[str, Mapping], ids: Sequence[str]) -> dict:
+    """One run's row on the cases ``ids`` (in data order, ``T`` to a sequence): its label, T,
+    sequences, cases, the task's metrics and Avg, the Avg of each sequence and each metric of each
+    sequence."""
+    records = [recs[c] for c in ids]
+    summary = task.summarize(records)
+    blocks: dict[int, list[float]] = {}
+    for i, rec in enumerate(records):
+        blocks.setdefault(i // T, []).append(_case_avg(task, rec))
+    return {
+        "label": label,
+        "benchmark": task.name,
+        "T": T,
+        "sequences": len(blocks),
+        "cases": len(ids),
+        **{m: summary[m] for m in task.metrics},
+        "Avg": summary["Avg"],
+        "per_sequence": [sum(v) / len(v) for _, v in sorted(blocks.items())],
+        "per_sequence_metrics": _per_sequence_metrics(task, records, T),
+    }
 
 
 def continual_rows(
@@ -114,22 +136,7 @@ def continual_rows(
         task = TASKS[b_bench]
         ids = sorted(b_recs, key=lambda c: b_recs[c].get("index", 0))
         for label, recs in ((name, b_recs), (f"{name} + HPSE", h_recs)):
-            summary = task.summarize([recs[c] for c in ids])
-            blocks: dict[int, list[float]] = {}
-            for i, c in enumerate(ids):
-                blocks.setdefault(i // b_T, []).append(_case_avg(task, recs[c]))
-            row = {
-                "label": label,
-                "benchmark": b_bench,
-                "T": b_T,
-                "sequences": len(blocks),
-                "cases": len(ids),
-                **{m: summary[m] for m in task.metrics},
-                "Avg": summary["Avg"],
-                "per_sequence": [sum(v) / len(v) for _, v in sorted(blocks.items())],
-                "per_sequence_metrics": _per_sequence_metrics(task, [recs[c] for c in ids], b_T),
-                "hpse": recs is h_recs,
-            }
+            row = {**run_row(task, label, b_T, recs, ids), "hpse": recs is h_recs}
             if recs is h_recs:
                 diff = [_case_avg(task, h_recs[c]) - _case_avg(task, b_recs[c]) for c in ids]
                 row["diff"] = sum(diff) / len(diff)
@@ -379,10 +386,7 @@ def _main(argv: Sequence[str]) -> int:
         help="add each +HPSE row's paired difference in every metric, with its interval",
     )
     parser.add_argument("--png", metavar="FILE", help="write the bar chart here")
-    parser.add_argument(
-        "--resamples", type=int, default=10000, help="bootstrap resamples (default 10000)"
-    )
-    parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
+    add_reading_arguments(parser)
     args = parser.parse_args(argv)
     check_positive("--resamples", args.resamples)
     if len(args.runs) % 2:

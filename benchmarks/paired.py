@@ -50,13 +50,14 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from hpse_easyedit.cli import OneLineParser  # argparse errors: one line, exit 2
+from hpse_easyedit.cli import DEBUG_FLAG, DEBUG_HELP, OneLineParser  # argparse errors: one line
 
 from .store import IncompleteRunError, merge_results, write_new_json
 from .tasks import TASKS
 
 __all__ = [
     "CUTS",
+    "add_reading_arguments",
     "bootstrap_ci",
     "load_run",
     "model_token_spans",
@@ -700,6 +701,15 @@ def _recitation(args: argparse.Namespace, loaded: Sequence[tuple[str, dict]]) ->
     )
 
 
+def add_reading_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--resamples`` and ``--debug``, as every reading tool (paired, continual, variants) takes
+    them."""
+    parser.add_argument(
+        "--resamples", type=int, default=10000, help="bootstrap resamples (default 10000)"
+    )
+    parser.add_argument(DEBUG_FLAG, action="store_true", help=DEBUG_HELP)
+
+
 def _parser() -> OneLineParser:
     parser = OneLineParser(prog="python -m benchmarks.paired", description=__doc__.split("\n")[0])
     parser.add_argument(
@@ -720,9 +730,7 @@ def _parser() -> OneLineParser:
         "--label-a", help="with two runs: label of the first (same as the first --label)"
     )
     parser.add_argument("--label-b", help="with two runs: label of the second")
-    parser.add_argument(
-        "--resamples", type=int, default=10000, help="bootstrap resamples (default 10000)"
-    )
+    add_reading_arguments(parser)
     parser.add_argument(
         "--out", help="also write the report as JSON here (refuses to overwrite an existing file)"
     )

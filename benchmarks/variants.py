@@ -24,6 +24,7 @@ from typing import Mapping, Sequence
 from hpse_easyedit.cli import OneLineParser, run_cli
 from hpse_easyedit.errors import UsageError, check_positive
 
+from .paired import add_reading_arguments
 from .tasks import TASKS
 
 __all__ = ["main", "variant_rows", "variants_table"]
@@ -39,7 +40,7 @@ def variant_rows(
     """One dict per ``(label, run directory)``: its label, T, sequences, cases, metrics, Avg, Avg
     per sequence, step-in rate per round and, but for the reference, its paired Avg difference from
     the reference with the interval."""
-    from .continual import _case_avg, _run
+    from .continual import _case_avg, _run, run_row
     from .paired import bootstrap_ci
     from .rollouts import stepin_rate_by_round
 
@@ -69,20 +70,9 @@ def variant_rows(
     ids = sorted(common, key=lambda c: ref_recs[c].get("index", 0))
     rows = []
     for label, _, _, _, recs in loaded:
-        summary = task.summarize([recs[c] for c in ids])
-        blocks: dict[int, list[float]] = {}
-        for i, c in enumerate(ids):
-            blocks.setdefault(i // T, []).append(_case_avg(task, recs[c]))
         row = {
-            "label": label,
-            "benchmark": benchmark,
-            "T": T,
-            "sequences": len(blocks),
-            "cases": len(ids),
+            **run_row(task, label, T, recs, ids),
             "held": len(recs),
-            **{m: summary[m] for m in task.metrics},
-            "Avg": summary["Avg"],
-            "per_sequence": [sum(v) / len(v) for _, v in sorted(blocks.items())],
             "stepin": stepin_rate_by_round([recs[c] for c in ids]),
             "reference": label == reference,
         }
@@ -163,10 +153,7 @@ def _main(argv: Sequence[str]) -> int:
     parser.add_argument(
         "--column", default="run", help="the heading of the label column (default: run)"
     )
-    parser.add_argument(
-        "--resamples", type=int, default=10000, help="bootstrap resamples (default 10000)"
-    )
-    parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
+    add_reading_arguments(parser)
     args = parser.parse_args(argv)
     check_positive("--resamples", args.resamples)
     if len(args.run) < 2:
