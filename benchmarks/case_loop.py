@@ -10,6 +10,8 @@ each block (``checkpoints.jsonl``), and a block stopped part-way resumes after i
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -23,7 +25,7 @@ from .mmlu import MMLUProbe, NoProbe
 from .rollouts import pack_rounds
 from .run_dir import write_kept
 from .scorer import Scorer
-from .sequence import SequenceLog, same_edit
+from .sequence import PartialAnswers, SequenceLog, same_edit
 from .store import ResultFile, json_plain
 from .tasks import Task
 
@@ -85,10 +87,13 @@ class Editing:
         cases: Sequence[Mapping[str, Any]],
         results: Sequence[Any] = (),
         desc: str = "answers",
+        partial: PartialAnswers | None = None,
     ) -> list[list[str]]:
         """Greedy chat-template answers to every case's questions, batched across the cases (under
         the passages' system prompt when the edit results carry a context: the IN_CONTEXT
-        reference); more than one batch of them under a progress bar named ``desc``."""
+        reference); more than one batch of them under a progress bar named ``desc``. ``partial``:
+        each batch's answers are stored there as it finishes, and the batches it already holds are
+        not made again (the same batches, so the same answers, as one uninterrupted call)."""
         from tqdm.auto import tqdm
 
         from hpse_easyedit import generate_answers
@@ -97,25 +102,45 @@ class Editing:
 
         questions = [self.task.questions(c) for c in cases]
         flat_questions = [q for qs in questions for q in qs]
+        system = answer_system(model, results, self.hp)
+        size = self.batch_size
+        batches = [flat_questions[s : s + size] for s in range(0, len(flat_questions), size)]
+        prints = [_fingerprint(system, b) for b in batches]
+        made = partial.done(prints) if partial is not None else []
+        if made:
+            log.info(
+                "%s: %d of %d batches were answered before the stop", desc, len(made), len(batches)
+            )
+        made_flat = [a for batch in made for a in batch]
+        stored = len(made)
+
+        def store(answers: list[str]) -> None:
+            nonlocal stored
+            partial.add(stored, prints[stored], answers)
+            stored += 1
+
         with tqdm(
             total=len(flat_questions),
+            initial=len(made_flat),
             desc=desc,
             unit="answer",
             leave=False,
             dynamic_ncols=True,
-            disable=not self.show_progress or len(flat_questions) <= self.batch_size,
+            disable=not self.show_progress or len(flat_questions) <= size,
         ) as bar:
-            flat = generate_answers(
+            # the rest starts at a batch boundary: the same batches as one uninterrupted call
+            flat = made_flat + generate_answers(
                 model,
                 self.tok,
-                flat_questions,
+                flat_questions[len(made_flat) :],
                 max_new_tokens=self.max_new_tokens,
-                batch_size=self.batch_size,
-                system=answer_system(model, results, self.hp),
+                batch_size=size,
+                system=system,
                 template_kwargs=getattr(self.hp, "chat_template_kwargs", None),
                 static_decode=getattr(self.hp, "static_decode", False),
                 stop_every=getattr(self.hp, "decode_stop_every", 8),
                 progress=bar.update,
+                on_batch=store if partial is not None else None,
             )
         out, pos = [], 0
         for qs in questions:
@@ -226,11 +251,13 @@ class SequentialLoop(CaseLoop):
                 if snapshots and len(block) > 1:
                     self.sequence.save_state(model, b, j + 1, weights0)
                 self.checkpoint(b, block, j + 1, model, results)
+            partial = self.sequence.partial(b, len(block))
             answers = e.answers(
                 model,
                 [self.cases[i] for i in block],
                 results,
                 desc=f"block {b}: answers after {len(block)} edits",
+                partial=partial,
             )
             mmlu_after = self.probe.measure(model, e.tok) if self.probe.due(b) else None
             e.restore(model, weights0)
@@ -254,7 +281,8 @@ class SequentialLoop(CaseLoop):
         and those edits' records: loaded from the snapshot, or the edits replayed (each checked
         against its record; from the first that differs on, the block is redone)."""
         e, edits, results = self.editing, self.sequence.recorded(b), []
-        if not edits:
+        if not edits:  # answers an earlier try at this block left belong to other edits
+            self.sequence.answers.drop(lambda r: r["block"] != b)
             return e.model, None, [], []
         model, weights0, done = e.model, None, 0
         state = self.sequence.load_state(b) if e.method.resume is not None else None
@@ -333,11 +361,13 @@ class SequentialLoop(CaseLoop):
             str(r["case_id"]): r["failed"] for r in self.sequence.recorded(b) if "failed" in r
         }
         t0 = time.time()
+        partial = self.sequence.partial(b, edits)
         answers = self.editing.answers(
             model,
             [self.cases[i] for i in done],
             results,
             desc=f"block {b}: checkpoint after {edits} edits",
+            partial=partial,
         )
         mmlu_after = self.probe.measure(model, self.editing.tok) if self.probe.enabled else None
         records = [_checkpoint_record(self.cases[i], i, b, edits) for i in done]
@@ -347,10 +377,17 @@ class SequentialLoop(CaseLoop):
             else:
                 self._scored(rec, self.cases[i], a, mmlu_after)
         write_kept(self.sequence.checkpoints, records)
+        partial.clear()
         self.scorer.stop_if_refused()
         log.info(
             "block %d: checkpoint after %d edits evaluated in %.0f s", b, edits, time.time() - t0
         )
+
+
+def _fingerprint(system: str | None, questions: Sequence[str]) -> str:
+    """What one batch's answers depend on besides the model: its questions and system prompt."""
+    text = json.dumps([system, list(questions)], ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
 def _checkpoint_record(case: Mapping[str, Any], i: int, b: int, edits: int) -> dict[str, Any]:

@@ -13,6 +13,11 @@ what it had edited:
   = edits made).
 - ``sequence-state/``: the tensors the sequence has changed so far (and their values before its
   first edit), rewritten after each edit. Weights: never commit this folder.
+- ``sequence-answers.jsonl``: the answers of an evaluation in progress (after the block's last edit
+  or at a checkpoint), one line per batch of questions as it finishes; an evaluation stopped
+  part-way goes on from the first batch it lacks (each line carries a fingerprint of its questions
+  and system prompt, so a line that does not match is redone). Its lines go when the evaluation's
+  records are written.
 
 A rerun into the same directory resumes the block after its last recorded edit: from the snapshot
 when the method can load one (``MethodSpec.resume``: HPSE, its plain executors and COIN*), otherwise
@@ -28,7 +33,7 @@ import json
 import logging
 import shutil
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -37,7 +42,9 @@ from hpse_easyedit.atomic import replacing
 from .store import ResultFile, read_results, result_files, results_name
 
 __all__ = [
+    "ANSWERS",
     "CHECKPOINTS",
+    "PartialAnswers",
     "SEQUENCE",
     "STATE_DIR",
     "SequenceLog",
@@ -52,6 +59,7 @@ log = logging.getLogger(__name__)
 
 SEQUENCE = "sequence"
 CHECKPOINTS = "checkpoints"
+ANSWERS = "sequence-answers"
 STATE_DIR = "sequence-state"
 
 
@@ -108,6 +116,55 @@ def same_edit(recorded: Mapping[str, Any], replayed: Mapping[str, Any]) -> bool:
     return strip(_plain(dict(recorded))) == strip(_plain(dict(replayed)))
 
 
+def _answers_key(record: Mapping[str, Any]) -> str:
+    """A line of ``sequence-answers.jsonl`` is one batch of one evaluation."""
+    return f"{record['block']}:{record['edits']}:{record['batch']}"
+
+
+class PartialAnswers:
+    """The answers one evaluation of a block (after ``edits`` edits) has made so far, a line per
+    batch of questions, so that an evaluation stopped part-way goes on from the first batch it
+    lacks."""
+
+    def __init__(self, file: ResultFile, block: int, edits: int) -> None:
+        self.file, self.block, self.edits = file, block, edits
+
+    def done(self, fingerprints: Sequence[str]) -> list[list[str]]:
+        """The answers of the leading batches already made (``fingerprints``: one per batch of the
+        evaluation, in order); the lines from the first missing or different batch on are
+        dropped."""
+        out: list[list[str]] = []
+        for k, fp in enumerate(fingerprints):
+            rec = self.file.records.get(f"{self.block}:{self.edits}:{k}")
+            if rec is None or rec["fingerprint"] != fp:
+                break
+            out.append(list(rec["answers"]))
+        kept = len(out)
+        self.file.drop(
+            lambda r: (
+                not (r["block"] == self.block and r["edits"] == self.edits) or r["batch"] < kept
+            )
+        )
+        return out
+
+    def add(self, batch: int, fingerprint: str, answers: Sequence[str]) -> None:
+        self.file.append(
+            [
+                {
+                    "block": self.block,
+                    "edits": self.edits,
+                    "batch": batch,
+                    "fingerprint": fingerprint,
+                    "answers": list(answers),
+                }
+            ]
+        )
+
+    def clear(self) -> None:
+        """The evaluation's records are written: its lines go."""
+        self.file.drop(lambda r: not (r["block"] == self.block and r["edits"] == self.edits))
+
+
 class SequenceLog:
     """The block in progress of one process: its edits' lines, its checkpoint records and its
     snapshot."""
@@ -117,6 +174,7 @@ class SequenceLog:
         self.checkpoints = ResultFile(
             out_dir / results_name(rank, world, CHECKPOINTS), checkpoint_key
         )
+        self.answers = ResultFile(out_dir / results_name(rank, world, ANSWERS), _answers_key)
         self.state_dir = out_dir / STATE_DIR
         self.state = self.state_dir / results_name(rank, world, "state").replace(".jsonl", ".pt")
 
@@ -132,8 +190,13 @@ class SequenceLog:
         self.edits.append([record])
 
     def forget(self, keep: Callable[[dict], bool]) -> None:
-        """Drop the recorded edits for which ``keep`` is false."""
+        """Drop the recorded edits (and evaluations' answers) for which ``keep`` is false."""
         self.edits.drop(keep)
+        self.answers.drop(keep)
+
+    def partial(self, block: int, edits: int) -> PartialAnswers:
+        """The answers made so far by the evaluation of ``block`` after ``edits`` edits."""
+        return PartialAnswers(self.answers, block, edits)
 
     def forget_from(self, block: int, position: int) -> None:
         """Drop ``block``'s recorded edits from ``position`` on and its checkpoints after
@@ -142,10 +205,13 @@ class SequenceLog:
         self.checkpoints.drop(
             lambda r: not (r.get("block") == block and r["checkpoint"] > position)
         )
+        self.answers.drop(lambda r: not (r["block"] == block and r["edits"] > position))
 
     def finish(self, block: int) -> None:
-        """The block's records are in the results file: its edit lines and its snapshot go."""
+        """The block's records are in the results file: its edit lines, its evaluation's answers
+        and its snapshot go."""
         self.edits.drop(lambda r: r.get("block") != block)
+        self.answers.drop(lambda r: r["block"] != block)
         if self.state.is_file():
             self.state.unlink()
 

@@ -30,6 +30,7 @@ def generate_answers(
     static_decode: bool | str = False,
     stop_every: int = 8,
     progress: Callable[[int], Any] | None = None,
+    on_batch: Callable[[list[str]], Any] | None = None,
 ) -> list[str]:
     """Answer each question greedily as a one-turn chat; returns the decoded new text, special
     tokens dropped.
@@ -41,7 +42,8 @@ def generate_answers(
     ``"auto"``: that on CUDA, ``model.generate`` elsewhere): the same tokens, unless the model's
     generation config asks for a logits processor (e.g. a repetition penalty), in which case
     ``generate`` is used. ``progress``: called
-    with the number of questions answered after each batch (a progress bar's ``update``).
+    with the number of questions answered after each batch (a progress bar's ``update``);
+    ``on_batch``: called with each batch's answers as it finishes (to store them).
     """
     if not questions:
         return []
@@ -93,8 +95,10 @@ def generate_answers(
                     top_k=None,
                 )
                 new = out[:, ids.shape[1] :]
-            for row in new:
-                answers.append(tok.decode(row, skip_special_tokens=True).strip())
+            batch = [tok.decode(row, skip_special_tokens=True).strip() for row in new]
+            answers += batch
+            if on_batch is not None:
+                on_batch(batch)
             if progress is not None:
                 progress(len(chunk))
     finally:

@@ -162,6 +162,72 @@ def test_a_replayed_edit_that_differs_redoes_the_block_from_there(
     assert _untimed(out / "checkpoints.jsonl") == _untimed(ref_out / "checkpoints.jsonl")
 
 
+def _stop_in_evaluation(monkeypatch, out, edits_made, batches):
+    """The run stops (as a Ctrl-C would) in the evaluation that starts once ``edits_made`` edits are
+    recorded, right after its batch number ``batches`` of answers is stored."""
+    import hpse_easyedit
+
+    real = hpse_easyedit.generate_answers
+
+    def generate(*args, on_batch=None, **kw):
+        if len(_text(out / "sequence.jsonl").splitlines()) != edits_made:
+            return real(*args, on_batch=on_batch, **kw)
+        stored = []
+
+        def store(answers):
+            on_batch(answers)
+            stored.append(answers)
+            if len(stored) == batches:
+                raise KeyboardInterrupt
+
+        return real(*args, on_batch=store, **kw)
+
+    monkeypatch.setattr(hpse_easyedit, "generate_answers", generate)
+
+
+def _questions_asked(monkeypatch, out):
+    """How many questions the run asks, by the edits recorded when it asks them."""
+    import hpse_easyedit
+
+    real, asked = hpse_easyedit.generate_answers, {}
+
+    def generate(*args, **kw):
+        made = len(_text(out / "sequence.jsonl").splitlines())
+        asked[made] = asked.get(made, 0) + len(args[2])
+        return real(*args, **kw)
+
+    monkeypatch.setattr(hpse_easyedit, "generate_answers", generate)
+    return asked
+
+
+@pytest.mark.parametrize("edits_made", [3, 4], ids=["at-a-checkpoint", "after-the-last-edit"])
+def test_an_evaluation_stopped_part_way_goes_on_from_its_next_batch(
+    tiny, tmp_path, monkeypatch, reference, edits_made, caplog
+):
+    """A stop in the middle of a sequence's evaluation keeps the batches of answers made so far: the
+    rerun makes only the others and ends with the uninterrupted run's records."""
+    ref_out, ref_summary = reference
+    out, full = tmp_path / "run", tmp_path / "full"
+    _stop_in_evaluation(monkeypatch, out, edits_made, 2)
+    with pytest.raises(KeyboardInterrupt):
+        run_benchmark(_opts(tiny, out, batch_size=2))
+    assert len(_text(out / "sequence-answers.jsonl").splitlines()) == 2
+    monkeypatch.undo()
+    isolate_judge_env(monkeypatch, tmp_path)
+    resumed = _questions_asked(monkeypatch, out)
+    with caplog.at_level(logging.INFO, logger="benchmarks.case_loop"):
+        summary = run_benchmark(_opts(tiny, out, batch_size=2))
+    assert "2 of " in caplog.text and "batches were answered before the stop" in caplog.text
+    uninterrupted = _questions_asked(monkeypatch, full)
+    run_benchmark(_opts(tiny, full, batch_size=2))
+    # the two kept batches (two questions each) were not asked again
+    assert resumed[edits_made] == uninterrupted[edits_made] - 4
+    assert _untimed(out / "results.jsonl") == _untimed(full / "results.jsonl")
+    assert _untimed(out / "checkpoints.jsonl") == _untimed(full / "checkpoints.jsonl")
+    assert summary["checkpoints"] == ref_summary["checkpoints"]
+    assert not _text(out / "sequence-answers.jsonl") and not _text(out / "sequence.jsonl")
+
+
 def test_ftm_sequence_resumes_from_its_snapshot(tiny, tmp_path, monkeypatch):
     ref = run_benchmark(
         _opts(tiny, tmp_path / "ref", "ftm.yaml", limit=3, sequential=3, checkpoints=[2])
