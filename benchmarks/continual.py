@@ -70,19 +70,17 @@ def run_row(task, label: str, T: int, recs: Mapping[str, Mapping], ids: Sequence
     sequence."""
     records = [recs[c] for c in ids]
     summary = task.summarize(records)
-    blocks: dict[int, list[float]] = {}
-    for i, rec in enumerate(records):
-        blocks.setdefault(i // T, []).append(_case_avg(task, rec))
+    per_sequence = _per_sequence_metrics(task, records, T)
     return {
         "label": label,
         "benchmark": task.name,
         "T": T,
-        "sequences": len(blocks),
+        "sequences": len(per_sequence["Avg"]),
         "cases": len(ids),
         **{m: summary[m] for m in task.metrics},
         "Avg": summary["Avg"],
-        "per_sequence": [sum(v) / len(v) for _, v in sorted(blocks.items())],
-        "per_sequence_metrics": _per_sequence_metrics(task, records, T),
+        "per_sequence": per_sequence["Avg"],
+        "per_sequence_metrics": per_sequence,
     }
 
 
