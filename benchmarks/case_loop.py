@@ -104,12 +104,14 @@ class Editing:
         flat_questions = [q for qs in questions for q in qs]
         system = answer_system(model, results, self.hp)
         size = self.batch_size
-        batches = [flat_questions[s : s + size] for s in range(0, len(flat_questions), size)]
-        prints = [_fingerprint(system, b) for b in batches]
-        made = partial.done(prints) if partial is not None else []
+        prints, made = [], []  # without ``partial`` (single editing) nothing is kept
+        if partial is not None:
+            batches = range(0, len(flat_questions), size)
+            prints = [_fingerprint(system, flat_questions[s : s + size]) for s in batches]
+            made = partial.done(prints)
         if made:
             log.info(
-                "%s: %d of %d batches were answered before the stop", desc, len(made), len(batches)
+                "%s: %d of %d batches were answered before the stop", desc, len(made), len(prints)
             )
         made_flat = [a for batch in made for a in batch]
         stored = len(made)

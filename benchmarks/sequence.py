@@ -135,7 +135,9 @@ class PartialAnswers:
         dropped."""
         out: list[list[str]] = []
         for k, fp in enumerate(fingerprints):
-            rec = self.file.records.get(f"{self.block}:{self.edits}:{k}")
+            rec = self.file.records.get(
+                _answers_key({"block": self.block, "edits": self.edits, "batch": k})
+            )
             if rec is None or rec["fingerprint"] != fp:
                 break
             out.append(list(rec["answers"]))
