@@ -283,8 +283,8 @@ class SequentialLoop(CaseLoop):
         and those edits' records: loaded from the snapshot, or the edits replayed (each checked
         against its record; from the first that differs on, the block is redone)."""
         e, edits, results = self.editing, self.sequence.recorded(b), []
-        if not edits:  # answers an earlier try at this block left belong to other edits
-            self.sequence.answers.drop(lambda r: r["block"] != b)
+        if not edits:  # checkpoints and answers an earlier try left belong to other edits
+            self.sequence.forget_from(b, 0)
             return e.model, None, [], []
         model, weights0, done = e.model, None, 0
         state = self.sequence.load_state(b) if e.method.resume is not None else None

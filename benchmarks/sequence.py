@@ -201,8 +201,8 @@ class SequenceLog:
         return PartialAnswers(self.answers, block, edits)
 
     def forget_from(self, block: int, position: int) -> None:
-        """Drop ``block``'s recorded edits from ``position`` on and its checkpoints after
-        ``position`` edits."""
+        """Drop ``block``'s recorded edits from ``position`` on, and its checkpoints and
+        evaluations' answers after ``position`` edits (``position`` 0: the block starts over)."""
         self.edits.drop(lambda r: not (r.get("block") == block and r["position"] >= position))
         self.checkpoints.drop(
             lambda r: not (r.get("block") == block and r["checkpoint"] > position)

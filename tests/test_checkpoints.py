@@ -162,6 +162,28 @@ def test_a_replayed_edit_that_differs_redoes_the_block_from_there(
     assert _untimed(out / "checkpoints.jsonl") == _untimed(ref_out / "checkpoints.jsonl")
 
 
+def test_a_block_without_recorded_edits_starts_over_and_redoes_its_checkpoints(
+    tiny, tmp_path, monkeypatch, reference
+):
+    ref_out, _ = reference
+    out = tmp_path / "run"
+    _stop_after(monkeypatch, 2)  # the checkpoint after 1 edit is evaluated
+    with pytest.raises(KeyboardInterrupt):
+        run_benchmark(_opts(tiny, out))
+    monkeypatch.undo()
+    isolate_judge_env(monkeypatch, tmp_path)
+    # the edit lines lost, the checkpoint's record left: it belongs to edits no longer known
+    (out / "sequence.jsonl").write_text("")
+    for p in (out / STATE_DIR).iterdir():
+        p.unlink()
+    lines = [json.loads(x) for x in (out / "checkpoints.jsonl").read_text().splitlines()]
+    assert [r["checkpoint"] for r in lines] == [1]
+    lines[0]["stale"] = True  # a record no edit of this run made
+    (out / "checkpoints.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    run_benchmark(_opts(tiny, out))
+    assert _untimed(out / "checkpoints.jsonl") == _untimed(ref_out / "checkpoints.jsonl")
+
+
 def _stop_in_evaluation(monkeypatch, out, edits_made, batches):
     """The run stops (as a Ctrl-C would) in the evaluation that starts once ``edits_made`` edits are
     recorded, right after its batch number ``batches`` of answers is stored."""
