@@ -21,7 +21,11 @@ The roofline of a decode step on an H100 (``H100``): the bytes it must read (eve
 multiplies by, the adapters in the model's dtype, and the KV cache at the rollout's mean context)
 over the memory bandwidth, against its FLOPs (``torch.utils.flop_counter.FlopCounterMode`` over one
 step at the backbone's full depth on the meta device) over the bf16 dense peak; the larger is the
-floor."""
+floor.
+
+``--profile`` (with ``--device``): where a rollout token's and an inner step's time goes on the
+device (``kernel_profile``: ``torch.profiler``'s kernels, their summed and overlapping time, the
+device's idle time, by kernel family)."""
 
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -383,6 +387,7 @@ def gpu_figures(
     layers: int | None = None,
     vocab: int | None = None,
     repeats: int = 3,
+    profile: bool = False,
 ) -> dict:
     """What only a GPU measures, on a random-weight model of ``hparams``' backbone (its published
     config, built straight on ``device`` in the file's dtype; ``layers``/``vocab`` cut it for a dry
@@ -390,7 +395,8 @@ def gpu_figures(
     static one and the compiled static one (CUDA graphs on CUDA; the best of ``repeats`` after a
     first run that compiles), the seconds of one single-request edit with the file's rounds and
     inner steps (the edit's own loop, ``training.train_edit``, on the compiled static decode), and
-    the peak reserved memory plus the CUDA context."""
+    the peak reserved memory plus the CUDA context; with ``profile``, where the time of a rollout
+    token and of an inner step goes (``kernel_profile``)."""
     from transformers import AutoModelForCausalLM
 
     from hpse_easyedit.editor import HPSEObjective
@@ -434,6 +440,7 @@ def gpu_figures(
     sync(target)
     edit_seconds = time.perf_counter() - t0
     print(f"edit ({hp.static_decode=}): {edit_seconds:.1f} s", file=sys.stderr, flush=True)
+    profiles = _profiles(executor.model, hp, prompts, student, teacher) if profile else None
     out = {
         "device": str(target),
         "layers": config.num_hidden_layers,
@@ -446,6 +453,7 @@ def gpu_figures(
         "edit_static_decode": hp.static_decode,
         "rounds": hp.rounds,
         "inner_steps": hp.inner_steps,
+        **({"profile": profiles} if profiles is not None else {}),
     }
     if target.type == "cuda":
         free, total = torch.cuda.mem_get_info(target)
@@ -455,36 +463,170 @@ def gpu_figures(
     return out
 
 
+def _profiles(model: Any, hp: Any, prompts: list, student: list, teacher: list) -> dict:
+    """``kernel_profile`` of one rollout on the edit's decode and of two inner steps on a rollout,
+    each after one that warms up, with a fresh executor around ``model``."""
+    from hpse_easyedit.editor import HPSEObjective
+    from hpse_easyedit.executors import make_executor
+    from hpse_easyedit.training import inner_step
+
+    device = next(model.parameters()).device
+    executor = make_executor(model, hp)
+
+    def rollout() -> int:
+        return len(_rollout(executor, hp, student, teacher, hp.static_decode))
+
+    rollout()  # (re)compiles where the new executor's guards ask for it
+    out = {"decode": hp.static_decode, "rollout_token": kernel_profile(rollout, device)}
+    objective = HPSEObjective(executor, prompts, hp, stop_ids=[], pad_id=0)
+    optimizer = executor.optimizer()
+    executor.model.eval()
+    objective.start_round(executor.model)
+    executor.model.train(hp.lora_dropout > 0)
+    inner_step(objective, executor.model, optimizer)
+
+    def steps() -> int:
+        for _ in range(2):
+            inner_step(objective, executor.model, optimizer)
+        return 2
+
+    out["inner_step"] = kernel_profile(steps, device)
+    executor.model.eval()
+    executor.finish()
+    for name, figures in out.items():
+        if name != "decode":
+            print(
+                f"profile {name}: {figures['wall_ms']:.2f} ms wall, {figures['busy_ms']:.2f} ms "
+                f"busy, {figures['kernels']:.0f} kernels",
+                file=sys.stderr,
+                flush=True,
+            )
+    return out
+
+
 def _rollout_tok_s(
     executor: Any, hp: Any, student: list, teacher: list, mode: Any, repeats: int
 ) -> float:
     """Rollout tokens per second of one request decoded with ``static_decode=mode``: the best of
     ``repeats`` timed runs after one that warms up (and compiles)."""
-    from hpse_easyedit.rollout import batched_hybrid_rollout
-
     device = next(executor.model.parameters()).device
     best = float("inf")
     for run in range(repeats + 1):
         sync(device)
         t0 = time.perf_counter()
-        ro = batched_hybrid_rollout(
-            executor.model,
-            executor.row_switch,
-            student,
-            teacher,
-            tau=hp.tau,
-            kappa=hp.kappa,
-            top_k=hp.top_k,
-            max_new_tokens=ROLLOUT,
-            stop_ids=[],
-            pad_id=0,
-            static_decode=mode,
-            stop_every=hp.decode_stop_every,
-        )
+        ro = _rollout(executor, hp, student, teacher, mode)
         sync(device)
         if run:
             best = min(best, time.perf_counter() - t0)
     return len(ro) / best
+
+
+def _rollout(executor: Any, hp: Any, student: list, teacher: list, mode: Any) -> Any:
+    """One request's ``ROLLOUT``-token hybrid rollout, decoded with ``static_decode=mode``."""
+    from hpse_easyedit.rollout import batched_hybrid_rollout
+
+    return batched_hybrid_rollout(
+        executor.model,
+        executor.row_switch,
+        student,
+        teacher,
+        tau=hp.tau,
+        kappa=hp.kappa,
+        top_k=hp.top_k,
+        max_new_tokens=ROLLOUT,
+        stop_ids=[],
+        pad_id=0,
+        static_decode=mode,
+        stop_every=hp.decode_stop_every,
+    )
+
+
+#: kernel families of a profile, by the first pattern a kernel's name matches (CUDA kernel names, or
+#: aten op names on CPU)
+KERNEL_FAMILIES = tuple(
+    (family, re.compile(pattern, re.I))
+    for family, pattern in (
+        ("matmul", r"gemm|gemv|cutlass|xmma|nvjet|cublas|aten::(mm|bmm|addmm|matmul|linear)\b"),
+        ("attention", r"flash|fmha|attention|sdpa"),
+        ("fused (triton)", r"^triton"),
+        ("reduction, softmax, norm", r"reduce|softmax|norm|sum|mean|max"),
+        ("copy, index, fill", r"copy|memcpy|memset|cat|index|gather|scatter|fill|where"),
+    )
+)
+
+
+def _family(name: str) -> str:
+    return next((family for family, rx in KERNEL_FAMILIES if rx.search(name)), "elementwise, other")
+
+
+def kernel_profile(run: Callable[[], int], device: torch.device, top: int = 12) -> dict:
+    """Where the time of ``run()`` goes, per unit (``run`` returns how many it made: decoded
+    tokens, inner steps), from ``torch.profiler``: on CUDA its kernels (those a CUDA graph replays
+    too) and their durations; on CPU (a dry run) its aten ops but views, each with its self time.
+    ``wall_ms`` is measured under the profiler (its host overhead included); ``busy_ms`` is the
+    union of the kernels' intervals (on CPU the sum of self times), so ``wall_ms - busy_ms`` is the
+    time the device waits (launches, host work, syncs); ``kernel_ms`` is their summed durations."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    sync(device)
+    with profile(activities=activities) as prof:
+        t0 = time.perf_counter()
+        units = run()
+        sync(device)
+        wall = time.perf_counter() - t0
+    by_name: dict[str, list[float]] = collections.defaultdict(list)  # microseconds
+    if cuda:
+        kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+        busy, end = 0.0, float("-inf")
+        for a, b in sorted((e.time_range.start, e.time_range.end) for e in kernels):
+            if b > end:  # the union of the intervals
+                busy += b - max(a, end)
+                end = b
+        for e in kernels:
+            by_name[e.name].append(e.time_range.elapsed_us())
+    else:
+        for e in prof.events():
+            if e.device_type == DeviceType.CPU and _runs_a_kernel(e.name):
+                by_name[e.name].append(e.self_cpu_time_total)
+        busy = sum(map(sum, by_name.values()))
+    families: dict[str, dict[str, float]] = {}
+    for name, times in by_name.items():
+        f = families.setdefault(_family(name), {"kernels": 0.0, "ms": 0.0})
+        f["kernels"] += len(times) / units
+        f["ms"] += sum(times) / 1e3 / units
+    ranked = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:top]
+    return {
+        "units": units,
+        "wall_ms": 1e3 * wall / units,
+        "kernels": sum(map(len, by_name.values())) / units,
+        "kernel_ms": sum(map(sum, by_name.values())) / 1e3 / units,
+        "busy_ms": busy / 1e3 / units,
+        "families": dict(sorted(families.items(), key=lambda kv: -kv[1]["ms"])),
+        "top": [
+            {
+                "name": name[:160],
+                "calls": len(times) / units,
+                "mean_us": sum(times) / len(times),
+                "ms": sum(times) / 1e3 / units,
+            }
+            for name, times in ranked
+        ],
+    }
+
+
+def _runs_a_kernel(name: str) -> bool:
+    """Is the profiled CPU event ``name`` an aten op other than a view (``OpCounter``'s rule)?"""
+    if not name.startswith("aten::"):
+        return False
+    packet = getattr(torch.ops.aten, name.removeprefix("aten::"), None)
+    try:
+        func = getattr(packet, packet.overloads()[0])
+    except (AttributeError, IndexError, RuntimeError):
+        return True
+    return not _is_view(func) and func not in KERNEL_FREE
 
 
 def _cpu_figures(path: Path, compiled: bool) -> dict:
@@ -532,6 +674,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="hparams overrides"
     )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="with --device: also profile a rollout token and an inner step (kernels, their time, "
+        "the device's idle time; torch.profiler)",
+    )
     parser.add_argument("--out", help="write the JSON here (default: stdout)")
     args = parser.parse_args(argv)
     from hpse_easyedit import HPSEHyperParams
@@ -549,7 +697,13 @@ def main(argv: list[str] | None = None) -> int:
         else:
             hp = HPSEHyperParams.from_hparams(path).with_overrides(list(args.set))
             report[path.stem] = {
-                **gpu_figures(hp, device=args.device, layers=args.layers, vocab=args.vocab),
+                **gpu_figures(
+                    hp,
+                    device=args.device,
+                    layers=args.layers,
+                    vocab=args.vocab,
+                    profile=args.profile,
+                ),
                 "roofline": roofline(hp),
             }
     text = json.dumps(report, indent=1)

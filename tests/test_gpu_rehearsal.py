@@ -170,9 +170,10 @@ def test_roofline_reads_every_multiplied_weight_once_per_step():
 
 
 def test_the_gpu_script_runs_on_cpu(tmp_path, monkeypatch):
-    """``python -m benchmarks.gpu_path --device ...`` end to end on a 1-layer SmolLM2 architecture
-    on the CPU (its compiled decode traced by dynamo's eager backend here): the figures a lent GPU
-    fills in."""
+    """``python -m benchmarks.gpu_path --device ... --profile`` end to end on a 1-layer SmolLM2
+    architecture on the CPU (its compiled decode traced by dynamo's eager backend here): the figures
+    a lent GPU fills in, and the profile of a rollout token and an inner step (leaf aten ops here,
+    kernels on a GPU)."""
     import json
 
     import hpse_easyedit.rollout as rollout_module
@@ -199,6 +200,7 @@ def test_the_gpu_script_runs_on_cpu(tmp_path, monkeypatch):
                 "rounds=1",
                 "--set",
                 "inner_steps=1",
+                "--profile",
                 "--out",
                 str(out),
             ]
@@ -210,3 +212,13 @@ def test_the_gpu_script_runs_on_cpu(tmp_path, monkeypatch):
     assert figures["gpu_rollout_tok_s"] > 0 and figures["gpu_edit_seconds"] > 0
     assert set(figures["rollout_tok_s"]) == {"dynamic", "static", "compiled"}
     assert figures["roofline"]["gpu_bandwidth_floor_tok_s"] > 0
+    profile = figures["profile"]
+    assert profile["rollout_token"]["units"] == 4 and profile["inner_step"]["units"] == 2
+    for part in ("rollout_token", "inner_step"):
+        p = profile[part]
+        assert 0 < p["busy_ms"] <= p["kernel_ms"] + 1e-9 and p["busy_ms"] <= p["wall_ms"]
+        assert sum(f["kernels"] for f in p["families"].values()) == pytest.approx(p["kernels"])
+        assert p["families"]["matmul"]["kernels"] > 0 and p["top"][0]["ms"] > 0
+    # an inner step (forward and backward of the KL and NLL rows, then Adam) runs more ops than a
+    # decoded token
+    assert profile["inner_step"]["kernels"] > profile["rollout_token"]["kernels"]
