@@ -71,6 +71,11 @@ def _is_view(func: Any) -> bool:
     return any(r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns)
 
 
+def _kernel_op(func: Any) -> bool:
+    """Does the aten op ``func`` run a kernel: not a view and not ``KERNEL_FREE``?"""
+    return not _is_view(func) and func not in KERNEL_FREE
+
+
 class OpCounter(TorchDispatchMode):
     """Counts aten ops that run a kernel (views and ``KERNEL_FREE`` excluded), by op, and host
     reads; on the meta device a host read returns 0 (``nonzero``: nothing found)."""
@@ -83,7 +88,7 @@ class OpCounter(TorchDispatchMode):
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
     ) -> Any:
-        if not _is_view(func) and func not in KERNEL_FREE:
+        if _kernel_op(func):
             self.ops += 1
             self.by_op[func.overloadpacket.__name__] += 1
         to_host = func is torch.ops.aten._to_copy.default and (kwargs or {}).get(
@@ -618,7 +623,7 @@ def kernel_profile(run: Callable[[], int], device: torch.device, top: int = 12) 
 
 
 def _runs_a_kernel(name: str) -> bool:
-    """Is the profiled CPU event ``name`` an aten op other than a view (``OpCounter``'s rule)?"""
+    """Is the profiled CPU event ``name`` an aten op that runs a kernel (``_kernel_op``)?"""
     if not name.startswith("aten::"):
         return False
     packet = getattr(torch.ops.aten, name.removeprefix("aten::"), None)
@@ -626,7 +631,7 @@ def _runs_a_kernel(name: str) -> bool:
         func = getattr(packet, packet.overloads()[0])
     except (AttributeError, IndexError, RuntimeError):
         return True
-    return not _is_view(func) and func not in KERNEL_FREE
+    return _kernel_op(func)
 
 
 def _cpu_figures(path: Path, compiled: bool) -> dict:
