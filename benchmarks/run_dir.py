@@ -201,7 +201,8 @@ class RunDirectory:
 
 def environment_record(case_ids: Sequence[str], ctx: ProcessContext) -> dict:
     """What produced the cases one invocation edits: package versions, the EasyEdit checkout, the
-    machine.
+    machine and torch's intra-op thread count (a different count can change sums in their last
+    digits, so a resume under another ``OMP_NUM_THREADS`` is visible here).
 
     A run that resumes in another environment (a newer transformers, another EasyEdit commit) keeps
     one such line per invocation in ``environments.jsonl``, so every record can be traced to the
@@ -211,6 +212,8 @@ def environment_record(case_ids: Sequence[str], ctx: ProcessContext) -> dict:
     import subprocess
     from datetime import datetime, timezone
     from importlib import metadata
+
+    import torch
 
     versions = {}
     for name in _RECORDED_PACKAGES:
@@ -244,6 +247,7 @@ def environment_record(case_ids: Sequence[str], ctx: ProcessContext) -> dict:
         "easyedit": easyedit,
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
     }
 
 

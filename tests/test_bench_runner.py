@@ -256,20 +256,27 @@ def test_each_invocation_that_edits_records_its_environment(tiny, tmp_path, monk
         for c in json.loads((DATA_DIR / "akew" / "MQuAKE-CF.json").read_text())[:3]
     ]
     out = tmp_path / "mq"
-    for limit in (2, 3, 3):  # the third run has nothing to do and records nothing
-        run_benchmark(
-            _opts(
-                tiny,
-                tmp_path,
-                "mquake-uns",
-                hparams=str(tiny / "spy.yaml"),
-                out_dir=str(out),
-                limit=limit,
+    threads = torch.get_num_threads()
+    try:
+        # the third run has nothing to do and records nothing
+        for limit, n_threads in ((2, 1), (3, 2), (3, 2)):
+            torch.set_num_threads(n_threads)  # the second resumes under another thread count
+            run_benchmark(
+                _opts(
+                    tiny,
+                    tmp_path,
+                    "mquake-uns",
+                    hparams=str(tiny / "spy.yaml"),
+                    out_dir=str(out),
+                    limit=limit,
+                )
             )
-        )
+    finally:
+        torch.set_num_threads(threads)
     lines = [json.loads(line) for line in (out / "environments.jsonl").read_text().splitlines()]
     assert [line["cases"] for line in lines] == [ids[:2], ids[2:]]
     assert all(line["transformers"] == transformers.__version__ and line["torch"] for line in lines)
+    assert [line["torch_threads"] for line in lines] == [1, 2]
     assert lines[0]["easyedit"] == {"src": str(tmp_path / "not-a-checkout"), "commit": None}
     assert (lines[0]["rank"], lines[0]["world"]) == (0, 1)
     assert "environments" not in json.dumps(
