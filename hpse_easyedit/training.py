@@ -23,13 +23,14 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Protocol, Sequence
+from typing import Any, Iterator, Mapping, Protocol, Sequence
 
 import torch
 
 from .executors import Executor
 
 __all__ = [
+    "MAX_TRAINED_ABS",
     "EditDivergedError",
     "EditResult",
     "Objective",
@@ -37,11 +38,20 @@ __all__ = [
     "describe_loss",
     "inner_step",
     "train_edit",
+    "trained_tensors_problem",
 ]
 
 logger = logging.getLogger(__name__)
 
 Terms = dict  # name -> (weight, scalar loss tensor)
+
+#: The largest |value| an edit may leave in a trained tensor (a LoRA adapter matrix or the FT-M
+#: matrix). Trained language-model weights sit far below it (the largest of SmolLM2-135M's linear
+#: weights is 9.25; LoRA's B starts at zero and moves by about lr per step), and a float16 forward
+#: overflows (65504) as soon as such a weight meets an activation of a few units. An Adam step at an
+#: lr that blows the edit up moves every entry by about lr, so a diverged edit lands orders of
+#: magnitude past it (1e9, 1e30), while no converging edit comes near.
+MAX_TRAINED_ABS = 1e4
 
 
 @dataclass
@@ -84,6 +94,49 @@ def _diverged(total: float, start: float | None, growth: float) -> bool:
     return not math.isfinite(total) or (start is not None and start > 0 and total > growth * start)
 
 
+def trained_tensors_problem(
+    tensors: Mapping[str, torch.Tensor] | Sequence[torch.Tensor],
+    *,
+    final_loss: float | None = None,
+    round_start_loss: float | None = None,
+    max_loss_growth: float | None = None,
+    max_abs: float = MAX_TRAINED_ABS,
+) -> str | None:
+    """Why an edit that trained ``tensors`` (name -> tensor, or a list) diverged where no loss an
+    inner step saw shows it, or None.
+
+    The losses ``train_edit`` checks are each measured before that step's update, so the last
+    update of an edit is never judged by them. Afterwards: every trained tensor must be finite and
+    within ``max_abs`` (``MAX_TRAINED_ABS``), and ``final_loss`` (the loss after the last update,
+    when given) finite and, with ``round_start_loss`` and ``max_loss_growth``, at most
+    ``max_loss_growth`` times the last round's first loss, as inside a round. Pure: reads the
+    tensors (one host sync per device), changes nothing.
+    """
+    items = list(tensors.items() if isinstance(tensors, Mapping) else enumerate(tensors))
+    peaks: dict[torch.device, list] = {}
+    for name, t in items:
+        t = t.detach()
+        peak = t.abs().amax() if t.numel() else t.new_zeros(())
+        peaks.setdefault(t.device, []).append((name, peak.float()))
+    for group in peaks.values():
+        for (name, _), value in zip(group, torch.stack([p for _, p in group]).tolist()):
+            label = f"trained tensor {name}" if isinstance(name, str) else f"trained tensor #{name}"
+            if not math.isfinite(value):
+                return f"{label} holds non-finite values"
+            if value > max_abs:
+                return f"{label} holds |values| up to {value:.3g} (more than {max_abs:g})"
+    if final_loss is not None:
+        growth = max_loss_growth if max_loss_growth is not None else math.inf
+        if _diverged(final_loss, round_start_loss, growth):
+            start = (
+                f" (round start {round_start_loss:.4g}, max_loss_growth {max_loss_growth:g})"
+                if round_start_loss is not None and max_loss_growth is not None
+                else ""
+            )
+            return f"the loss after the last inner step is {final_loss:.4g}{start}"
+    return None
+
+
 class Objective(Protocol):
     """What an editor trains on; see the module docstring."""
 
@@ -122,16 +175,21 @@ def train_edit(
         for step, terms in enumerate(steps, 1):
             values = {name: v.item() for name, (_, v) in terms.items()}
             total = sum(terms[n][0] * values[n] for n in objective.terms if n in values)
-            if _diverged(total, history[0][0] if history else None, hparams.max_loss_growth):
+            first = history[0][0] if history else None
+            if _diverged(total, first, hparams.max_loss_growth):
                 student.train(was_training)
+                growth = (
+                    f" (round start {first:.4g}, max_loss_growth {hparams.max_loss_growth:g})"
+                    if first is not None
+                    else ""
+                )
                 _stop_diverged(
                     executor,
                     result,
-                    objective.name,
+                    objective,
                     r,
-                    step,
+                    f"inner step {step}: loss {total:.4g}{growth}",
                     total,
-                    history[0][0] if history else None,
                     hparams,
                 )
             history.append((total, values))
@@ -153,6 +211,25 @@ def train_edit(
         )
     student.train(was_training)
     optimizer.zero_grad(set_to_none=True)
+    # the losses above were each measured before their step's update: the last update is judged by
+    # the tensors it left and the loss after it
+    final = _loss_now(objective, student)
+    problem = trained_tensors_problem(
+        _trained_tensors(executor),
+        final_loss=final,
+        round_start_loss=result.rounds[-1]["loss"],
+        max_loss_growth=hparams.max_loss_growth,
+    )
+    if problem is not None:
+        _stop_diverged(
+            executor,
+            result,
+            objective,
+            rounds,
+            f"after its last inner step: {problem}",
+            final,
+            hparams,
+        )
     executor.finish()
     result.seconds = time.perf_counter() - start
     return result
@@ -166,14 +243,30 @@ def describe_loss(stats: dict, inner_steps: int) -> str:
     return f"loss {stats['loss']:.4f} (step 1) -> {stats['loss_last']:.4f} (step {inner_steps})"
 
 
+def _loss_now(objective: Objective, student: Any) -> float:
+    """The objective's weighted total on the model as it is now (no gradient, no update): the loss
+    after the last inner step."""
+    terms: dict = {}
+    with torch.no_grad():
+        for group in objective.step(student):
+            terms.update(group)
+    values = {name: v.item() for name, (_, v) in terms.items()}
+    return sum(terms[n][0] * values[n] for n in objective.terms if n in values)
+
+
+def _trained_tensors(executor: Executor) -> dict[str, torch.Tensor]:
+    """The tensors the edit trains, by parameter name."""
+    names = {id(p): n for n, p in executor.model.named_parameters()}
+    return {names.get(id(p), f"#{i}"): p for i, p in enumerate(executor.trainable_parameters())}
+
+
 def _stop_diverged(
     executor: Executor,
     result: EditResult,
-    name: str,
+    objective: Objective,
     round_: int,
-    step: int,
-    total: float,
-    start: float | None,
+    what: str,
+    loss: float,
     hparams: Any,
 ) -> None:
     """Put the trained tensors back as the edit found them and raise ``EditDivergedError``."""
@@ -181,19 +274,13 @@ def _stop_diverged(
 
     executor.finish()
     copy_back(executor.model, result.weights_copy)
-    growth = (
-        f" (round start {start:.4g}, max_loss_growth {hparams.max_loss_growth:g})"
-        if start is not None
-        else ""
-    )
     raise EditDivergedError(
-        f"the {name} edit diverged in round {round_}, inner step {step}: loss "
-        f"{total:.4g}{growth}; the edit was undone and nothing "
-        f"is kept. Lower 'lr' in the hparams (now {hparams.lr:g})",
+        f"the {objective.name} edit diverged in round {round_}, {what}; the edit was undone and "
+        f"nothing is kept. Lower 'lr' in the hparams (now {hparams.lr:g})",
         model=executor.model,
         weights_copy=result.weights_copy,
         round=round_,
-        loss=total,
+        loss=loss,
     )
 
 

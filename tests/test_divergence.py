@@ -11,7 +11,7 @@ from benchmarks.case_loop import Editing
 from benchmarks.runner import RunOptions, run_benchmark
 from hpse_easyedit import apply_hpse_to_model, hpse_edit
 from hpse_easyedit.cli import main as edit_main
-from hpse_easyedit.training import EditDivergedError
+from hpse_easyedit.training import MAX_TRAINED_ABS, EditDivergedError, trained_tensors_problem
 from tiny_models import make_tiny_model_and_tokenizer, same_weights, tiny_hparams, weights_snapshot
 
 REQUEST = [
@@ -41,6 +41,53 @@ def test_a_diverging_edit_stops_and_leaves_the_model_as_it_found_it(executor, lr
     assert same_weights(restore_weights(info.value.model, info.value.weights_copy), snap)
 
 
+@pytest.mark.parametrize("executor", ["lora", "ft_m"])
+def test_a_blow_up_in_the_last_inner_step_is_caught_in_the_weights(executor):
+    """One round of one step: its printed loss is measured before the update that blows the
+    adapter (or the matrix) up to 1e30, so only the trained tensors show it."""
+    model, tok = make_tiny_model_and_tokenizer("llama")
+    snap = weights_snapshot(model)
+    hp = tiny_hparams(executor=executor, lr=1e30, rounds=1, inner_steps=1)
+    with pytest.raises(
+        EditDivergedError,
+        match=r"diverged in round 1, after its last inner step: trained tensor \S+ holds "
+        r"\|values\| up to 1e\+30 \(more than 10000\).*Lower 'lr'",
+    ) as info:
+        hpse_edit(model, tok, REQUEST, hp)
+    from hpse_easyedit import restore_weights
+
+    assert same_weights(restore_weights(info.value.model, info.value.weights_copy), snap)
+
+
+def test_trained_tensors_problem_names_the_tensor_and_the_final_loss():
+    import math
+
+    import torch
+
+    fine = {"a": torch.zeros(3, 2), "b": torch.full((4,), MAX_TRAINED_ABS)}
+    assert trained_tensors_problem(fine) is None
+    assert trained_tensors_problem(list(fine.values()), final_loss=3.0) is None
+    assert trained_tensors_problem({"a": torch.tensor([1.0, math.nan])}) == (
+        "trained tensor a holds non-finite values"
+    )
+    assert "trained tensor #1 holds non-finite" in trained_tensors_problem(
+        [torch.ones(2), torch.tensor([-math.inf])]
+    )
+    big = trained_tensors_problem({"w": torch.tensor([[0.0, -2e4]])})
+    assert big == "trained tensor w holds |values| up to 2e+04 (more than 10000)"
+    assert trained_tensors_problem({"w": torch.ones(2)}, max_abs=0.5) is not None
+    assert "the loss after the last inner step is nan" in trained_tensors_problem(
+        fine, final_loss=math.nan
+    )
+    grown = trained_tensors_problem(fine, final_loss=9.0, round_start_loss=4.0, max_loss_growth=2.0)
+    assert grown == ("the loss after the last inner step is 9 (round start 4, max_loss_growth 2)")
+    assert (
+        trained_tensors_problem(fine, final_loss=7.0, round_start_loss=4.0, max_loss_growth=2.0)
+        is None
+    )
+    assert trained_tensors_problem({"empty": torch.zeros(0)}) is None
+
+
 def test_the_guard_never_stops_an_edit_whose_loss_falls():
     model, tok = make_tiny_model_and_tokenizer("qwen2")
     edited, weights_copy = apply_hpse_to_model(model, tok, REQUEST, tiny_hparams())
@@ -53,7 +100,12 @@ def _passage(tmp_path):
     return path
 
 
-def test_cli_says_it_in_one_line_and_saves_nothing(tmp_path, capsys):
+@pytest.mark.parametrize(
+    "sets",
+    [["lr=1e9"], ["lr=1e30", "rounds=1", "inner_steps=1"]],
+    ids=["within-a-round", "in-the-last-step"],
+)
+def test_cli_says_it_in_one_line_and_saves_nothing(tmp_path, capsys, sets):
     make_tiny_model_and_tokenizer("llama", tmp_path=tmp_path / "model")
     hp = tmp_path / "hp.yaml"
     hp.write_text(
@@ -71,8 +123,7 @@ def test_cli_says_it_in_one_line_and_saves_nothing(tmp_path, capsys):
             "Selma Varrick",
             "--passage-file",
             str(passage),
-            "--set",
-            "lr=1e9",
+            *(x for kv in sets for x in ("--set", kv)),
             "--save",
             str(tmp_path / "saved"),
             "--max-answer-tokens",
