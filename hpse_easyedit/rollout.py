@@ -403,6 +403,56 @@ def _static_rollouts(
     raise AssertionError("unreachable: the loop returns at max_new_tokens")  # pragma: no cover
 
 
+def _dynamic_rollouts(
+    model: torch.nn.Module,
+    row_switch: Callable[[torch.Tensor], ContextManager],
+    requests: Sequence[tuple[Sequence[int], Sequence[int]]],
+    pad_id: int,
+    rec: _Recorder,
+) -> list[Rollout]:
+    """The rollouts of ``requests`` as ONE batch on the dynamic decode (a growing ``DynamicCache``,
+    left padding with explicit positions, as ``batched_hybrid_rollout``'s): rows ``0..R-1`` the
+    students, ``R..2R-1`` their teachers, the stop test after every token."""
+    count = len(requests)
+    device = input_device(model)
+    rows = [list(s) for s, _ in requests] + [list(t) for _, t in requests]
+    ids, mask = pad_rows(rows, pad_id, left=True)
+    ids, mask = ids.to(device), mask.to(device)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    use_keep = accepts_keyword(model, "logits_to_keep")
+    cache_kw = cache_keyword(model)
+    teacher_rows = torch.tensor([False] * count + [True] * count)
+    teacher_tokens = [len(t) for _, t in requests]
+    max_new_tokens = rec.tokens.shape[1]
+
+    def forward(step_ids: torch.Tensor, step_pos: torch.Tensor, cache: Any) -> tuple:
+        kwargs: dict = {
+            "input_ids": step_ids,
+            "attention_mask": mask,
+            "position_ids": step_pos,
+            cache_kw: cache,
+            "use_cache": True,
+        }
+        if use_keep:
+            kwargs["logits_to_keep"] = 1
+        out = model(**kwargs)
+        return F.log_softmax(out.logits[:, -1, :].float(), dim=-1), output_cache(out)
+
+    with row_switch(teacher_rows):
+        logp, cache = forward(ids, positions, _new_cache(model))
+        last_pos = positions[:, -1:]
+        for n in range(1, max_new_tokens + 1):
+            token = rec.record(logp[:count], logp[count:])
+            ends = rec.lengths(last=n == max_new_tokens)
+            if ends is not None:
+                return rec.results([t + m - 1 for t, m in zip(teacher_tokens, ends)], ends)
+            mask = torch.cat([mask, mask.new_ones(2 * count, 1)], dim=1)
+            last_pos = last_pos + 1
+            step = token.to(device).view(1, count, 1).expand(2, count, 1).reshape(2 * count, 1)
+            logp, cache = forward(step, last_pos, cache)
+    raise AssertionError("unreachable: the loop returns at max_new_tokens")  # pragma: no cover
+
+
 @torch.no_grad()
 def batched_hybrid_rollouts(
     model: torch.nn.Module,
@@ -418,13 +468,16 @@ def batched_hybrid_rollouts(
     hybrid: bool = True,
     compiled: bool = False,
     stop_every: int = 8,
+    static: bool = True,
 ) -> list[Rollout]:
     """The rollouts of all ``requests`` of an edit (``(student_prompt_ids, teacher_prompt_ids)``
     each) in ONE batch on the graph-capturable decode: each decode step is one forward of the R
     students and their R teachers, so a step's kernels serve R tokens. Each request's rollout ends
     at its own stop token; the batch decodes until every request has stopped (the steps past a
     request's stop are discarded, and counted in its ``teacher_forward_tokens``). ``compiled``: the
-    step under ``torch.compile`` (CUDA graphs on CUDA)."""
+    step under ``torch.compile`` (CUDA graphs on CUDA). ``static=False``: the same batch on the
+    dynamic decode (stop test after every token; each request's ``teacher_forward_tokens`` counts
+    its own prompt and rollout, as a decode of that request alone)."""
     rec = _Recorder(
         len(requests),
         max_new_tokens,
@@ -436,6 +489,8 @@ def batched_hybrid_rollouts(
         stop_ids,
         _logits_device(model),
     )
+    if not static:
+        return _dynamic_rollouts(model, row_switch, requests, pad_id, rec)
     return _static_rollouts(
         model, row_switch, requests, pad_id, rec, stop_every=stop_every, compiled=compiled
     )
