@@ -23,9 +23,18 @@ checked; nor are other integers (counts of records), which the prose should copy
 ``--write`` replaces every block with the regenerated text, so adding a rerun to RESULTS.md is one
 marker and an empty block plus ``--write``.
 
+``--check`` also recomputes every ``summary.json`` under the study root from its run directory's
+files (``benchmarks.summary.rebuild``: the runner's own summary code, and UnKE's metrics as
+``benchmarks.unke_metrics --write`` adds them) and names each file and field that differs; which
+keys are recomputed and which are provenance (``label``, ``out_dir``) is
+``benchmarks.summary``'s docstring. ``--write-summaries`` rewrites each such summary (and its
+``table.md``, where the directory has one) from its records, as the runner does at the end of a
+run, keeping its provenance.
+
     python -m benchmarks.study docs/study          # print every table
-    python -m benchmarks.study docs/study --check  # exit 1 when RESULTS.md disagrees with the runs
+    python -m benchmarks.study docs/study --check  # exit 1 when RESULTS.md or a summary.json disagrees with the runs
     python -m benchmarks.study docs/study --write  # rewrite the blocks of RESULTS.md from the runs
+    python -m benchmarks.study docs/study --write-summaries  # rewrite each stale summary.json from its records
 """  # noqa: E501
 
 from __future__ import annotations
@@ -33,12 +42,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
 import re
 import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from hpse_easyedit.cli import OneLineParser, run_cli
 from hpse_easyedit.errors import UsageError
@@ -51,8 +61,10 @@ __all__ = [
     "generate",
     "prose_numbers",
     "runs_table",
+    "summary_problems",
     "table_numbers",
     "write",
+    "write_summaries",
 ]
 
 _BLOCK_RE = re.compile(
@@ -124,7 +136,6 @@ def _answer_list(record: Mapping[str, Any]) -> list[str]:
 def runs_table(argv: Sequence[str]) -> int:
     """The ``runs`` tool: one row per run directory with what its files record besides the
     scores."""
-    import json
     import statistics
 
     from .paired import load_run
@@ -358,6 +369,71 @@ def write(text: str, blocks: Sequence[Block], generated: Sequence[str]) -> str:
     return text
 
 
+def _summaries(root: Path, data: str | None) -> Iterator[tuple[Path, dict, Any]]:
+    """(summary.json, stored summary, UnKEBench cases or None) of every finished run under
+    ``root``, the data loaded once, where an UnKEBench run needs it."""
+    from .paired import load_cases
+
+    found = sorted(root.rglob("summary.json"))
+    cases = None
+    for path in found:
+        config = path.parent / "config.json"
+        if cases is None and config.is_file():
+            if json.loads(config.read_text(encoding="utf-8")).get("benchmark") == "unkebench":
+                try:
+                    cases = load_cases("unkebench", data, "recomputing UnKE's metrics of a summary")
+                except ValueError as err:
+                    raise StudyError(str(err)) from None
+        yield path, json.loads(path.read_text(encoding="utf-8")), cases
+
+
+def _rebuilt(path: Path, stored: dict, cases: Any, **unke: Any) -> tuple[Any, dict]:
+    from .store import IncompleteRunError
+    from .summary import rebuild
+
+    try:
+        return rebuild(path.parent, stored, unke_cases=cases, **unke)
+    except (FileNotFoundError, IncompleteRunError, KeyError, ValueError) as err:
+        raise StudyError(f"{path}: cannot recompute it from its run directory ({err})") from None
+
+
+def summary_problems(root: str | Path, data: str | None = None) -> tuple[list[str], int]:
+    """(one line per field of a ``summary.json`` under ``root`` that its records do not give, how
+    many summaries were checked); each line names the file, the field and the fix."""
+    from .summary import summary_differences
+
+    root = Path(root)
+    problems, n = [], 0
+    for path, stored, cases in _summaries(root, data):
+        n += 1
+        _, rebuilt = _rebuilt(path, stored, cases)
+        problems += [
+            f"{path}: {d}; `python -m benchmarks.study {root} --write-summaries` rewrites it from "
+            "its records"
+            for d in summary_differences(stored, rebuilt)
+        ]
+    return problems, n
+
+
+def write_summaries(root: str | Path, data: str | None = None) -> list[Path]:
+    """Rewrite every ``summary.json`` under ``root`` that its records disagree with (and its
+    ``table.md``, where the directory has one) from those records, keeping its provenance; the
+    files rewritten."""
+    from .summary import summary_differences
+    from .unke_scores import load_encoder
+
+    encoder, reason = None, ""
+    written = []
+    for path, stored, cases in _summaries(Path(root), data):
+        if cases is not None and encoder is None and not reason:  # as unke_metrics --write loads it
+            encoder, reason = load_encoder()
+        summary, rebuilt = _rebuilt(path, stored, cases, encoder=encoder, bert_reason=reason)
+        if summary_differences(stored, rebuilt):
+            summary.write(rebuilt, table=(path.parent / "table.md").is_file())
+            written.append(path)
+    return written
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line; a bad input is one ``error: ...`` line on stderr and exit code 2
     (``--debug``: traceback)."""
@@ -388,7 +464,22 @@ def _main(argv: Sequence[str]) -> int:
     mode.add_argument(
         "--write", action="store_true", help="rewrite the document's blocks from the runs"
     )
+    mode.add_argument(
+        "--write-summaries",
+        action="store_true",
+        help="rewrite each summary.json under STUDY_DIR that its records disagree with (and its "
+        "table.md, where there is one) from those records, as the runner does, keeping its "
+        "label and out_dir",
+    )
     args = parser.parse_args(argv)
+    if args.write_summaries:
+        if not Path(args.root).is_dir():
+            raise StudyError(f"{args.root}: no such study directory; pass docs/study")
+        written = write_summaries(args.root, args.data)
+        for path in written:
+            print(f"rewrote {path} from its records")
+        print(f"{len(written)} summary.json file(s) rewritten under {args.root}")
+        return 0
     results = Path(args.results) if args.results else Path(args.root).parent / "RESULTS.md"
     if not results.is_file():
         raise UsageError(f"{results}: no such file; pass the results document with --results")
@@ -404,14 +495,15 @@ def _main(argv: Sequence[str]) -> int:
         print(f"wrote {len(blocks)} block(s) of {results}")
         return 0
     if args.check:
-        problems = check(text, blocks, generated, str(results))
+        stale, n_summaries = summary_problems(args.root, args.data)
+        problems = stale + check(text, blocks, generated, str(results))
         for p in problems:
             print(p, file=sys.stderr)
         if problems:
             return 1
         print(
-            f"{results}: {len(blocks)} table block(s) and "
-            f"every result in the prose agree with {args.root}"
+            f"{results}: {len(blocks)} table block(s) and every result in the prose agree with "
+            f"{args.root}, and its {n_summaries} summary.json file(s) with their records"
         )
         return 0
     for b, new in zip(blocks, generated):

@@ -283,3 +283,102 @@ def test_runs_table_lists_a_continual_runs_mmlu_once_per_block(tmp_path, capsys)
     _run(tmp_path / "seq", recs)
     assert runs_table([str(tmp_path / "seq"), "--label", "LoRA (T = 2)"]) == 0
     assert capsys.readouterr().out.splitlines()[2] == "| LoRA (T = 2) | 4 | - | 2: 25, 4: 27 | 10 |"
+
+
+def _copy_run(committed: str, root: Path) -> Path:
+    """A copy of a committed run directory under a new study root (its summary.json included)."""
+    import shutil
+
+    return Path(shutil.copytree(ROOT / "docs" / "study" / committed, root / Path(committed).name))
+
+
+def _planted(path: Path, change) -> None:
+    summary = json.loads(path.read_text())
+    change(summary)
+    path.write_text(json.dumps(summary, indent=1))
+
+
+def test_check_recomputes_every_summary_and_names_a_stale_field(tmp_path, capsys):
+    from benchmarks.study import summary_problems
+
+    root = tmp_path / "study"
+    run = _copy_run("gates/mq-kappa0.3-check", root)  # 3 MQuAKE-uns cases, no data needed
+    seq = _copy_run("mquake-uns-continual-50/mq-seq50-lora", root)  # checkpoints 10 and 20
+    assert summary_problems(root) == ([], 2)
+    committed = (run / "summary.json").read_text()
+    # provenance may differ: the label and the directory the run was written to
+    _planted(run / "summary.json", lambda s: s.update(label="renamed", out_dir="elsewhere"))
+    assert summary_problems(root) == ([], 2)
+    # a stale case count, a wrong mean, a missing key, a wrong checkpoint figure: each is named
+    _planted(run / "summary.json", lambda s: s.update(n_cases=2, Avg=s["Avg"] + 0.1))
+    _planted(seq / "summary.json", lambda s: s["checkpoints"]["10"].update(Ind=99.0))
+    _planted(seq / "summary.json", lambda s: s.pop("stepin_rate_by_round"))
+    problems, n = summary_problems(root)
+    assert n == 2 and len(problems) == 4, problems
+    stored = json.loads(committed)
+    assert any(
+        p.startswith(f"{run / 'summary.json'}: n_cases: stored 2, recomputed 3;") for p in problems
+    )
+    assert any(f"Avg: stored {stored['Avg'] + 0.1!r}, recomputed" in p for p in problems)
+    assert any(f"{seq / 'summary.json'}: checkpoints.10.Ind: stored 99.0" in p for p in problems)
+    assert any("stepin_rate_by_round: stored absent, recomputed [" in p for p in problems)
+    assert all("--write-summaries` rewrites it from its records" in p for p in problems)
+    # --check fails on them before (and beside) the results document's own problems
+    results = tmp_path / "RESULTS.md"
+    results.write_text("<!-- study: runs mq-kappa0.3-check -->\n<!-- /study -->\n")
+    assert main([str(root), "--results", str(results), "--write"]) == 0
+    assert main([str(root), "--results", str(results), "--check"]) == 1
+    err = capsys.readouterr().err
+    assert f"{run / 'summary.json'}: n_cases: stored 2, recomputed 3" in err
+    # --write-summaries rewrites the stale ones from their records, keeping the provenance
+    assert main([str(root), "--write-summaries"]) == 0
+    assert "2 summary.json file(s) rewritten" in capsys.readouterr().out
+    rewritten = json.loads((run / "summary.json").read_text())
+    assert rewritten["label"] == "renamed" and rewritten["out_dir"] == "elsewhere"
+    assert {k: v for k, v in rewritten.items() if k not in ("label", "out_dir")} == {
+        k: v for k, v in stored.items() if k not in ("label", "out_dir")
+    }
+    assert summary_problems(root) == ([], 2)
+    assert main([str(root), "--results", str(results), "--check"]) == 0
+    assert "and its 2 summary.json file(s) with their records" in capsys.readouterr().out
+
+
+def test_a_summary_compares_numbers_to_rounding_and_skips_what_the_machine_decides():
+    from benchmarks.summary import summary_differences
+
+    stored = {
+        "Avg": 50.0,
+        "label": "a",
+        "unke_metrics": {
+            "Original": {"BLEU SCORE": 30.0, "Bert Score": 70.0},
+            "n_cases": 2,
+        },
+    }
+    rebuilt = {
+        "Avg": 50.0 + 1e-12,  # the same mean summed in another order
+        "label": "b",
+        "unke_metrics": {
+            "Original": {"BLEU SCORE": 30.0},
+            "not_computed": {"Bert Score": "not on this machine"},
+            "n_cases": 2,
+        },
+    }
+    assert summary_differences(stored, rebuilt) == []
+    rebuilt["unke_metrics"]["Original"]["BLEU SCORE"] = 30.5
+    rebuilt["unke_metrics"]["n_cases"] = 3
+    assert summary_differences(stored, rebuilt) == [
+        "unke_metrics.Original.BLEU SCORE: stored 30.0, recomputed 30.5",
+        "unke_metrics.n_cases: stored 2, recomputed 3",
+    ]
+
+
+def test_every_committed_summary_agrees_with_its_records():
+    """Every summary.json under docs/study, recomputed from its run directory (about a minute)."""
+    from benchmarks.datasets import default_data_dir
+    from benchmarks.study import summary_problems
+
+    data = Path(default_data_dir())
+    if not (data / "unkebench" / "final_data_v2.json").is_file():
+        pytest.skip(f"UnKEBench data not found under {data}; UnKE's metrics of old runs need it")
+    problems, n = summary_problems(ROOT / "docs" / "study")
+    assert problems == [] and n == len(list((ROOT / "docs" / "study").rglob("summary.json")))
