@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 from pathlib import Path
 from typing import Sequence
 
@@ -23,6 +24,7 @@ __all__ = [
     "check_text_file",
     "check_writable",
     "choice_text",
+    "file_problem",
 ]
 
 
@@ -74,13 +76,32 @@ def check_positive(
         )
 
 
+def file_problem(path: str | os.PathLike) -> str | None:
+    """Why ``path`` cannot be read as a file (``"no such file"``, ``"is a directory, not a
+    file"``, ``"is not a regular file (a FIFO, device or socket)"``, ``"cannot be read (Too many
+    levels of symbolic links)"``), or None. Reading a FIFO would wait for a writer forever, and
+    ``/dev/zero`` never ends: neither is opened."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "no such file"
+    except OSError as err:
+        return f"cannot be read ({err.strerror or err})"
+    if stat.S_ISDIR(mode):
+        return "is a directory, not a file"
+    if not stat.S_ISREG(mode):
+        return "is not a regular file (a FIFO, device or socket)"
+    return None
+
+
 def check_text_file(option: str, path: str | os.PathLike) -> Path:
-    """``UsageError`` unless ``path`` is a readable file."""
+    """``UsageError`` unless ``path`` is a readable regular file."""
     p = Path(path)
-    if not p.exists():
+    problem = file_problem(p)
+    if problem == "no such file":
         raise UsageError(f"{option} {p}: no such file; give the path of an existing file")
-    if not p.is_file():
-        raise UsageError(f"{option} {p}: is a directory, not a file; give the path of a file")
+    if problem is not None:
+        raise UsageError(f"{option} {p}: {problem}; give the path of a text file")
     return p
 
 

@@ -29,6 +29,7 @@ import json
 import math
 import os
 import re
+import string
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Callable, ClassVar, Iterable, Mapping, Union
 
@@ -37,6 +38,7 @@ import yaml
 from typing_extensions import TypedDict
 
 from .encoding import TextEncodingError, read_text
+from .errors import file_problem
 
 __all__ = [
     "EditorHParams",
@@ -48,6 +50,7 @@ __all__ = [
     "parse_overrides",
     "read_hparams_file",
     "read_hparams_json",
+    "safe_yaml",
 ]
 
 #: The checks ``hp_field`` takes (see its docstring).
@@ -121,6 +124,26 @@ def _layer_indices(value: Any) -> Any:
 def _module_names(value: list) -> list:
     if not all(isinstance(m, str) and m for m in value):
         raise ValueError(f"must be a list of module names such as q_proj, got {value!r}")
+    return value
+
+
+def _subject_template(value: str) -> str:
+    """An editing prompt is filled with ``str.format(subject=...)``: its one placeholder is
+    ``{subject}``; literal braces are doubled."""
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(value) if f is not None]
+    except ValueError as err:
+        raise ValueError(
+            f"must be a template whose one placeholder is {{subject}} ({err}); write a literal "
+            f"brace as {{{{ or }}}}, got {value!r}"
+        ) from None
+    other = [f for f in fields if f != "subject"]
+    if other or not fields:
+        found = f"{{{other[0]}}}" if other else "no {subject} placeholder"
+        raise ValueError(
+            f"must hold the placeholder {{subject}} and no other, got {found} in {value!r}; write "
+            "a literal brace as {{ or }}"
+        )
     return value
 
 
@@ -289,6 +312,7 @@ class EditorHParams(YamlHParams):
         "Introduce {subject}.",
         "Untargeted editing prompt; '{subject}' is filled in.",
         contains="{subject}",
+        check=_subject_template,
     )
     chat_template_kwargs: dict = hp_field(
         {}, "Extra keyword arguments for apply_chat_template (e.g. enable_thinking: false)."
@@ -461,13 +485,76 @@ class HPSEHyperParams(ExecutorHParams):
     )
 
 
+#: The most values (mappings, lists and scalars, each use of an alias counted again) an hparams
+#: file or ``--set`` value may stand for: the shipped files hold under 100, while a few nested
+#: aliases (``&a [*b, *b, ...]``) can stand for billions that every copy of the hparams expands.
+MAX_YAML_VALUES = 10_000
+
+
+class _DuplicateKeyError(yaml.YAMLError):
+    """A mapping gives one key twice."""
+
+
+class _TooManyValuesError(yaml.YAMLError):
+    """Anchors and aliases stand for more than ``MAX_YAML_VALUES`` values."""
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping: YAML keys are unique, and
+    PyYAML would let the later value win silently. (A key a ``<<`` merge brings in may still be
+    overridden, as YAML allows.)"""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=deep)
+                line = key_node.start_mark.line + 1
+                try:
+                    if key in seen:
+                        raise _DuplicateKeyError(
+                            f"key {key!r} is given twice (lines {seen[key]} and {line}); keep one"
+                        )
+                    seen[key] = line
+                except TypeError:  # an unhashable key: SafeLoader says so itself
+                    continue
+        return super().construct_mapping(node, deep=deep)
+
+
+def safe_yaml(text: str) -> Any:
+    """``text`` read as YAML with ``yaml.safe_load``'s types, refusing a key given twice and
+    anchors and aliases that stand for more than ``MAX_YAML_VALUES`` values (``yaml.YAMLError``)."""
+    value = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - _StrictLoader is a SafeLoader
+    _check_size(value)
+    return value
+
+
+def _check_size(value: Any) -> None:
+    """``yaml.YAMLError`` when ``value`` stands for more than ``MAX_YAML_VALUES`` values, each
+    shared (aliased) one counted at every place it stands, as a copy of it would hold it."""
+    left, stack = MAX_YAML_VALUES, [value]
+    while stack:
+        item = stack.pop()
+        left -= 1
+        if left < 0:
+            raise _TooManyValuesError(
+                f"its anchors and aliases (&name, *name) stand for more than {MAX_YAML_VALUES:,} "
+                "values, which copying the hparams would expand; write the values out"
+            )
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
 def read_hparams_file(path: str | os.PathLike) -> dict:
-    """The top-level mapping of a YAML hparams file (``yaml.safe_load``); every way it can be
-    unreadable is an ``HParamsError`` naming the file and the fix. Every YAML hparams file of every
-    method is read here."""
-    return _read_mapping(
-        path, "YAML", "hparams/HPSE/smollm2-135m.yaml", yaml.safe_load, yaml.YAMLError
-    )
+    """The top-level mapping of a YAML hparams file (``safe_yaml``: ``yaml.safe_load``'s types, no
+    key twice, no alias bomb); every way it can be unreadable is an ``HParamsError`` naming the file
+    and the fix. Every YAML hparams file of every method is read here."""
+    return _read_mapping(path, "YAML", "hparams/HPSE/smollm2-135m.yaml", safe_yaml, yaml.YAMLError)
 
 
 def read_hparams_json(path: str | os.PathLike) -> dict:
@@ -486,8 +573,15 @@ def _read_mapping(
     syntax_error: type[Exception],
 ) -> dict:
     path = os.fspath(path)
-    if os.path.isdir(path):
+    problem = file_problem(path)
+    if problem == "no such file":
+        raise HParamsError(
+            f"{path}: no such hparams file; pass the path of a {kind} file such as {example}"
+        )
+    if problem == "is a directory, not a file":
         raise HParamsError(f"{path}: is a directory; pass an hparams {kind} file such as {example}")
+    if problem is not None:
+        raise HParamsError(f"{path}: {problem}; pass an hparams {kind} file such as {example}")
     try:
         config = load(read_text(path))
     except TextEncodingError as err:
@@ -496,6 +590,8 @@ def _read_mapping(
         raise HParamsError(
             f"{path}: no such hparams file; pass the path of a {kind} file such as {example}"
         ) from None
+    except (_DuplicateKeyError, _TooManyValuesError) as err:
+        raise HParamsError(f"{path}: {err}") from None
     except syntax_error as err:
         reason = " ".join(str(err).split())
         raise HParamsError(f"{path}: not valid {kind} ({reason}); fix the syntax") from None
@@ -515,7 +611,9 @@ def parse_overrides(items: Iterable[str]) -> dict:
             raise HParamsError(f"--set {item!r}: expected key=value, e.g. --set kl_weight=0")
         key, raw = item.split("=", 1)
         try:
-            out[key.strip()] = yaml.safe_load(raw) if raw.strip() else ""
+            out[key.strip()] = safe_yaml(raw) if raw.strip() else ""
+        except (_DuplicateKeyError, _TooManyValuesError) as err:
+            raise HParamsError(f"--set {key.strip()}: {err}") from None
         except yaml.YAMLError:
             out[key.strip()] = raw
     return out

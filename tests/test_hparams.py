@@ -1,6 +1,9 @@
 """HPSEHyperParams: every shipped YAML loads; bad keys, types and values name the key and the
 file."""
 
+import os
+import re
+import time
 from pathlib import Path
 
 import pytest
@@ -92,6 +95,17 @@ def _write(tmp_path, text):
         ("model_name: m\ntau: .inf\n", "key 'tau' must be a finite number"),
         ("model_name: m\nkappa: 1.0\n", "key 'kappa' must be < 1.0"),
         ("model_name: m\ntop_k: 0\n", "key 'top_k' must be >= 1"),
+        ("model_name: m\nlr: 1.0e-3\nrounds: 2\nlr: 5.0e-4\n", "key 'lr' is given twice (lines 2"),
+        (
+            "model_name: m\nchat_template_kwargs: {enable_thinking: false, enable_thinking: 1}\n",
+            "key 'enable_thinking' is given twice",
+        ),
+        (
+            "model_name: m\nediting_prompt: 'About {subject} in {lang}.'\n",
+            "key 'editing_prompt' must hold the placeholder {subject} and no other, got {lang}",
+        ),
+        ("model_name: m\nediting_prompt: 'About {subject} }'\n", "Single '}' encountered"),
+        ("model_name: m\nediting_prompt: 'About {{subject}}.'\n", "got no {subject} placeholder"),
     ],
 )
 def test_bad_files_name_key_and_file(tmp_path, text, fragment):
@@ -100,6 +114,50 @@ def test_bad_files_name_key_and_file(tmp_path, text, fragment):
         HPSEHyperParams.from_hparams(path)
     assert fragment in str(err.value)
     assert str(path) in str(err.value)
+
+
+def test_a_literal_brace_and_a_merge_override_are_fine(tmp_path):
+    hp = HPSEHyperParams.from_hparams(
+        _write(
+            tmp_path,
+            "model_name: m\n<<: {rounds: 3}\nrounds: 2\nediting_prompt: '{{x}} {subject}'\n",
+        )
+    )
+    assert hp.rounds == 2 and hp.editing_prompt.format(subject="s") == "{x} s"
+
+
+def test_an_alias_bomb_is_one_line_at_once(tmp_path):
+    """Nine aliases of nine aliases ... stand for 9**9 values; the file itself is 1 kB."""
+    lines = ["model_name: m", "chat_template_kwargs:", "  a: &a [x, x, x, x, x, x, x, x, x]"]
+    for i in range(8):
+        prev, name = chr(97 + i), chr(98 + i)
+        lines.append(f"  {name}: &{name} [{', '.join([f'*{prev}'] * 9)}]")
+    path = _write(tmp_path, "\n".join(lines) + "\n")
+    start = time.perf_counter()
+    with pytest.raises(HParamsError, match="anchors and aliases .* stand for more than 10,000"):
+        HPSEHyperParams.from_hparams(path)
+    assert time.perf_counter() - start < 2
+    with pytest.raises(HParamsError, match="--set chat_template_kwargs: its anchors and aliases"):
+        HPSEHyperParams(model_name="m").with_overrides(
+            ["chat_template_kwargs={" + ", ".join(lines[2:]).replace("  ", "") + "}"]
+        )
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink loop", "device"])
+def test_an_hparams_path_that_is_no_regular_file_is_one_line(tmp_path, kind):
+    """A FIFO would block the read forever, a symlink loop raised OSError, /dev/zero never ends."""
+    path = tmp_path / "hp.yaml"
+    if kind == "fifo":
+        os.mkfifo(path)
+        why = "is not a regular file (a FIFO, device or socket)"
+    elif kind == "symlink loop":
+        path.symlink_to(path)
+        why = "cannot be read (Too many levels of symbolic links)"
+    else:
+        path = "/dev/zero"
+        why = "is not a regular file"
+    with pytest.raises(HParamsError, match=re.escape(f"{path}: {why}")):
+        HPSEHyperParams.from_hparams(path)
 
 
 def test_missing_file_says_what_to_pass(tmp_path):
