@@ -22,7 +22,8 @@ DATA_DIR = Path(os.environ.get("HPSE_DATA_DIR", DEFAULT_DATA_DIR))
 
 class ChatServer:
     """A local chat-completions endpoint. Actions: ("sleep", seconds), ("status", code), ("text",
-    content), ("raw", body, content type)."""
+    content), ("raw", body, content type), ("drip", seconds): the whole answer, status line and
+    headers included, one byte every that many seconds."""
 
     def __init__(self, responder: Callable[[str], str] | None = None) -> None:
         self.script: list[tuple] = []
@@ -44,6 +45,9 @@ class ChatServer:
                     server.script.pop(0) if server.script else ("text", server.responder(prompt))
                 )
                 try:
+                    if action[0] == "drip":
+                        self.drip = action[1]
+                        action = ("text", server.responder(prompt))
                     if action[0] == "sleep":
                         time.sleep(action[1])
                         action = ("text", server.responder(prompt))
@@ -85,7 +89,18 @@ class ChatServer:
             def _send(self, code: int, obj: dict) -> None:
                 self._send_bytes(code, json.dumps(obj).encode(), "application/json")
 
+            drip = 0.0
+
             def _send_bytes(self, code: int, data: bytes, content_type: str) -> None:
+                if self.drip:
+                    head = (
+                        f"HTTP/1.1 {code} OK\r\nContent-Type: {content_type}\r\n"
+                        f"Content-Length: {len(data)}\r\n\r\n"
+                    )
+                    for byte in head.encode() + data:
+                        self.wfile.write(bytes([byte]))
+                        time.sleep(self.drip)
+                    return
                 self.send_response(code)
                 self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(data)))

@@ -95,6 +95,28 @@ def test_client_survives_timeout_500_and_malformed_then_caches(tmp_path, caplog)
     assert SECRET not in caplog.text
 
 
+def test_a_judge_that_drips_one_byte_at_a_time_is_bounded_by_the_timeout(tmp_path):
+    """Each byte arrives well within the read timeout, so only a deadline on the whole request
+    ends it: two requests of at most 1 s each (and the openai client's backoff between them), where
+    the answer would take over 20 s to arrive."""
+    import time
+
+    with ChatServer(lambda p: "ITEM 1: <answer>1</answer>\nITEM 2: <answer>0</answer>") as server:
+        server.script = [("drip", 0.05)] * 2
+        client = _client(server, tmp_path, timeout=1.0, max_attempts=2)
+        start = time.monotonic()
+        with pytest.raises(JudgeError, match="failed 2 times, last error: APITimeoutError"):
+            client.complete("P", _support_parse)
+        assert time.monotonic() - start < 6
+        assert len(server.prompts) == 2
+        assert client.complete("Q", _support_parse).value == [1, 0]  # a prompt answer still lands
+
+
+def test_an_unwritable_judge_cache_names_the_fix(tmp_path):
+    with ChatServer() as server, pytest.raises(JudgeError, match="HPSE_CACHE_DIR"):
+        ChatClient(JudgeSettings(base_url=server.url, cache_path="/sys/hpse-judge/cache.sqlite"))
+
+
 def test_client_gives_up_after_max_attempts(tmp_path):
     with ChatServer(lambda p: "no verdicts here") as server:
         client = _client(server, tmp_path, max_attempts=3)

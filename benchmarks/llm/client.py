@@ -7,6 +7,10 @@ ours is re-asking when an answer arrived but cannot be parsed (or is not a chat 
 a library client cannot know our answer format. ``--judge-max-attempts`` bounds the requests one
 question may cost in all, transport retries and re-asks together.
 
+``--judge-timeout`` bounds each request as a whole: httpx's timeouts bound each network read, so
+an endpoint that sends one byte a second never trips them; the client's transport gives every read,
+write and connect of a request only the time left until its deadline (``deadline_transport``).
+
 Every well-formed answer is kept in ``ResponseCache`` (SQLite, keyed by the model and the exact
 request), so a rerun of the same evaluation, or of the same subject or passage generation, sends
 nothing.
@@ -19,6 +23,7 @@ import json
 import logging
 import os
 import sqlite3
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +31,7 @@ from typing import Any, Callable, Generic, TypeVar
 
 __all__ = [
     "ChatClient",
+    "deadline_transport",
     "JudgeError",
     "JudgeRefusedError",
     "JudgeSettings",
@@ -61,13 +67,19 @@ class ResponseCache:
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path)
-        self._db.execute(
-            "CREATE TABLE IF NOT EXISTS responses (key TEXT "
-            "PRIMARY KEY, model TEXT, response TEXT, created REAL)"
-        )
-        self._db.commit()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(self.path)
+            self._db.execute(
+                "CREATE TABLE IF NOT EXISTS responses (key TEXT "
+                "PRIMARY KEY, model TEXT, response TEXT, created REAL)"
+            )
+            self._db.commit()
+        except (OSError, sqlite3.Error) as err:
+            raise JudgeError(
+                f"judge cache {self.path}: cannot be written ({err}); set --cache-dir or "
+                "HPSE_CACHE_DIR to a writable directory"
+            ) from None
 
     @staticmethod
     def key(model: str, request: dict) -> str:
@@ -126,6 +138,86 @@ class JudgeSettings:
         return bool(self.base_url or self.api_key)
 
 
+class _Deadline(threading.local):
+    """When the request this thread is sending must be done (``time.monotonic()``), or None."""
+
+    at: float | None = None
+
+    def bound(self, timeout: float | None, expired: type[Exception]) -> float | None:
+        """``timeout`` cut to the time left; ``expired`` when none is left."""
+        if self.at is None:
+            return timeout
+        left = self.at - time.monotonic()
+        if left <= 0:
+            raise expired("the request as a whole took longer than the judge timeout")
+        return left if timeout is None else min(timeout, left)
+
+
+def _deadline_backend(inner: Any, deadline: _Deadline) -> Any:
+    """``inner`` (httpcore's network backend) with every connect, read and write bounded by
+    ``deadline``."""
+    import httpcore2
+
+    class Stream(httpcore2.NetworkStream):
+        def __init__(self, stream: Any) -> None:
+            self.stream = stream
+
+        def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+            return self.stream.read(max_bytes, deadline.bound(timeout, httpcore2.ReadTimeout))
+
+        def write(self, buffer: bytes, timeout: float | None = None) -> None:
+            self.stream.write(buffer, deadline.bound(timeout, httpcore2.WriteTimeout))
+
+        def close(self) -> None:
+            self.stream.close()
+
+        def start_tls(
+            self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None
+        ) -> Any:
+            bounded = deadline.bound(timeout, httpcore2.ConnectTimeout)
+            return Stream(self.stream.start_tls(ssl_context, server_hostname, bounded))
+
+        def get_extra_info(self, info: str) -> Any:
+            return self.stream.get_extra_info(info)
+
+    class Backend(httpcore2.NetworkBackend):
+        def connect_tcp(self, host: str, port: int, timeout: float | None = None, **kw: Any) -> Any:
+            bounded = deadline.bound(timeout, httpcore2.ConnectTimeout)
+            return Stream(inner.connect_tcp(host, port, bounded, **kw))
+
+        def connect_unix_socket(self, path: str, timeout: float | None = None, **kw: Any) -> Any:
+            bounded = deadline.bound(timeout, httpcore2.ConnectTimeout)
+            return Stream(inner.connect_unix_socket(path, bounded, **kw))
+
+        def sleep(self, seconds: float) -> None:
+            inner.sleep(seconds)
+
+    return Backend()
+
+
+def deadline_transport(seconds: float, **kwargs: Any) -> Any:
+    """An ``httpx2.HTTPTransport`` (``kwargs``) whose every request, from connecting to its last
+    byte, must be done within ``seconds``; past that its next read or write raises httpx's
+    ``ReadTimeout`` / ``WriteTimeout``, which the openai client retries as any timeout. The body is
+    read by the same thread after ``handle_request`` returns, so the deadline stays until that
+    thread's next request."""
+    import httpx2
+
+    class Transport(httpx2.HTTPTransport):
+        def __init__(self) -> None:
+            super().__init__(**kwargs)
+            self.deadline = _Deadline()
+            # httpcore's pool makes each new connection's streams through this backend
+            pool = self._pool
+            pool._network_backend = _deadline_backend(pool._network_backend, self.deadline)
+
+        def handle_request(self, request: Any) -> Any:
+            self.deadline.at = time.monotonic() + seconds
+            return super().handle_request(request)
+
+    return Transport()
+
+
 class _RequestLog:
     """The httpx hooks a ``ChatClient`` gives the openai client: they count every request sent in
     ``stats`` and log the client's own retries (which happen inside one ``create`` call)."""
@@ -176,7 +268,8 @@ class ChatClient:
         # what the client's own retry loop sends.
         hooks = _RequestLog(self.stats)
         http = openai.DefaultHttpxClient(
-            event_hooks={"request": [hooks.on_request], "response": [hooks.on_response]}
+            event_hooks={"request": [hooks.on_request], "response": [hooks.on_response]},
+            transport=deadline_transport(settings.timeout, limits=openai.DEFAULT_CONNECTION_LIMITS),
         )
         self._client = openai.OpenAI(
             base_url=settings.base_url,
