@@ -173,17 +173,17 @@ class Editing:
 
     @staticmethod
     def failed_record(
-        index: int, case: Mapping[str, Any], err: EditDivergedError, block: int | None
+        index: int, case: Mapping[str, Any], err: Any, block: int | None, seconds: float = 0.0
     ) -> dict:
-        """A case whose edit diverged: why, and no scores (left out of every mean, counted as
-        failed)."""
+        """A case whose edit diverged or failed (``err``: the error, or its message): why, and no
+        scores (left out of every mean, counted as failed)."""
         log.warning("case %s: %s", case["case_id"], err)
         return {
             "case_id": case["case_id"],
             "index": index,
             "block": block,
             "subjects": [r["subject"] for r in case["requests"]],
-            "edit_seconds": round(err.seconds, 3),
+            "edit_seconds": round(getattr(err, "seconds", seconds), 3),
             "rounds": [],
             "failed": str(err),
         }
@@ -201,11 +201,23 @@ class CaseLoop:
     results: ResultFile
 
 
+@dataclass
 class SingleLoop(CaseLoop):
     """Single editing: each case edited into the unedited model, answered, scored, undone,
-    recorded."""
+    recorded. With ``cases_at_once`` B > 1 the cases are edited B at a time in one batched pass
+    (``MethodSpec.edit_cases``), then each is put in, answered, scored, undone and recorded as a
+    solo edit's case is."""
 
-    def run(self, todo: list[int], progress: Progress) -> None:
+    cases_at_once: int = 1
+
+    def run(self, todo: list[int], progress: Progress, mine: Sequence[int] = ()) -> None:
+        """Edit the cases ``todo`` (indices into ``cases``). ``mine``: every case of this process,
+        done or not, in order: batches are fixed windows of it, so a batch cut short by a stop is
+        edited again whole (the same batch, so the same float rounding, as one uninterrupted run)
+        and only its cases without a record are recorded."""
+        if self.cases_at_once > 1:
+            self._run_batched(todo, progress, list(mine) or list(todo))
+            return
         e = self.editing
         for i in todo:
             case = self.cases[i]
@@ -223,11 +235,46 @@ class SingleLoop(CaseLoop):
             rec.update(self.scorer.score(case, answers))
             if mmlu_after is not None:
                 rec["MMLU_after"] = mmlu_after
-            write_kept(self.results, [rec])
-            self.scorer.stop_if_refused()
-            progress(
-                1, {m: f"{100 * rec[m]:.0f}" for m in e.task.metrics if rec.get(m) is not None}
+            self._finish(rec, progress)
+
+    def _finish(self, rec: dict, progress: Progress) -> None:
+        """Write a scored case's record, stop if the judge refuses, advance the progress bar."""
+        write_kept(self.results, [rec])
+        self.scorer.stop_if_refused()
+        progress(
+            1,
+            {m: f"{100 * rec[m]:.0f}" for m in self.editing.task.metrics if rec.get(m) is not None},
+        )
+
+    def _run_batched(self, todo: list[int], progress: Progress, mine: list[int]) -> None:
+        e, size, wanted = self.editing, self.cases_at_once, set(todo)
+        batches = [mine[s : s + size] for s in range(0, len(mine), size)]
+        for batch in (b for b in batches if wanted.intersection(b)):
+            t0 = time.time()
+            edits = e.method.edit_cases(
+                e.model,
+                e.tok,
+                [[dict(r) for r in self.cases[i]["requests"]] for i in batch],
+                e.hp,
             )
+            seconds = (time.time() - t0) / len(batch)  # each case's share of the batch
+            for i, res in zip(batch, edits):
+                if i not in wanted:
+                    continue
+                case = self.cases[i]
+                if not res.ok:
+                    write_kept(self.results, [e.failed_record(i, case, res.error, None, seconds)])
+                    progress(1, None)
+                    continue
+                model = e.method.resume(e.model, e.hp, res.tensors)
+                answers = e.answers(model, [case], [res])[0]
+                mmlu_after = self.probe.measure(model, e.tok) if self.probe.due(i) else None
+                e.restore(model, res.start)
+                rec = e.edit_record(i, case, res, seconds, None)
+                rec.update(self.scorer.score(case, answers))
+                if mmlu_after is not None:
+                    rec["MMLU_after"] = mmlu_after
+                self._finish(rec, progress)
 
 
 @dataclass

@@ -81,6 +81,15 @@ def add_run_arguments(parser: argparse.ArgumentParser, benchmark: str | None) ->
     )
     g.add_argument("--batch-size", type=int, default=8, help="generation batch size (default 8)")
     g.add_argument(
+        "--cases-at-once",
+        type=int,
+        default=1,
+        metavar="B",
+        help="single editing: edit B independent cases together in one batched pass (each its "
+        "own adapter or FT-M matrix; each case's result is its solo edit's up to float "
+        "rounding); HPSE and the plain LoRA/FT-M rows (default 1: one at a time)",
+    )
+    g.add_argument(
         "--max-answer-tokens",
         type=int,
         metavar="N",
@@ -220,6 +229,7 @@ def options_from_args(
         checkpoints=args.checkpoints,
         retry_failed=args.retry_failed,
         batch_size=args.batch_size,
+        cases_at_once=args.cases_at_once,
         max_new_tokens=answer_tokens,
         data_file=vars(args)[_dest(task, task.data_option)],
         judge=args.judge,

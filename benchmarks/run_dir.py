@@ -184,10 +184,14 @@ class RunDirectory:
         )
         path.unlink()
 
-    def record_environment(self, case_ids: Sequence[str]) -> None:
-        """One line in ``environments.jsonl`` for the cases this invocation edits."""
+    def record_environment(self, case_ids: Sequence[str], cases_at_once: int = 1) -> None:
+        """One line in ``environments.jsonl`` for the cases this invocation edits (and, when it
+        edits several at once, how many)."""
+        record = environment_record(case_ids, self.ctx)
+        if cases_at_once > 1:
+            record["cases_at_once"] = cases_at_once
         with open(self.path / ENVIRONMENTS_FILE, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(environment_record(case_ids, self.ctx)) + "\n")
+            fh.write(json.dumps(record) + "\n")
 
     def recorded_hparams(self, current: dict) -> dict:
         """The hparams as config.json recorded them when the run started: a resume or a re-summary

@@ -35,6 +35,7 @@ _RANGES = {
     "sequential": ("--sequential", "cases edited one after another"),
     "limit": ("--limit", "the first N cases"),
     "batch_size": ("--batch-size", "answers generated at once"),
+    "cases_at_once": ("--cases-at-once", "independent cases edited together"),
     "max_new_tokens": ("--max-answer-tokens", "answer length cap"),
     "max_attempts": ("--judge-max-attempts", "requests per judge question"),
     "dist_timeout_hours": ("--dist-timeout-hours", ""),
@@ -101,6 +102,7 @@ class RunOptions(BaseModel):
     cases: list[str] | None = None
     checkpoints: list[int] | None = None
     batch_size: Annotated[int, Field(ge=1)] = 8
+    cases_at_once: Annotated[int, Field(ge=1)] = 1
     max_new_tokens: Annotated[int | None, Field(ge=1)] = None
     data_file: str | None = None
     judge: str = "auto"
@@ -156,6 +158,11 @@ class RunOptions(BaseModel):
                     "--cases picks single cases; continual editing (--sequential) edits "
                     "consecutive cases, so use --limit there"
                 )
+        if self.cases_at_once > 1 and self.sequential:
+            raise UsageError(
+                "--cases-at-once edits independent single cases together; a continual sequence's "
+                "edits depend on each other, so drop --cases-at-once with --sequential"
+            )
         if self.checkpoints is not None:
             if not self.sequential:
                 raise UsageError(

@@ -103,6 +103,11 @@ class _Run:
         cache_dir = Path(opts.cache_dir) if opts.cache_dir else default_cache_dir()
         _check_data_paths(opts, self.data_dir)
         self.method = method_for_file(opts.hparams)
+        if opts.cases_at_once > 1 and self.method.edit_cases is None:
+            raise UsageError(
+                f"--cases-at-once {opts.cases_at_once}: {self.method.name} edits one case at a "
+                "time; drop --cases-at-once (HPSE files, plain LoRA and FT-M among them, take it)"
+            )
         requested, self.hp_dict, hp, self.ctx = _hparams(self.method, opts, context)
         method = method_label(self.method.name, self.hp_dict)
         self.scorer = Scorer(self.task, opts.judge, opts.judge_settings, cache_dir)
@@ -146,6 +151,8 @@ class _Run:
         # only when set: the directories of runs without checkpoints keep resuming
         if o.checkpoints:
             config["checkpoints"] = o.checkpoints
+        if o.cases_at_once > 1:  # how, not what: a resume may change it (store.RUN_KERNEL_KEYS)
+            config["cases_at_once"] = o.cases_at_once
         config.update(self.task.run_config(o.task_options, self.scorer.judge, self.probe.enabled))
         return config
 
@@ -179,6 +186,7 @@ class _Run:
             )
             self.scorer.rejudge(d.results, cases, ids)
             mine = ctx.shard(list(enumerate(blocks)))
+            self._mine = [i for _, unit in mine for i in unit]
             todo = [(b, unit) for b, unit in mine if not all(ids[i] in done for i in unit)]
             self.probe.load()
             if todo or (ctx.is_main and self.probe.lacks_before()):
@@ -199,7 +207,9 @@ class _Run:
             )
         mmlu_before = self.probe.before(self.editing.unedited) if ctx.is_main else None
         if n_todo:
-            d.record_environment([ids[i] for _, unit in todo for i in unit])
+            d.record_environment(
+                [ids[i] for _, unit in todo for i in unit], self.opts.cases_at_once
+            )
             self._edit_cases(cases, todo, n_mine, n_todo)
         # every process has written its last case; no results file changes from here on
         ctx.barrier()
@@ -234,9 +244,9 @@ class _Run:
                 self.opts.checkpoints or (),
             ).run(todo, progress)
         else:
-            SingleLoop(self.editing, cases, self.scorer, self.probe, d.results).run(
-                [u[0] for _, u in todo], progress
-            )
+            SingleLoop(
+                self.editing, cases, self.scorer, self.probe, d.results, self.opts.cases_at_once
+            ).run([u[0] for _, u in todo], progress, mine=self._mine)
 
 
 def run_benchmark(opts: RunOptions, context: ProcessContext | None = None) -> dict:

@@ -187,6 +187,12 @@ def json_plain(value: Any) -> Any:
     if isinstance(value, Mapping):
         return {str(k): json_plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
+#: config keys outside the hparams that choose how the same edits are computed: how many
+#: independent cases are edited in one batched pass (``hpse_easyedit.batched``; each case's result
+#: is its solo edit's up to float rounding). A resume may change them; config.json keeps the value
+#: the run started with, and environments.jsonl records each invocation's.
+RUN_KERNEL_KEYS = (("cases_at_once",),)
+
         return [json_plain(v) for v in value]
     if hasattr(value, "item") and callable(value.item):
         return value.item()
@@ -236,7 +242,8 @@ def config_policy(hparams: Any) -> ConfigPolicy:
     """What a rerun may differ in from a run directory's ``config.json`` without being another
     configuration.
 
-    Placement and kernel keys of the hparams (``PLACEMENT_KEYS``, ``KERNEL_KEYS``) are ignored; a
+    Placement and kernel keys of the hparams (``PLACEMENT_KEYS``, ``KERNEL_KEYS``) and the run's
+    own kernel keys (``RUN_KERNEL_KEYS``: ``cases_at_once``) are ignored; a
     key directly under ``hparams`` that the recorded config does not have is accepted when its value
     is the default of that field in the code (a field added to the hparams after the run started, at
     the behaviour the old code had). Anything else that differs, nested keys included, is a
@@ -245,7 +252,8 @@ def config_policy(hparams: Any) -> ConfigPolicy:
     defaults = _field_defaults(hparams)
     return ConfigPolicy(
         ignored=lambda path: (
-            len(path) == 2 and path[0] == "hparams" and path[1] in PLACEMENT_KEYS + KERNEL_KEYS
+            (len(path) == 2 and path[0] == "hparams" and path[1] in PLACEMENT_KEYS + KERNEL_KEYS)
+            or path in RUN_KERNEL_KEYS
         ),
         new_default=lambda path, value: (
             len(path) == 2

@@ -43,7 +43,7 @@ from .padding import next_token_labels, pad_rows, pad_token_id
 from .prompts import EditPrompts, stop_token_ids
 from .rollout import Rollout, batched_hybrid_rollouts, input_device
 from .static_decode import decode_mode
-from .training import _diverged, activation_checkpointing
+from .training import _diverged, activation_checkpointing, trained_tensors_problem
 
 __all__ = ["CaseEdit", "apply_case_edit", "hpse_edit_cases"]
 
@@ -215,6 +215,7 @@ def _fail(stacked: StackedExecutor, case: _Case, start: dict, message: str) -> N
     """Take ``case`` out of the batch: its tensors back at their start, its error recorded."""
     stacked.set_case(case.index, start)
     case.result.error = message
+    case.result.rounds = []  # a failed case reports no rounds, as a failed solo edit's record
     case.result.tensors = {n: t.clone() for n, t in start.items()}
 
 
@@ -355,9 +356,9 @@ def _train(
                         stacked,
                         c,
                         case_start[c.index],
-                        f"the HPSE edit diverged in round {r}, inner step {step + 1}: loss "
-                        f"{total:.4g}{growth}; the edit was undone and nothing is kept. Lower "
-                        f"'lr' in the hparams (now {hparams.lr:g})",
+                        _diverged_message(
+                            r, f"inner step {step + 1}: loss {total:.4g}{growth}", hparams
+                        ),
                     )
                     break
                 c.history.append((total, values))
@@ -378,6 +379,51 @@ def _train(
         )
     model.train(was_training)
     optimizer.zero_grad(set_to_none=True)
+    if live:
+        _final_check(stacked, live, batches, case_start, hparams)
+
+
+def _diverged_message(round_: int, what: str, hparams: HPSEHyperParams) -> str:
+    """The solo edit's ``EditDivergedError`` message (``training._stop_diverged``)."""
+    return (
+        f"the HPSE edit diverged in round {round_}, {what}; the edit was undone and nothing is "
+        f"kept. Lower 'lr' in the hparams (now {hparams.lr:g})"
+    )
+
+
+def _final_check(
+    stacked: StackedExecutor,
+    live: list[_Case],
+    batches: dict,
+    case_start: Sequence[dict],
+    hparams: HPSEHyperParams,
+) -> None:
+    """The solo edit's check after its last update (``training.trained_tensors_problem``): each
+    case's tensors finite and bounded, its loss after the last step finite and within
+    ``max_loss_growth`` of its last round's first loss; a case that fails it is failed."""
+    weights = {"kl": hparams.kl_weight, "nll": hparams.nll_weight}
+    rows = _rows_of(live)
+    totals = [0.0] * len(live)
+    with torch.no_grad(), stacked.rows(rows):
+        for name, values_of in (("kl", _kl_values), ("nll", _nll_values)):
+            if name in batches:
+                values = values_of(stacked.model, batches[name], hparams)
+                for k, v in enumerate(values):
+                    totals[k] += weights[name] * float(v)
+    for c, final in zip(live, totals):
+        problem = trained_tensors_problem(
+            stacked.case_tensors(c.index),
+            final_loss=final,
+            round_start_loss=c.result.rounds[-1]["loss"],
+            max_loss_growth=hparams.max_loss_growth,
+        )
+        if problem is not None:
+            _fail(
+                stacked,
+                c,
+                case_start[c.index],
+                _diverged_message(hparams.rounds, f"after its last inner step: {problem}", hparams),
+            )
 
 
 def _freeze(

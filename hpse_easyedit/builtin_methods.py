@@ -6,6 +6,7 @@ door finds them.
 
 from __future__ import annotations
 
+from .batched import hpse_edit_cases
 from .coin import COINHyperParams, coin_edit
 from .editor import hpse_edit
 from .executors import restore_weights, resume_edit
@@ -43,6 +44,7 @@ register_method(
         resume=resume_edit,
     )
 )
+        edit_cases=hpse_edit_cases,
 register_method(
     MethodSpec(
         "COIN",

@@ -82,6 +82,11 @@ class MethodSpec:
     #: stopped continual sequence resume from a snapshot; None: the runner replays the sequence's
     #: edits instead
     resume: Callable[[Any, Any, dict], Any] | None = None
+    #: (model, tok, [each case's requests], hparams) -> one ``batched.CaseEdit`` per case: several
+    #: independent edits in one batched pass (the runners' ``--cases-at-once``), each put into the
+    #: model for answering with ``resume`` and undone with ``restore(model, case.start)``; None: the
+    #: method edits one case at a time
+    edit_cases: Callable[[Any, Any, list, Any], list] | None = None
 
     @property
     def hparams_class(self) -> type | None:
