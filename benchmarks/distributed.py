@@ -15,6 +15,12 @@ and 4 processes per host: process 0 gets GPUs 0,1, process 1 gets 2,3, ...), set
 ``CUDA_VISIBLE_DEVICES`` of that process before CUDA starts, and ``device_map="auto"`` spreads the
 model over that group. The processes then synchronise over gloo (CPU), since no process owns a
 single GPU for NCCL. With one process, ``model_parallel`` uses every visible GPU, as before.
+
+Launcher variables left over from another launch (``RANK=3 WORLD_SIZE=2``, or ``RANK=1
+WORLD_SIZE=2`` without ``MASTER_ADDR``) are one ``LaunchError`` line before anything starts, and the
+start of the process group (every process reaching the rendezvous) is bounded by
+``$HPSE_DIST_START_TIMEOUT`` seconds (default 600): a process whose peers never come says so in one
+line and exits with code 2 instead of waiting for days.
 """
 
 from __future__ import annotations
@@ -22,17 +28,22 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
+import threading
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Iterator, Sequence, TypeVar
 
 __all__ = [
+    "DEFAULT_START_TIMEOUT",
     "DEFAULT_TIMEOUT",
     "LaunchError",
     "ProcessContext",
+    "check_launch_environment",
     "current_context",
     "gpu_group",
     "process_context",
+    "start_timeout",
 ]
 
 log = logging.getLogger(__name__)
@@ -44,6 +55,12 @@ T = TypeVar("T")
 #: a process that crashes is torn down by the launcher together with the others, so only a hung
 #: process is ever waited for this long.
 DEFAULT_TIMEOUT = timedelta(days=7)
+
+#: How long a process waits for the others of its launch to reach the rendezvous that starts the
+#: process group (``$HPSE_DIST_START_TIMEOUT`` seconds). The processes of a launch start together
+#: and reach it before any model loads; only variables left over from another launch, or peers that
+#: died before it, make a process wait this long.
+DEFAULT_START_TIMEOUT = 600.0
 
 _CONTEXT: "ProcessContext | None" = None
 
@@ -174,6 +191,82 @@ def _claim_gpu_group() -> tuple[str, ...]:
     return tuple(group)
 
 
+_LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+_STALE = (
+    "launcher variables left over from another launch? Unset RANK, WORLD_SIZE, LOCAL_RANK, "
+    "MASTER_ADDR and MASTER_PORT to run one process, or start the processes with `accelerate "
+    "launch --num_processes N` or torchrun"
+)
+
+
+def check_launch_environment(env: os._Environ | dict | None = None) -> None:
+    """``LaunchError`` for launcher variables no live launch can have set: a non-number, a rank not
+    below ``WORLD_SIZE``, or several processes without ``MASTER_ADDR`` (where they meet)."""
+    env = os.environ if env is None else env
+    values = {}
+    for name in _LAUNCH_VARIABLES:
+        raw = str(env.get(name, "")).strip()
+        if not raw:
+            continue
+        if not raw.isdigit():
+            raise LaunchError(f"{name}={raw!r} is not a process count or index; {_STALE}")
+        values[name] = int(raw)
+    world, rank = values.get("WORLD_SIZE", 1), values.get("RANK", 0)
+    if world < 1 or rank >= world:
+        raise LaunchError(
+            f"RANK={rank} but WORLD_SIZE={world}: a process's rank must be below the number of "
+            f"processes; {_STALE}"
+        )
+    local_world = values.get("LOCAL_WORLD_SIZE", 1)
+    if values.get("LOCAL_RANK", 0) >= max(local_world, 1) and "LOCAL_WORLD_SIZE" in values:
+        raise LaunchError(
+            f"LOCAL_RANK={values['LOCAL_RANK']} but LOCAL_WORLD_SIZE={local_world}; {_STALE}"
+        )
+    if world > 1 and not str(env.get("MASTER_ADDR", "")).strip():
+        raise LaunchError(
+            f"RANK={rank} and WORLD_SIZE={world} are set but MASTER_ADDR (where the processes "
+            f"meet) is not; {_STALE}"
+        )
+
+
+def start_timeout() -> float:
+    """``$HPSE_DIST_START_TIMEOUT`` in seconds, else ``DEFAULT_START_TIMEOUT``."""
+    raw = os.environ.get("HPSE_DIST_START_TIMEOUT", "").strip()
+    try:
+        seconds = float(raw) if raw else DEFAULT_START_TIMEOUT
+    except ValueError:
+        raise LaunchError(
+            f"HPSE_DIST_START_TIMEOUT={raw!r} is not a number of seconds; unset it or give one"
+        ) from None
+    if not seconds > 0:
+        raise LaunchError(f"HPSE_DIST_START_TIMEOUT={raw!r} must be > 0 seconds")
+    return seconds
+
+
+@contextlib.contextmanager
+def _bounded_start(seconds: float, rank: int, world: int) -> Iterator[None]:
+    """Inside: the process-group rendezvous, which waits in C++ where no exception reaches it; if
+    it lasts ``seconds``, one line on stderr and exit code 2 (nothing of the run is written yet)."""
+
+    def give_up() -> None:
+        where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT', '29500')}"
+        sys.stderr.write(
+            f"error: process {rank} of {world} waited {seconds:g} s at {where} for the other "
+            f"processes of its launch and they did not all come ({_STALE}; or raise "
+            "HPSE_DIST_START_TIMEOUT if they start slowly)\n"
+        )
+        sys.stderr.flush()
+        os._exit(2)
+
+    timer = threading.Timer(seconds, give_up)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
 def current_context() -> ProcessContext | None:
     """The context ``process_context`` made in this process, or None before the first run."""
     return _CONTEXT
@@ -197,6 +290,7 @@ def process_context(
                 "model_parallel=...) or launch them separately"
             )
         return _CONTEXT
+    check_launch_environment()
     launched = _env_int("WORLD_SIZE", 1)
     gpus = _claim_gpu_group() if model_parallel and launched > 1 else None
 
@@ -211,7 +305,17 @@ def process_context(
         or parse_flag_from_env("ACCELERATE_USE_CPU")
         or not torch.cuda.is_available()
     )
-    state = PartialState(cpu=cpu, timeout=timeout)
+    seconds = min(start_timeout(), timeout.total_seconds())
+    try:
+        with _bounded_start(seconds, _env_int("RANK", 0), launched):
+            state = PartialState(cpu=cpu, timeout=timeout)
+    except (ValueError, RuntimeError) as err:  # accelerate's and torch's rendezvous errors
+        if launched <= 1:
+            raise
+        raise LaunchError(
+            f"the process group of this {launched}-process launch could not start "
+            f"({' '.join(str(err).split())[:200]}); {_STALE}"
+        ) from None
     if state.num_processes != launched and launched > 1:
         raise LaunchError(
             f"the launcher started {launched} processes (WORLD_SIZE) but accelerate's process "

@@ -12,6 +12,7 @@ process group.
 import argparse
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -23,7 +24,12 @@ import pytest
 import torch
 
 from bench_helpers import DATA_DIR, isolate_judge_env
-from benchmarks.distributed import LaunchError, ProcessContext, gpu_group
+from benchmarks.distributed import (
+    LaunchError,
+    ProcessContext,
+    check_launch_environment,
+    gpu_group,
+)
 from benchmarks.runner import RunOptions, config_policy, run_benchmark
 from benchmarks.store import ConfigMismatchError, IncompleteRunError
 from tiny_models import make_tiny_model_and_tokenizer, tiny_hparams
@@ -498,6 +504,80 @@ def test_model_parallel_process_claims_its_gpu_group_before_cuda_starts(monkeypa
     )  # a driver that started before the limit
     with pytest.raises(LaunchError, match="still sees 8"):
         distributed._claim_gpu_group()
+
+
+# ------------------------------------------------------------------------- stale launcher variables
+@pytest.mark.parametrize(
+    "env, fragment",
+    [
+        ({"RANK": "3", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}, "RANK=3 but WORLD_SIZE=2"),
+        ({"RANK": "1", "WORLD_SIZE": "2"}, "MASTER_ADDR (where the processes meet) is not"),
+        ({"RANK": "x", "WORLD_SIZE": "2"}, "RANK='x' is not a process count"),
+        ({"RANK": "0", "WORLD_SIZE": "0"}, "RANK=0 but WORLD_SIZE=0"),
+        ({"LOCAL_RANK": "4", "LOCAL_WORLD_SIZE": "2"}, "LOCAL_RANK=4 but LOCAL_WORLD_SIZE=2"),
+    ],
+)
+def test_launcher_variables_no_launch_could_set_are_one_line(env, fragment):
+    with pytest.raises(LaunchError, match=re.escape(fragment)) as info:
+        check_launch_environment(env)
+    assert "left over from another launch" in str(info.value)
+
+
+def test_launcher_variables_of_a_real_launch_pass():
+    check_launch_environment({})
+    check_launch_environment({"RANK": "0", "WORLD_SIZE": "1"})
+    check_launch_environment(
+        {
+            "RANK": "1",
+            "WORLD_SIZE": "2",
+            "LOCAL_RANK": "1",
+            "LOCAL_WORLD_SIZE": "2",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": "29500",
+        }
+    )
+
+
+@needs_data
+@pytest.mark.parametrize("stale", ["rank beyond the world", "no peers come"])
+def test_a_runner_with_stale_launcher_variables_ends_in_one_line(tiny, tmp_path, stale):
+    """``RANK=3 WORLD_SIZE=2`` is refused before anything starts; ``RANK=1 WORLD_SIZE=2`` with a
+    MASTER_ADDR where nobody listens waits HPSE_DIST_START_TIMEOUT seconds for its peers, then
+    says so: both exit 2 with one line, where they used to wait silently."""
+    env = _env(tmp_path)
+    rank = "3" if stale == "rank beyond the world" else "1"
+    env.update(
+        RANK=rank,
+        WORLD_SIZE="2",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(_free_port()),
+        HPSE_DIST_START_TIMEOUT="3",
+    )
+    cmd = [
+        sys.executable,
+        str(REPO / "run_examples" / "run_hpse_mquake.py"),
+        "--hparams",
+        str(tiny / "hpse.yaml"),
+        "--limit",
+        "1",
+        "--judge",
+        "lexical",
+        "--out",
+        str(tmp_path / "out"),
+        "--log-level",
+        "WARNING",
+    ]
+    start = time.monotonic()
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    errors = [x for x in done.stderr.splitlines() if "error" in x.lower()]
+    assert done.returncode == 2 and len(errors) == 1, done.stderr[-2000:]
+    if stale == "rank beyond the world":
+        assert "RANK=3 but WORLD_SIZE=2" in errors[0]
+    else:
+        assert "process 1 of 2 waited 3 s at 127.0.0.1:" in errors[0]
+        assert "HPSE_DIST_START_TIMEOUT" in errors[0]
+    assert time.monotonic() - start < 120
+    assert not (tmp_path / "out" / "results.jsonl").exists()
 
 
 # ------------------------------------------------------------------------------------ devices
