@@ -180,6 +180,11 @@ KERNEL_KEYS = (
     "attn_implementation",
     "gradient_checkpointing",
 )
+#: config keys outside the hparams that choose how the same edits are computed: how many
+#: independent cases are edited in one batched pass (``hpse_easyedit.batched``; each case's result
+#: is its solo edit's up to float rounding). A resume may change them; config.json keeps the value
+#: the run started with, and environments.jsonl records each invocation's.
+RUN_KERNEL_KEYS = (("cases_at_once",),)
 
 
 def json_plain(value: Any) -> Any:
@@ -187,12 +192,6 @@ def json_plain(value: Any) -> Any:
     if isinstance(value, Mapping):
         return {str(k): json_plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-#: config keys outside the hparams that choose how the same edits are computed: how many
-#: independent cases are edited in one batched pass (``hpse_easyedit.batched``; each case's result
-#: is its solo edit's up to float rounding). A resume may change them; config.json keeps the value
-#: the run started with, and environments.jsonl records each invocation's.
-RUN_KERNEL_KEYS = (("cases_at_once",),)
-
         return [json_plain(v) for v in value]
     if hasattr(value, "item") and callable(value.item):
         return value.item()

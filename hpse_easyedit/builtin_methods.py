@@ -42,9 +42,9 @@ register_method(
         easyedit_apply=apply_hpse_to_model,
         callable_restore=True,
         resume=resume_edit,
+        edit_cases=hpse_edit_cases,
     )
 )
-        edit_cases=hpse_edit_cases,
 register_method(
     MethodSpec(
         "COIN",
