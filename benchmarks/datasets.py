@@ -15,7 +15,6 @@ core package's ``hpse_easyedit.data_files``.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import random
@@ -34,6 +33,7 @@ from hpse_easyedit.data_files import (
     DataError,
     mmlu_file,
     mmlu_test_files,
+    read_data_json,
     read_mmlu_csv,
 )
 from hpse_easyedit.errors import choice_text
@@ -101,20 +101,10 @@ def _resolve(data_dir: str | os.PathLike | None, name: str | os.PathLike) -> Pat
     return path
 
 
-def _read_json(path: Path) -> Any:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
-    except json.JSONDecodeError as err:
-        raise DataError(
-            f"{path}: not valid JSON ({err}); use the unmodified benchmark file"
-        ) from None
-
-
 def _read_list(path: Path, what: str, limit: int | None) -> list:
     """The JSON list of ``path`` (its first ``limit`` entries when given); DataError naming ``what``
     otherwise."""
-    items = _read_json(path)
+    items = read_data_json(path)
     if not isinstance(items, list):
         raise DataError(f"{path}: expected a JSON list of {what}, got {type(items).__name__}")
     return items if limit is None else items[: max(0, limit)]
@@ -224,7 +214,7 @@ def _generated(
     used as they are; it is never written or deleted."""
     slug = re.sub(r"[^\w.-]+", "_", client.model)
     legacy_path = cache_dir / f"{kind}.{slug}.json"
-    legacy: dict[str, str] = _read_json(legacy_path) if legacy_path.is_file() else {}
+    legacy: dict[str, str] = read_data_json(legacy_path) if legacy_path.is_file() else {}
     out = {k: legacy[k] for k in keys if k in legacy}
     todo = [k for k in dict.fromkeys(keys) if k not in out]
     if todo:
@@ -265,7 +255,7 @@ def _subjects_for(
     source: dict[str, str] = {}
     if mode in {"auto", "file"}:
         if subjects_file is not None and subjects_file.is_file():
-            table = _read_json(subjects_file)
+            table = read_data_json(subjects_file)
             if not isinstance(table, dict):
                 raise DataError(
                     f"{subjects_file}: expected a JSON object mapping record id to subject phrase"
@@ -455,12 +445,16 @@ def load_mquake_uns(
     path = _resolve(data_dir, file)
     cases = _read_list(path, "MQuAKE cases", limit)
     need_passage: list[str] = []
+    seen: set[str] = set()
     for n, c in enumerate(cases):
         where = f"case #{n}"
         if not isinstance(c, dict):
             raise DataError(f"{path}: {where} is not an object")
         _require(c, "case_id", (int, str), path, where)
         where = f"case #{n} (case_id {c['case_id']})"
+        if str(c["case_id"]) in seen:
+            raise DataError(f"{path}: {where} repeats a case_id; case ids must be unique")
+        seen.add(str(c["case_id"]))
         rewrites = _require(c, "requested_rewrite", list, path, where)
         if not rewrites:
             raise DataError(f"{path}: {where} has an empty requested_rewrite list")

@@ -11,8 +11,13 @@ paths from these names, and all MMLU CSV files are read by ``read_mmlu_csv``.
 from __future__ import annotations
 
 import csv
+import io
+import json
 import os
 from pathlib import Path
+from typing import Any
+
+from .encoding import TextEncodingError, decode_text
 
 __all__ = [
     "DataError",
@@ -27,6 +32,8 @@ __all__ = [
     "mmlu_file",
     "mmlu_test_files",
     "mmlu_text",
+    "read_data_json",
+    "read_data_text",
     "read_mmlu_csv",
 ]
 
@@ -73,11 +80,31 @@ def mmlu_test_files(root: str | os.PathLike, subdir: str = MMLU_DIR) -> list[Pat
     return sorted((Path(root) / subdir / "test").glob("*_test.csv"))
 
 
+def read_data_text(path: str | os.PathLike) -> str:
+    """The text of a data file: UTF-8, or Unicode with a byte-order mark (``encoding.decode_text``);
+    another encoding (a Latin-1 file) is a ``DataError`` naming the file and the encoding it looks
+    like."""
+    try:
+        return decode_text(Path(path).read_bytes(), os.fspath(path))
+    except TextEncodingError as err:
+        raise DataError(f"{err}; benchmark data files are UTF-8") from None
+
+
+def read_data_json(path: str | os.PathLike) -> Any:
+    """A JSON data file (``read_data_text``); invalid JSON is a ``DataError`` naming the file."""
+    try:
+        return json.loads(read_data_text(path))
+    except json.JSONDecodeError as err:
+        raise DataError(
+            f"{path}: not valid JSON ({err}); use the unmodified benchmark file"
+        ) from None
+
+
 def read_mmlu_csv(path: str | os.PathLike) -> list[MMLURow]:
     """The rows of one MMLU CSV file; a row that is not ``question,A,B,C,D,answer(A-D)`` is a
     ``DataError``."""
     rows = []
-    with open(path, newline="", encoding="utf-8") as fh:
+    with io.StringIO(read_data_text(path), newline="") as fh:
         for n, row in enumerate(csv.reader(fh), 1):
             if len(row) != 6 or row[5] not in _ANSWERS:
                 raise DataError(

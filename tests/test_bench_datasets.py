@@ -226,6 +226,63 @@ def test_mquake_cf3k_schema_gets_generated_passages_cached(tmp_path, monkeypatch
     ).exists()
 
 
+def _mquake_variant(tmp_path, edit):
+    cases = json.loads((DATA_DIR / "akew" / "MQuAKE-CF.json").read_text())[:3]
+    edit(cases)
+    path = tmp_path / "MQuAKE-bad.json"
+    path.write_text(json.dumps(cases, ensure_ascii=False), encoding="utf-8")
+    return path
+
+
+def test_a_repeated_case_id_is_one_line_before_anything_is_edited(tmp_path, monkeypatch, caplog):
+    """The loader refuses it; the runner says it in one line before the model loads (it used to edit
+    the first copy, then fail with a ValueError when recording the second)."""
+    from benchmarks.case_loop import Editing
+    from benchmarks.cli import cli_main
+    from tiny_models import make_tiny_model_and_tokenizer
+
+    def repeat(cases):
+        cases[2]["case_id"] = cases[0]["case_id"]
+
+    path = _mquake_variant(tmp_path, repeat)
+    with pytest.raises(DataError, match=r"case #2 \(case_id 1\) repeats a case_id"):
+        load_mquake_uns(DATA_DIR, file=path, cache_dir=tmp_path)
+    make_tiny_model_and_tokenizer("llama", tmp_path=tmp_path / "model")
+    (tmp_path / "hp.yaml").write_text(f"alg_name: HPSE\nmodel_name: {tmp_path / 'model'}\n")
+    loaded = []
+    monkeypatch.setattr(Editing, "ensure_model", lambda self: loaded.append(1))
+    code = cli_main(
+        "mquake-uns",
+        [
+            "--hparams",
+            str(tmp_path / "hp.yaml"),
+            "--data",
+            str(DATA_DIR),
+            "--mquake-file",
+            str(path),
+            "--out",
+            str(tmp_path / "run"),
+            "--log-level",
+            "ERROR",
+            "--judge",
+            "lexical",
+        ],
+    )
+    said = [r.getMessage() for r in caplog.records if getattr(r, "hpse_one_line", None)]
+    assert code == 2 and len(said) == 1 and "repeats a case_id" in said[0] and not loaded
+
+
+def test_a_latin1_data_file_names_the_file_and_its_encoding(tmp_path):
+    def accent(cases):
+        cases[0]["requested_rewrite"][0]["subject"] = "Ellie Kémper"
+
+    path = _mquake_variant(tmp_path, accent)
+    path.write_bytes(path.read_text(encoding="utf-8").encode("latin-1", errors="replace"))
+    with pytest.raises(DataError, match=r"MQuAKE-bad.json: not UTF-8 \(it looks like") as info:
+        load_mquake_uns(DATA_DIR, file=path, cache_dir=tmp_path)
+    assert "iconv" in str(info.value) and "\n" not in str(info.value)
+
+
 def test_mmlu_subset_is_fixed_stratified_and_has_same_subject_dev_shots():
     items = load_mmlu_subset(DATA_DIR, 120, shots=5, seed=0)
     assert len(items) == 120
