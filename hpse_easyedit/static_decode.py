@@ -116,7 +116,13 @@ class StaticDecoder:
     ) -> None:
         from transformers import StaticCache
 
+        from .rollout import cache_keyword  # imported here: rollout imports this module
+
         self.model = model
+        # ``cache`` on transformers >= 5.24, ``past_key_values`` before: a keyword the forward does
+        # not take lands in its **kwargs unread, and the model then decodes on a DynamicCache of
+        # its own that the mask below (sized to this StaticCache) does not fit
+        self.cache_keyword = cache_keyword(model)
         device = _model_device(model)
         ids, mask = pad_rows(rows, pad_id, left=True)
         batch, width = ids.shape
@@ -169,9 +175,9 @@ class StaticDecoder:
             input_ids=ids,
             attention_mask=mask,
             position_ids=positions,
-            cache=self.cache,
             use_cache=True,
             logits_to_keep=1,
+            **{self.cache_keyword: self.cache},
         )
         return F.log_softmax(out.logits[:, -1, :].float(), dim=-1)
 
