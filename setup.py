@@ -55,6 +55,9 @@ setup(
             "sentence-transformers",
             "transformers<5.24",
         ],
+        # TRL's on-policy self-distillation trainer (trl.experimental.sdft), which the SDFT (TRL)
+        # row runs (hpse_easyedit.integrations.sdft); pinned: an experimental API of one release
+        "trl": ["trl==1.16.*"],
         # llama.cpp's OpenAI-compatible server, to run the judge locally (compiles llama.cpp: long
         # on a small CPU)
         "judge-server": ["llama-cpp-python[server]>=0.3"],

@@ -38,11 +38,12 @@ EXECUTOR_LABELS = {"lora": "LoRA", "ft_m": "FT-M"}
 
 def method_label(name: str, hparams: dict) -> str:
     """What a run edits with, as tables name it: ``LoRA`` (an HPSE file with ``kl_weight: 0``),
-    ``LoRA + HPSE``, ``FT-M + HPSE``, ``COIN*``; other methods by their ``alg_name``."""
+    ``LoRA + HPSE``, ``FT-M + HPSE``, ``COIN*``, ``SDFT (TRL)``; other methods by their
+    ``alg_name``."""
     if name == "HPSE":
         executor = EXECUTOR_LABELS.get(str(hparams.get("executor")), str(hparams.get("executor")))
         return f"{executor} + HPSE" if hparams.get("kl_weight") else executor
-    return {"COIN": "COIN*"}.get(name, name)
+    return {"COIN": "COIN*", "SDFT": "SDFT (TRL)"}.get(name, name)
 
 
 register_method(

@@ -8,7 +8,8 @@ Reports, for one hparams file and model:
   - edit time: HPSE edit / the NLL-only edit (``kl_weight: 0``) with the same rounds and steps, the
     training part against its FLOP floor (its matmul FLOPs / the measured throughput), and
     EasyEdit's own LoRA editor on the same model and passage when EasyEdit is importable
-    (``$EASYEDIT_SRC``);
+    (``$EASYEDIT_SRC``); an SDFT (TRL) edit (TRL's SDFTTrainer) with the same budget when TRL is
+    installed;
   - MMLU: one pass over the locality subset, the shared-prefix path against the whole-prompt path
     (same questions, predictions compared);
   - memory: peak of the HPSE edit / of the NLL-only edit (CUDA peak allocated on a GPU, peak RSS
@@ -154,6 +155,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "(default: hparams/COIN/<the --hparams file's name>)",
     )
     parser.add_argument("--no-coin", action="store_true", help="skip timing COIN*")
+    parser.add_argument(
+        "--sdft",
+        metavar="FILE",
+        help="SDFT (TRL) hparams to time on the same passage and budget "
+        "(default: hparams/SDFT/<the --hparams file's name>; needs the trl extra)",
+    )
+    parser.add_argument("--no-sdft", action="store_true", help="skip timing SDFT (TRL)")
     parser.add_argument(
         "--no-isolated-memory",
         dest="isolated_memory",

@@ -1,8 +1,8 @@
 """What ``python -m benchmarks.perf`` measures: one model and hparams file, its rollout against
 ``generate()``, the HPSE edit against the NLL-only edit (time, peak memory, teacher traffic, the
-FLOP floor), one inner step profiled, COIN*, memory after sequential edits, one MMLU pass,
-EasyEdit's own LoRA editor, and the GPU path without a GPU. The figures go into one JSON report
-(``benchmarks.perf_report`` turns it into the table)."""
+FLOP floor), one inner step profiled, COIN*, SDFT (TRL), memory after sequential edits, one MMLU
+pass, EasyEdit's own LoRA editor, and the GPU path without a GPU. The figures go into one JSON
+report (``benchmarks.perf_report`` turns it into the table)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import platform
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -487,6 +487,9 @@ def measure(args: argparse.Namespace) -> dict:
     # 4b. COIN* on the same passage, with the same Adam-step budget as the HPSE edit (R x M steps).
     report["coin"], model = _coin(model, tok, hp, passage, args)
 
+    # 4c. SDFT (TRL): TRL's SDFTTrainer on the same passage, adapter and budget (R generations x M).
+    report["sdft"], model = _sdft(model, tok, hp, passage, args)
+
     # 5. memory after N sequential edits (cut-down edits: growth, not training, is what is
     #    measured).
     if args.sequential:
@@ -657,13 +660,35 @@ def _step_profile(
     }, model
 
 
+def _timed_edits(
+    model: Any, repeats: int, edit: Callable[[Any], Any]
+) -> tuple[list[float], list, Any]:
+    """``edit(model)`` (an ``EditResult``) ``repeats`` times, each restored before the next: the
+    seconds of each, the last edit's per-round statistics, and the restored model."""
+    from hpse_easyedit import restore_weights
+
+    device = input_device(model)
+    seconds: list[float] = []
+    rounds: list = []
+    for _ in range(repeats):
+        gc.collect()
+        sync(device)
+        t0 = time.perf_counter()
+        res = edit(model)
+        sync(device)
+        seconds.append(time.perf_counter() - t0)
+        rounds = res.rounds
+        model = restore_weights(res.model, res.weights_copy)
+        del res
+    return seconds, rounds, model
+
+
 def _coin(
     model: Any, tok: Any, hp: Any, passage: str, args: argparse.Namespace
 ) -> tuple[dict, Any]:
     """Time a COIN* edit of the same passage on the same model (its file ``hparams/COIN/<the HPSE
     file's name>`` or ``--coin``), with ``steps`` = the HPSE edit's rounds x inner steps; the median
     of ``--repeats``."""
-    from hpse_easyedit import restore_weights
     from hpse_easyedit.coin import COINHyperParams, coin_edit
 
     if args.no_coin:
@@ -679,21 +704,51 @@ def _coin(
             "dtype": hp.dtype,
         }
     )
-    device = input_device(model)
-    seconds = []
-    for _ in range(args.repeats):
-        gc.collect()
-        sync(device)
-        t0 = time.perf_counter()
-        res = coin_edit(model, tok, _requests(passage), chp)
-        sync(device)
-        seconds.append(time.perf_counter() - t0)
-        chunks = res.rounds[0].get("chunks")
-        model = restore_weights(res.model, res.weights_copy)
-        del res
+    seconds, rounds, model = _timed_edits(
+        model, args.repeats, lambda m: coin_edit(m, tok, _requests(passage), chp)
+    )
     return {
         "seconds": statistics.median(seconds),
         "hparams": str(path.relative_to(REPO) if path.is_relative_to(REPO) else path),
         "steps": chp.steps,
-        "chunks": chunks,
+        "chunks": rounds[0].get("chunks"),
+    }, model
+
+
+def _sdft(
+    model: Any, tok: Any, hp: Any, passage: str, args: argparse.Namespace
+) -> tuple[dict, Any]:
+    """Time an SDFT (TRL) edit of the same passage on the same model (its file
+    ``hparams/SDFT/<the HPSE file's name>`` or ``--sdft``) with the HPSE edit's budget: its rounds
+    (generations), inner steps and rollout length; the median of ``--repeats``. Skipped, saying
+    why, without TRL."""
+    from hpse_easyedit.integrations.sdft import (
+        SDFTHyperParams,
+        TRLNotFoundError,
+        check_trl,
+        sdft_edit,
+    )
+
+    if args.no_sdft:
+        return {"skipped": "--no-sdft"}, model
+    path = Path(args.sdft) if args.sdft else REPO / "hparams" / "SDFT" / Path(args.hparams).name
+    if not path.is_file():
+        return {"skipped": f"no SDFT file {path} (pass --sdft FILE)"}, model
+    try:
+        check_trl()
+    except TRLNotFoundError as err:
+        return {"skipped": str(err)}, model
+    budget = ("rounds", "inner_steps", "max_new_tokens", "model_name", "device", "dtype")
+    shp = SDFTHyperParams.from_hparams(path).with_overrides({k: getattr(hp, k) for k in budget})
+    seconds, rounds, model = _timed_edits(
+        model, args.repeats, lambda m: sdft_edit(m, tok, _requests(passage), shp)
+    )
+    return {
+        "seconds": statistics.median(seconds),
+        "seconds_each": seconds,
+        "hparams": str(path.relative_to(REPO) if path.is_relative_to(REPO) else path),
+        "rounds": shp.rounds,
+        "inner_steps": shp.inner_steps,
+        "completion_tokens": sum(r["rollout_len"] or 0.0 for r in rounds),
+        "sampling_seconds": sum(r["rollout_seconds"] for r in rounds),
     }, model

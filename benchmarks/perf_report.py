@@ -24,6 +24,7 @@ def headline(report: dict) -> dict:
         "edit_seconds_nll_only": report["edit"]["nll_only_seconds"],
         "edit_seconds_easyedit_lora": report["easyedit_lora"].get("seconds"),
         "edit_seconds_coin": report["coin"].get("seconds"),
+        "edit_seconds_sdft": report.get("sdft", {}).get("seconds"),
         "mmlu_seconds": report["mmlu"].get("seconds"),
         "mmlu_seconds_before": report["mmlu"].get("seconds_before"),
         "peak_rss_ratio": mem.get("ratio"),
@@ -149,6 +150,15 @@ def table(report: dict) -> str:
             lambda p: (
                 f"{p['seconds'] / hpse:.2f}  ({p['seconds']:.1f} s, {p['steps']} steps, "
                 f"{p['chunks']} sentence chunks)"
+            ),
+        ),
+        (
+            "SDFT (TRL) edit / HPSE edit",
+            report.get("sdft", {"skipped": "not measured in this report"}),
+            lambda p: (
+                f"{p['seconds'] / hpse:.2f}  ({p['seconds']:.1f} s, {p['rounds']} generations x "
+                f"{p['inner_steps']} steps, {p['completion_tokens']:.0f} sampled tokens in "
+                f"{p['sampling_seconds']:.1f} s)"
             ),
         ),
         (

@@ -1,12 +1,13 @@
 """Hybrid-Policy Self-Editing (HPSE) for unstructured knowledge editing, as an EasyEdit plugin."""
 
-from . import builtin_methods  # noqa: F401  (registers HPSE, COIN*, UnKE, AnyEdit, MEMIT and AlphaEdit)
+from . import builtin_methods  # noqa: F401  (registers HPSE, COIN*, SDFT, UnKE, AnyEdit, MEMIT, AlphaEdit)
 from .edit_requests import RequestError, normalize_requests
 from .editor import hpse_edit
 from .executors import restore_weights
 from .generation import generate_answers
 from .hparams import HParamsError, HPSEHyperParams
 from .integrations.entries import apply_hpse_to_model
+from .integrations.sdft import SDFTHyperParams
 from .loading import ModelNotFoundError, load_model
 from .methods import MethodSpec, get_method, register_method, registered_methods
 from .model_io import load_edit, save_edit
@@ -30,6 +31,7 @@ __all__ = [
     "MethodSpec",
     "ModelNotFoundError",
     "RequestError",
+    "SDFTHyperParams",
     "apply_hpse_to_model",
     "generate_answers",
     "get_method",

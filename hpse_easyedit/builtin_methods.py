@@ -1,7 +1,7 @@
 """The project's methods in the registry (``methods.register_method``): HPSE and COIN* (the engine's
-edits), UnKE and AnyEdit (EasyEdit's code through the adapter) and MEMIT and AlphaEdit (EasyEdit's
-own ``ALG_DICT`` entries, statistics computed offline). Imported with the package, so every front
-door finds them.
+edits), SDFT (TRL's SDFTTrainer in the LoRA executor, ``integrations.sdft``), UnKE and AnyEdit
+(EasyEdit's code through the adapter) and MEMIT and AlphaEdit (EasyEdit's own ``ALG_DICT`` entries,
+statistics computed offline). Imported with the package, so every front door finds them.
 """
 
 from __future__ import annotations
@@ -23,9 +23,11 @@ from .integrations.baselines import (
 from .integrations.entries import (
     apply_coin_to_model,
     apply_hpse_to_model,
+    apply_sdft_to_model,
     apply_unke_family_to_model,
 )
 from .integrations.factory import load_checked_model
+from .integrations.sdft import SDFTHyperParams, check_trl, sdft_edit
 from .loading import load_model
 from .methods import MethodSpec, hparams_dict, register_method, timed_edit
 
@@ -55,6 +57,20 @@ register_method(
         restore_weights,
         easyedit_apply=apply_coin_to_model,
         callable_restore=True,
+        resume=resume_edit,
+    )
+)
+register_method(
+    MethodSpec(
+        "SDFT",
+        SDFTHyperParams.load,
+        hparams_dict,
+        load_model,
+        sdft_edit,
+        restore_weights,
+        easyedit_apply=apply_sdft_to_model,
+        callable_restore=True,
+        preflight=check_trl,
         resume=resume_edit,
     )
 )

@@ -24,12 +24,14 @@ from ..editor import hpse_edit
 from ..executors import edit_state, restore_weights, unwrapped
 from ..executors.lora import ADAPTER_NAME
 from ..training import EditResult
+from .sdft import sdft_edit
 
 __all__ = [
     "EditHandle",
     "UndoOrderError",
     "apply_coin_to_model",
     "apply_hpse_to_model",
+    "apply_sdft_to_model",
     "apply_unke_family_to_model",
     "easyedit_entry",
 ]
@@ -156,6 +158,8 @@ def easyedit_entry(
 apply_hpse_to_model = easyedit_entry(hpse_edit, "apply_hpse_to_model")
 #: COIN* under EasyEdit's editor contract
 apply_coin_to_model = easyedit_entry(coin_edit, "apply_coin_to_model")
+#: SDFT (TRL): TRL's SDFTTrainer in the LoRA executor's adapter, under EasyEdit's editor contract
+apply_sdft_to_model = easyedit_entry(sdft_edit, "apply_sdft_to_model")
 
 
 def apply_unke_family_to_model(
