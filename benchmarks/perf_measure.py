@@ -397,6 +397,9 @@ def measure(args: argparse.Namespace) -> dict:
             "gpu": torch.cuda.get_device_name(device) if on_gpu else None,
             "torch": torch.__version__,
             "allocator": allocator_settings(),
+            # the host's 1/5/15-minute load averages as the run started and ended (other processes
+            # sharing the CPUs slow every timing here)
+            "load_average": {"start": list(os.getloadavg())},
         },
         "n_params": sum(p.numel() for p in model.parameters()),
     }
@@ -508,6 +511,7 @@ def measure(args: argparse.Namespace) -> dict:
     # --decode-hparams, graph breaks of the static decode step, the planner against this model's
     # measured CPU edit (SmolLM2).
     report["gpu_path"], model = _gpu_path(model, tok, hp, passage, args, on_gpu)
+    report["machine"]["load_average"]["end"] = list(os.getloadavg())
     return report
 
 

@@ -59,7 +59,8 @@ def table(report: dict) -> str:
             f"{report['device']}, "
             f"{report['machine']['gpu'] or str(report['machine']['cpus']) + ' CPUs'}, torch "
             f"{report['machine']['torch']}, {report['machine']['torch_threads']} threads"
-            + "".join(f", {k}={v}" for k, v in report["machine"].get("allocator", {}).items()),
+            + "".join(f", {k}={v}" for k, v in report["machine"].get("allocator", {}).items())
+            + _load_text(report["machine"]),
         ),
         (
             "model",
@@ -194,6 +195,14 @@ def table(report: dict) -> str:
         )
     width = max(len(r[0]) for r in rows)
     return "\n".join(f"| {k:<{width}} | {v} |" for k, v in rows)
+
+
+def _load_text(machine: dict) -> str:
+    """The host's 1-minute load average as the run started and ended ('' where not recorded)."""
+    load = machine.get("load_average") or {}
+    if "start" not in load or "end" not in load:
+        return ""
+    return f", load {load['start'][0]:.1f} -> {load['end'][0]:.1f}"
 
 
 def _memory_rows(report: dict) -> list[tuple[str, str]]:

@@ -408,6 +408,13 @@ def test_the_perf_command_times_one_sdft_edit_beside_hpses_with_the_same_budget(
     assert report["edit_seconds_sdft"] == part["seconds"] > 0
     assert (part["rounds"], part["inner_steps"]) == (2, 2) and part["hparams"] == str(sdft)
     assert 0 < part["completion_tokens"] <= 2 * 6 and part["sampling_seconds"] > 0
-    line = next(x for x in capsys.readouterr().out.splitlines() if "SDFT (TRL) edit / HPSE" in x)
+    printed = capsys.readouterr().out.splitlines()
+    line = next(x for x in printed if "SDFT (TRL) edit / HPSE" in x)
     assert f"{part['seconds'] / report['edit_seconds_hpse']:.2f}" in line
     assert "2 generations x 2 steps" in line
+    # the host's load as the run started and ended, in the JSON and the machine row
+    load = report["machine"]["load_average"]
+    assert len(load["start"]) == len(load["end"]) == 3
+    assert f"load {load['start'][0]:.1f} -> {load['end'][0]:.1f}" in next(
+        x for x in printed if x.startswith("| machine")
+    )
