@@ -12,7 +12,8 @@ what it had edited:
   after the 10th, 20th and 50th edit of each block (one line per case and checkpoint, ``checkpoint``
   = edits made).
 - ``sequence-state/``: the tensors the sequence has changed so far (and their values before its
-  first edit), rewritten after each edit. Weights: never commit this folder.
+  first edit), rewritten after each edit (replaced whole; a write a kill cut short leaves a
+  temporary file there that the next start removes). Weights: never commit this folder.
 - ``sequence-answers.jsonl``: the answers of an evaluation in progress (after the block's last edit
   or at a checkpoint), one line per batch of questions as it finishes; an evaluation stopped
   part-way goes on from the first batch it lacks (each line carries a fingerprint of its questions
@@ -38,6 +39,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from hpse_easyedit.atomic import replacing
+from hpse_easyedit.locks import stale_writer_tmps
 
 from .store import ResultFile, read_results, result_files, results_name
 
@@ -179,6 +181,8 @@ class SequenceLog:
         self.answers = ResultFile(out_dir / results_name(rank, world, ANSWERS), _answers_key)
         self.state_dir = out_dir / STATE_DIR
         self.state = self.state_dir / results_name(rank, world, "state").replace(".jsonl", ".pt")
+        for stale in stale_writer_tmps(self.state_dir):  # a snapshot write that was killed
+            stale.unlink(missing_ok=True)
 
     # ------------------------------------------------------------------------------- recorded edits
     def recorded(self, block: int) -> list[dict]:

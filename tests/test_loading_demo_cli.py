@@ -2,6 +2,7 @@
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -84,6 +85,77 @@ def test_concurrent_conversion_keeps_a_finished_copy(tmp_path, fake_gguf, finish
     fresh = tmp_path / "cache" / "fresh"
     fake_gguf(fresh)
     assert (fresh / "config.json").is_file()
+
+
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_killed_conversion_leaves_nothing_behind_at_the_next_one(tmp_path, fake_gguf):
+    """A kill during the embedded model's first conversion left a 538 MB ``.convert-*`` folder for
+    good. The next conversion removes those of dead writers (and unowned ones over an hour old,
+    from before names had an owner), never one a live process is writing."""
+    import socket
+
+    cache = tmp_path / "cache"
+    host = socket.gethostname()
+    dead = cache / f".convert-{host}-{_dead_pid()}-abc123"
+    alive = cache / f".convert-{host}-{os.getpid()}-def456"
+    other_host = cache / f".convert-elsewhere-{_dead_pid()}-ghi789"
+    legacy_old, legacy_new = cache / ".convert-k2j4h1x9", cache / ".convert-p0o9i8u7"
+    for d in (dead, alive, other_host, legacy_old, legacy_new):
+        d.mkdir(parents=True)
+        (d / "model.safetensors").write_bytes(b"\0" * 16)
+    os.utime(legacy_old, (0, 0))
+    fake_gguf(cache / "converted")
+    left = {p.name for p in cache.iterdir()}
+    assert left == {"converted", alive.name, other_host.name, legacy_new.name}
+
+
+def test_a_damaged_converted_copy_is_converted_again(tmp_path, fake_gguf, monkeypatch, caplog):
+    """A cut-off ``model.safetensors`` in the model cache used to fail every later load; the copy
+    is checked (headers only) and converted again."""
+    from hpse_easyedit import loading
+
+    monkeypatch.setenv("HPSE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    first = loading.model_source(EMBEDDED_MODEL)
+    weights = next(Path(first).glob("*.safetensors"))
+    whole = weights.read_bytes()
+    weights.write_bytes(whole[: len(whole) // 2])
+    assert loading.damaged_files(first)
+    with caplog.at_level("WARNING"):
+        assert loading.model_source(EMBEDDED_MODEL) == first
+    assert "converting the embedded model again" in caplog.text
+    assert weights.read_bytes() == whole and not loading.damaged_files(first)
+    assert sorted(p.name for p in Path(first).parent.iterdir()) == [Path(first).name]
+
+
+def test_an_unwritable_cache_directory_names_the_variable(tmp_path, fake_gguf, monkeypatch):
+    from hpse_easyedit import loading
+    from hpse_easyedit.errors import UsageError
+
+    monkeypatch.setenv("HPSE_CACHE_DIR", "/sys/hpse-cache")  # even root cannot write in sysfs
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(UsageError, match=r"^HPSE_CACHE_DIR /sys/hpse-cache: cannot write there"):
+        loading.model_source(EMBEDDED_MODEL)
+
+
+@pytest.mark.parametrize("damage", ["cut-off weights", "config.json", "tokenizer.json"])
+def test_a_damaged_model_directory_is_one_line_naming_the_file(tmp_path, tiny_dir, capsys, damage):
+    name = {"cut-off weights": "model.safetensors"}.get(damage, damage)
+    path = tiny_dir / name
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelNotFoundError) as info:
+        load_model(tiny_hparams(model_name=str(tiny_dir)))
+    assert f"{path}:" in str(info.value) and "download" in str(info.value)
+    assert "\n" not in str(info.value)
 
 
 @pytest.fixture(scope="session")
