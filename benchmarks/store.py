@@ -179,6 +179,7 @@ KERNEL_KEYS = (
     "decode_stop_every",
     "attn_implementation",
     "gradient_checkpointing",
+    "cases_per_pass",
 )
 #: config keys outside the hparams that choose how the same edits are computed: how many
 #: independent cases are edited in one batched pass (``hpse_easyedit.batched``; each case's result

@@ -182,18 +182,45 @@ def _nll_values(model: Any, batch: dict, hparams: HPSEHyperParams) -> list[torch
     return [sequence_nll(logits[a:b], labels[a:b]) / (b - a) for a, b in batch["bounds"]]
 
 
-def _inner_step(
+def cases_per_pass(hparams: HPSEHyperParams, model: Any) -> int | None:
+    """How many cases share a training forward (``hparams.cases_per_pass``; None: all of them)."""
+    setting = getattr(hparams, "cases_per_pass", "auto")
+    if setting == "auto":
+        return None if input_device(model).type == "cuda" else 1
+    return int(setting)
+
+
+def _passes(cases: Sequence[_Case], size: int | None) -> list[list[_Case]]:
+    size = size or len(cases)
+    return [list(cases[s : s + size]) for s in range(0, len(cases), size)]
+
+
+def _round_batches(
+    cases: Sequence[_Case], hparams: HPSEHyperParams, pad_id: int, device: torch.device, size: Any
+) -> list[tuple[list[_Case], dict]]:
+    """The training batches of a round: per pass of ``size`` cases, its KL and NLL rows."""
+    out = []
+    for group in _passes(cases, size):
+        batches = {}
+        if hparams.kl_weight > 0:
+            batches["kl"] = _kl_batch(group, pad_id, device)
+        if hparams.nll_weight > 0:
+            batches["nll"] = _nll_batch(group, pad_id, device)
+        out.append((group, batches))
+    return out
+
+
+def _pass_values(
     stacked: StackedExecutor,
-    cases: Sequence[_Case],
+    group: Sequence[_Case],
     batches: dict,
     hparams: HPSEHyperParams,
-    optimizer: torch.optim.Optimizer,
-) -> list[dict[str, float]]:
-    """One Adam step of every live case: per term one forward and backward over all cases' rows
-    (the loss the sum of the cases' solo losses); each case's term values, read on the host."""
-    optimizer.zero_grad(set_to_none=True)
-    per_case: list[dict[str, torch.Tensor]] = [{} for _ in cases]
-    rows = _rows_of(cases)
+    backward: bool,
+) -> list[dict[str, torch.Tensor]]:
+    """One pass's term values per case (detached), each term back-propagated on its own when
+    ``backward`` (the loss the sum of the cases' solo losses: each case's gradient is its own)."""
+    per_case: list[dict[str, torch.Tensor]] = [{} for _ in group]
+    rows = _rows_of(group)
     for name, weight, values_of in (
         ("kl", hparams.kl_weight, _kl_values),
         ("nll", hparams.nll_weight, _nll_values),
@@ -203,10 +230,27 @@ def _inner_step(
             continue
         with stacked.rows(rows):
             values = values_of(stacked.model, batch, hparams)
-            if weight > 0:
+            if backward and weight > 0:
                 torch.stack([weight * v for v in values]).sum().backward()
         for slot, v in zip(per_case, values):
             slot[name] = v.detach()
+    return per_case
+
+
+def _inner_step(
+    stacked: StackedExecutor,
+    passes: Sequence[tuple[list[_Case], dict]],
+    hparams: HPSEHyperParams,
+    optimizer: torch.optim.Optimizer,
+) -> list[dict[str, float]]:
+    """One Adam step of every live case, its gradients accumulated pass by pass; each case's term
+    values, read on the host."""
+    optimizer.zero_grad(set_to_none=True)
+    per_case = [
+        slot
+        for group, batches in passes
+        for slot in _pass_values(stacked, group, batches, hparams, backward=True)
+    ]
     optimizer.step()
     return [{n: float(v) for n, v in slot.items()} for slot in per_case]
 
@@ -310,6 +354,8 @@ def _train(
     device = input_device(model)
     optimizer = stacked.optimizer()
     was_training = model.training
+    per_pass = cases_per_pass(hparams, model)
+    passes: list = []
     for r in range(1, hparams.rounds + 1):
         if not live:
             break
@@ -327,17 +373,12 @@ def _train(
                 c.result.rollouts.append(None)
         rollout_seconds = time.perf_counter() - t0
         model.train(was_training)
-        batches = {}
-        if hparams.kl_weight > 0:
-            batches["kl"] = _kl_batch(live, pad_id, device)
-        if hparams.nll_weight > 0:
-            batches["nll"] = _nll_batch(live, pad_id, device)
+        passes = _round_batches(live, hparams, pad_id, device, per_pass)
         for c in live:
             c.history = []
         with activation_checkpointing(model, getattr(hparams, "gradient_checkpointing", False)):
             steps = [
-                _inner_step(stacked, live, batches, hparams, optimizer)
-                for _ in range(hparams.inner_steps)
+                _inner_step(stacked, passes, hparams, optimizer) for _ in range(hparams.inner_steps)
             ]
         weights = {"kl": hparams.kl_weight, "nll": hparams.nll_weight}
         failed = []
@@ -380,7 +421,9 @@ def _train(
     model.train(was_training)
     optimizer.zero_grad(set_to_none=True)
     if live:
-        _final_check(stacked, live, batches, case_start, hparams)
+        _final_check(
+            stacked, [(g, b) for g, b in passes if any(c in live for c in g)], case_start, hparams
+        )
 
 
 def _diverged_message(round_: int, what: str, hparams: HPSEHyperParams) -> str:
@@ -393,8 +436,7 @@ def _diverged_message(round_: int, what: str, hparams: HPSEHyperParams) -> str:
 
 def _final_check(
     stacked: StackedExecutor,
-    live: list[_Case],
-    batches: dict,
+    passes: Sequence[tuple[list[_Case], dict]],
     case_start: Sequence[dict],
     hparams: HPSEHyperParams,
 ) -> None:
@@ -402,15 +444,16 @@ def _final_check(
     case's tensors finite and bounded, its loss after the last step finite and within
     ``max_loss_growth`` of its last round's first loss; a case that fails it is failed."""
     weights = {"kl": hparams.kl_weight, "nll": hparams.nll_weight}
-    rows = _rows_of(live)
-    totals = [0.0] * len(live)
-    with torch.no_grad(), stacked.rows(rows):
-        for name, values_of in (("kl", _kl_values), ("nll", _nll_values)):
-            if name in batches:
-                values = values_of(stacked.model, batches[name], hparams)
-                for k, v in enumerate(values):
-                    totals[k] += weights[name] * float(v)
-    for c, final in zip(live, totals):
+    with torch.no_grad():
+        values = [
+            (c, slot)
+            for group, batches in passes
+            for c, slot in zip(group, _pass_values(stacked, group, batches, hparams, False))
+        ]
+    for c, slot in values:
+        if c.result.error is not None:
+            continue
+        final = sum(weights[n] * float(v) for n, v in slot.items())
         problem = trained_tensors_problem(
             stacked.case_tensors(c.index),
             final_loss=final,

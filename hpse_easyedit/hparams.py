@@ -104,6 +104,12 @@ def _gpu_index(value: Any) -> Any:
     return value
 
 
+def _cases_per_pass(value: Any) -> Any:
+    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return value
+    raise ValueError(f"must be 'auto' or an integer >= 1, got {value!r}")
+
+
 def _betas(value: list) -> list:
     if not all(isinstance(b, (int, float)) and 0.0 <= b < 1.0 for b in value):
         raise ValueError(f"must be two numbers in [0, 1), got {value!r}")
@@ -461,6 +467,17 @@ class HPSEHyperParams(ExecutorHParams):
         "model.generate for answers. Needs sdpa or eager attention.",
         types=(bool, str),
         choices=(True, False, "compile", "auto"),
+    )
+    cases_per_pass: int | str = hp_field(
+        "auto",
+        "Several cases edited at once (hpse_edit_cases, the runners' --cases-at-once): how many "
+        "cases' training rows share one forward/backward of an inner step (the rollouts always "
+        "decode every case together). Each case's gradient is its own either way; fewer cases per "
+        "pass hold less activation memory (the logits of a pass are rows x tokens x vocabulary), "
+        "more pay each kernel's launch once for more cases. 'auto' = 1 on CPU (its training "
+        "matmuls are already compute-bound), every case on a GPU; an integer >= 1 sets it.",
+        types=(int, str),
+        check=_cases_per_pass,
     )
     decode_stop_every: int = hp_field(
         8,

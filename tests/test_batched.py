@@ -94,10 +94,24 @@ def _trained(model, names):
     return {n: params[n].detach().clone() for n in names}
 
 
-@pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
-@pytest.mark.parametrize("executor", ["lora", "ft_m"])
-@pytest.mark.parametrize("family", ["llama", "qwen2", "gemma2"])
-def test_a_batched_edit_gives_each_case_its_solo_edit(float64_model, family, executor, static):
+SETTINGS = [
+    (family, executor, static, 4)
+    for family in ("llama", "qwen2", "gemma2")
+    for executor in ("lora", "ft_m")
+    for static in (False, True)
+] + [("llama", executor, False, per_pass) for executor in ("lora", "ft_m") for per_pass in (1, 3)]
+
+
+@pytest.mark.parametrize(
+    "family, executor, static, per_pass",
+    SETTINGS,
+    ids=[f"{f}-{e}-{'static' if s else 'dynamic'}-pass{p}" for f, e, s, p in SETTINGS],
+)
+def test_a_batched_edit_gives_each_case_its_solo_edit(
+    float64_model, family, executor, static, per_pass
+):
+    """``per_pass`` 4: every case's training rows in one forward (stacked adapters per row); 1 and
+    3: the cases' gradients accumulated over several passes."""
     model, tok = float64_model(family)
     hp = tiny_hparams(
         executor=executor,
@@ -107,6 +121,7 @@ def test_a_batched_edit_gives_each_case_its_solo_edit(float64_model, family, exe
         tau=0.5,
         kappa=0.05,
         static_decode=static,
+        cases_per_pass=per_pass,
     )
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     batched = hpse_edit_cases(model, tok, CASES, hp)
@@ -178,7 +193,7 @@ def test_a_diverging_case_leaves_the_batch_and_the_others_go_on(float64_model, m
     from hpse_easyedit import batched
 
     model, tok = float64_model("llama")
-    hp = tiny_hparams(executor="ft_m", rounds=3, inner_steps=2, lr=5e-2)
+    hp = tiny_hparams(executor="ft_m", rounds=3, inner_steps=2, lr=5e-2, cases_per_pass=2)
     alone = hpse_edit_cases(model, tok, [CASES[2]], hp)[0]
     real = batched._nll_values
     calls = []

@@ -1,17 +1,18 @@
 """Stacked executors: the trainable state of B independent edits of ONE frozen model, side by side.
 
 A solo executor (``lora.py``, ``ftm.py``) trains tensors inside the model. A stacked executor keeps
-B copies of those tensors outside it, stacked on a leading case axis, and routes each batch row to
-its case's copy while the model computes: LoRA as stacked adapters ``A [B, r, in]``, ``B [B, out,
-r]`` applied per row with one batched matmul per projection (never B copies of the model), FT-M as
-stacked copies of the edited matrix ``[B, out, in]`` (with float32 masters in a half-precision
-model, as the solo FT-M has). The model's own tensors never change: each case's result is read out
+B copies of those tensors outside it, one set per case, and routes each batch row to its case's
+copy while the model computes: LoRA as adapters stacked per row into ``A [N, r, in]``, ``B [N, out,
+r]`` and applied with one batched matmul per projection (never B copies of the model; a pass whose
+rows are all one case's uses that case's adapters directly, the solo executor's very operations),
+FT-M as copies of the edited matrix, each case's rows multiplied by its own (with float32 masters
+in a half-precision model, as the solo FT-M has). Gradients reach only the cases a pass computes. The model's own tensors never change: each case's result is read out
 under the solo executor's parameter names (``case_tensors``), which is what a solo edit of that case
 would have left in the model.
 
 Rows are routed by ``rows(cases)``: ``cases[i]`` is row i's case, or -1 for a row that computes the
 frozen base model pi_0 (a teacher row); teacher rows come last. Adam is elementwise, so one
-optimiser over the stacked tensors is B independent optimisers.
+optimiser over every case's tensors is B independent optimisers.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ class StackedExecutor:
         raise NotImplementedError
 
     def optimizer(self) -> torch.optim.Optimizer:
-        """One Adam over the stacked tensors (elementwise, so B independent Adams), configured as
+        """One Adam over every case's tensors (elementwise, so B independent Adams), configured as
         the solo executor's (``Executor.optimizer``)."""
         hp = self.hparams
         params = self.trainable_parameters()
@@ -145,8 +146,8 @@ class StackedLoRA(StackedExecutor):
             p.requires_grad_(False)
         names = {id(p): n for n, p in self.model.named_parameters()}
         self._layers = []
-        self._a: list[torch.Tensor] = []
-        self._b: list[torch.Tensor] = []
+        self._a: list[list[torch.Tensor]] = []  # per layer, per case
+        self._b: list[list[torch.Tensor]] = []
         self._names: list[tuple[str, str]] = []
         for layer in self.solo._lora_layers:
             if ADAPTER_NAME not in layer.lora_A:
@@ -154,8 +155,8 @@ class StackedLoRA(StackedExecutor):
             wa, wb = layer.lora_A[ADAPTER_NAME].weight, layer.lora_B[ADAPTER_NAME].weight
             na, nb = names[id(wa)], names[id(wb)]
             self._names.append((na, nb))
-            self._a.append(self._start[na].unsqueeze(0).repeat(cases, 1, 1).requires_grad_(True))
-            self._b.append(self._start[nb].unsqueeze(0).repeat(cases, 1, 1).requires_grad_(True))
+            self._a.append([self._start[na].clone().requires_grad_(True) for _ in range(cases)])
+            self._b.append([self._start[nb].clone().requires_grad_(True) for _ in range(cases)])
             self._layers.append(layer)
         self._gathered: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         for i, layer in enumerate(self._layers):
@@ -170,38 +171,43 @@ class StackedLoRA(StackedExecutor):
             cases = self._rows
             if cases is None or layer.disable_adapters:
                 return result
-            a, b = self._per_row(i, cases)
-            n = a.shape[0]
+            n, a, b = self._per_row(i, cases)
             dtype = result.dtype
             xs = x[:n].to(a.dtype)
-            delta = torch.matmul(torch.matmul(xs, a.transpose(-1, -2)), b.transpose(-1, -2))
+            if a.dim() == 2:  # every row one case's: the solo executor's very operations
+                delta = F.linear(F.linear(xs, a), b)
+            else:
+                delta = torch.matmul(torch.matmul(xs, a.transpose(-1, -2)), b.transpose(-1, -2))
             students = (result[:n] + delta * scaling).to(dtype)
             return students if n == result.shape[0] else torch.cat([students, result[n:]])
 
         return forward
 
-    def _per_row(self, i: int, cases: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Layer ``i``'s adapters of each student row: ``[N, r, in]``, ``[N, out, r]`` (one gather;
-        kept for the whole of a no-grad decode, whose adapters cannot change)."""
+    def _per_row(
+        self, i: int, cases: Sequence[int]
+    ) -> tuple[int, torch.Tensor, torch.Tensor]:
+        """The number of student rows and layer ``i``'s adapters for them: the case's own ``[r,
+        in]``, ``[out, r]`` when every row is one case's, else stacked per row ``[N, r, in]``, ``[N,
+        out, r]`` (gradients reach only the cases in the batch). Kept for the whole of a no-grad
+        decode, whose adapters cannot change."""
         cached = self._gathered.get(i)
         if cached is not None:
             return cached
-        n = _students(cases)
+        rows = list(cases[: _students(cases)])
         a, b = self._a[i], self._b[i]
-        if n == self.cases and list(cases[:n]) == list(range(n)):
-            pair = (a, b)
+        if len(set(rows)) == 1:
+            out = (len(rows), a[rows[0]], b[rows[0]])
         else:
-            index = torch.tensor(list(cases[:n]), device=a.device)
-            pair = (a.index_select(0, index), b.index_select(0, index))
+            out = (len(rows), torch.stack([a[c] for c in rows]), torch.stack([b[c] for c in rows]))
         if not torch.is_grad_enabled():
-            self._gathered[i] = pair
-        return pair
+            self._gathered[i] = out
+        return out
 
     def _release_cache(self) -> None:
         self._gathered = {}
 
     def trainable_parameters(self) -> list[torch.Tensor]:
-        return [t for pair in zip(self._a, self._b) for t in pair]
+        return [t for pair in zip(self._a, self._b) for per_case in pair for t in per_case]
 
     def case_tensors(self, case: int) -> dict[str, torch.Tensor]:
         out = {}
@@ -261,14 +267,12 @@ class StackedFTM(StackedExecutor):
         self._flags = {n: p.requires_grad for n, p in model.named_parameters()}
         for p in model.parameters():
             p.requires_grad_(False)
-        self._copies = self._start.unsqueeze(0).repeat(cases, 1, 1)
-        self._master: torch.Tensor | None = None
+        self._copies = [self._start.clone().requires_grad_(True) for _ in range(cases)]
+        self._masters: list[torch.Tensor] | None = None
         if weight.dtype in (torch.float16, torch.bfloat16):
-            self._master = self._copies.float().requires_grad_(True)
-            self._copies.requires_grad_(True)
-            self._copies.register_post_accumulate_grad_hook(self._grad_to_master)
-        else:
-            self._copies.requires_grad_(True)
+            self._masters = [c.detach().float().requires_grad_(True) for c in self._copies]
+            for copy, master in zip(self._copies, self._masters):
+                copy.register_post_accumulate_grad_hook(self._grad_to(master))
         self._module = module
         module.forward = self._make_forward(module)
         self._patched.append(module)
@@ -290,18 +294,24 @@ class StackedFTM(StackedExecutor):
 
         return forward
 
-    def _grad_to_master(self, copies: torch.Tensor) -> None:
-        grad = copies.grad.float()
-        self._master.grad = grad if self._master.grad is None else self._master.grad + grad
-        copies.grad = None
+    @staticmethod
+    def _grad_to(master: torch.Tensor) -> Any:
+        """A copy's gradient, accumulated in float32 into its master (as the solo FT-M does)."""
+
+        def hook(copy: torch.Tensor) -> None:
+            grad = copy.grad.float()
+            master.grad = grad if master.grad is None else master.grad + grad
+            copy.grad = None
+
+        return hook
 
     def after_step(self) -> None:
-        if self._master is not None:
+        if self._masters is not None:
             with torch.no_grad():
-                self._copies.copy_(self._master)
+                torch._foreach_copy_(self._copies, self._masters)
 
     def trainable_parameters(self) -> list[torch.Tensor]:
-        return [self._copies] if self._master is None else [self._master]
+        return self._copies if self._masters is None else self._masters
 
     def case_tensors(self, case: int) -> dict[str, torch.Tensor]:
         return {self.param_name: self._copies[case].detach().clone()}
@@ -309,8 +319,8 @@ class StackedFTM(StackedExecutor):
     def set_case(self, case: int, tensors: dict[str, torch.Tensor]) -> None:
         with torch.no_grad():
             self._copies[case].copy_(tensors[self.param_name])
-            if self._master is not None:
-                self._master[case].copy_(tensors[self.param_name].float())
+            if self._masters is not None:
+                self._masters[case].copy_(tensors[self.param_name].float())
 
     def start_tensors(self) -> dict[str, torch.Tensor]:
         return {self.param_name: self._start.clone()}
