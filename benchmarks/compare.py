@@ -36,6 +36,7 @@ from .tasks import TASKS
 
 __all__ = [
     "compare_main",
+    "fold_set_options",
     "overrides_for",
     "paired_tables",
     "parse_method",
@@ -90,7 +91,42 @@ def overrides_for(overrides: Sequence[str], benchmark: str) -> list[str]:
 
 
 def _slug(label: str) -> str:
-    return re.sub(r"[^\w.+-]+", "_", label).strip("_") or "method"
+    """The run directory name of a label: one path component, never ``.`` or ``..`` (which would
+    put a row's run in the comparison's own directory) nor hidden."""
+    return re.sub(r"[^\w.+-]+", "_", label).strip("_").lstrip(".") or "method"
+
+
+def fold_set_options(argv: Sequence[str]) -> list[str]:
+    """``--set KEY=VALUE`` (repeatable, as the runners take it) in the form ``--method`` reads:
+    after a ``--method`` it joins that method's overrides; before the first ``--method`` it applies
+    to every method (ahead of each method's own, which win). ``--method LABEL FILE KEY=VALUE``
+    keeps working."""
+    out: list = []
+    shared: list[str] = []
+    current: list[str] | None = None
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if (arg == "--set" and i + 1 < len(argv)) or arg.startswith("--set="):
+            value = arg[len("--set=") :] if arg.startswith("--set=") else argv[i + 1]
+            i += 1 if arg.startswith("--set=") else 2
+            (shared if current is None else current).append(value)
+            continue
+        out.append(arg)
+        i += 1
+        if arg == "--method":
+            current = []
+            while i < len(argv) and not argv[i].startswith("-"):
+                current.append(argv[i])
+                i += 1
+            out.append(current)
+    flat: list[str] = []
+    for item in out:
+        if isinstance(item, list):
+            flat += item[:2] + (shared if len(item) >= 2 else []) + item[2:]
+        else:
+            flat.append(item)
+    return flat
 
 
 def preflight(runs: Sequence[RunOptions]) -> None:
@@ -187,8 +223,16 @@ def _compare(argv: Sequence[str]) -> int:
         required=True,
         metavar="ARG",
         help="LABEL FILE [KEY=VALUE ...]; repeat for each method, e.g. "
-        "--method LoRA hparams/HPSE/x.yaml kl_weight=0 --method HPSE hparams/HPSE/x.yaml; "
+        "--method LoRA hparams/HPSE/x.yaml --set kl_weight=0 --method HPSE hparams/HPSE/x.yaml; "
         "BENCHMARK:KEY=VALUE applies to one benchmark only (unkebench:max_new_tokens=128)",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override an hparams field, repeatable: after a --method, of that method (as "
+        "KEY=VALUE after its FILE); before the first --method, of every method",
     )
     parser.add_argument(
         "--benchmark",
@@ -217,7 +261,7 @@ def _compare(argv: Sequence[str]) -> int:
         help="bootstrap resamples of the intervals (default 10000)",
     )
     add_run_arguments(parser, None)
-    args = parser.parse_args(argv)
+    args = parser.parse_args(fold_set_options(argv))
     configure_logging(args.log_level)
     try:
         methods = [parse_method(m) for m in args.method]

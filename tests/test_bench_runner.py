@@ -519,6 +519,40 @@ def test_run_compare_pairs_every_row_with_the_reference_and_times_each_edit(tiny
     )
 
 
+def test_run_compare_takes_set_and_keeps_every_row_in_its_own_folder(tmp_path, monkeypatch):
+    """``--set`` as the runners take it (after a --method: that method's; before the first: every
+    method's), the old ``LABEL FILE KEY=VALUE`` form still read; a label such as ``..`` used to make
+    its run folder the comparison's own directory and fail late, on the second benchmark."""
+    from benchmarks import compare
+
+    hp = tmp_path / "hp.yaml"
+    hp.write_text("alg_name: HPSE\nmodel_name: m\n")
+    runs = []
+
+    class Stop(Exception):
+        pass
+
+    def run(opts):
+        runs.append((opts.benchmark, opts.label, Path(opts.out_dir), opts.overrides))
+        if len(runs) == 4:
+            raise Stop
+        return {"stepin_rate_by_round": []}
+
+    monkeypatch.setattr(compare, "run_benchmark", run)
+    out = tmp_path / "cmp"
+    argv = ["--out", str(out), "--set", "rounds=3"]
+    argv += ["--method", "..", str(hp), "--set", "kl_weight=0", "--limit", "1"]
+    argv += ["--method", "B", str(hp), "unkebench:max_new_tokens=128", "--set=lr=0.001"]
+    with pytest.raises(Stop):
+        compare.compare_main(argv)
+    assert sorted(runs, key=lambda r: (r[1], r[0])) == [
+        ("mquake-uns", "..", out / "mquake-uns" / "method", ["rounds=3", "kl_weight=0"]),
+        ("unkebench", "..", out / "unkebench" / "method", ["rounds=3", "kl_weight=0"]),
+        ("mquake-uns", "B", out / "mquake-uns" / "B", ["rounds=3", "lr=0.001"]),
+        ("unkebench", "B", out / "unkebench" / "B", ["rounds=3", "max_new_tokens=128", "lr=0.001"]),
+    ]
+
+
 def test_run_compare_table_and_plot(tiny, tmp_path, capsys):
     out = tmp_path / "cmp"
     argv = [
