@@ -355,6 +355,23 @@ def test_the_row_runs_through_run_compare_beside_lora(tmp_path):
     records = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
     assert len(records) == 2 and all(len(r["rounds"]) == 1 for r in records)
 
+    # continual editing: the second edit continues in the first's adapter, both then answered
+    from benchmarks.runner import RunOptions, run_benchmark
+
+    seq = run_benchmark(
+        RunOptions(
+            benchmark="mquake-uns",
+            hparams=str(sdft),
+            data_dir=str(DATA_DIR),
+            limit=2,
+            sequential=2,
+            max_new_tokens=4,
+            judge="lexical",
+            out_dir=str(tmp_path / "seq"),
+        )
+    )
+    assert seq["n_cases"] == 2 and seq["editor"] == "SDFT (TRL)"
+
 
 def test_through_easyedits_base_editor(he, workdir, tmp_path):
     pytest.importorskip("trl.experimental.sdft", reason=NO_TRL)
