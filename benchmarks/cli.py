@@ -264,9 +264,16 @@ def benchmark_errors() -> tuple[type[BaseException], ...]:
     """The benchmarks' own exceptions that mean bad input or a bad environment, not a bug."""
     from .datasets import DataError
     from .judge import JudgeError
-    from .store import ConfigMismatchError
+    from .store import ConfigMismatchError, ResultsFileError
 
-    return (DataError, JudgeError, ConfigMismatchError, IncompleteRunError, LaunchError)
+    return (
+        DataError,
+        JudgeError,
+        ConfigMismatchError,
+        IncompleteRunError,
+        ResultsFileError,
+        LaunchError,
+    )
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
@@ -282,7 +289,7 @@ def _cli(benchmark: str, argv: Sequence[str]) -> int:
         "HPSE paper does. Rerunning with the same --out resumes. Exit code 0: done; 1: done, but "
         "some cases are still unjudged (rerun to judge them) or their edits diverged (see "
         "--retry-failed); 2: a bad input, reported in one line "
-        "before any edit; 130: stopped by Ctrl-C (rerun to resume).",
+        "before any edit; 130, 143, 129: stopped by Ctrl-C, SIGTERM or SIGHUP (rerun to resume).",
     )
     parser.add_argument(
         "--hparams",

@@ -42,6 +42,7 @@ __all__ = [
     "ConfigPolicy",
     "IncompleteRunError",
     "ResultFile",
+    "ResultsFileError",
     "check_run_config",
     "config_policy",
     "json_plain",
@@ -69,6 +70,11 @@ class ConfigMismatchError(RuntimeError):
 
 class IncompleteRunError(RuntimeError):
     """The results files of a directory do not hold every expected case exactly once."""
+
+
+class ResultsFileError(ValueError):
+    """A line of a results file is damaged or repeats a case; the message names the file, the line
+    and the fix."""
 
 
 def results_name(rank: int = 0, world: int = 1, stem: str = "results") -> str:
@@ -348,13 +354,17 @@ def _parse(
         try:
             rec = json.loads(raw)
         except ValueError:
-            raise ValueError(
-                f"{path}: line {n} is not valid JSON; repair or delete the file"
-            ) from None
+            rec = None
+        if not isinstance(rec, dict):
+            raise ResultsFileError(
+                f"{path}: line {n} is not a JSON record (the file was changed after it was "
+                "written: each line is written whole); repair that line, or delete it and run the "
+                "same command again to redo its case"
+            )
         cid = key(rec)
         if cid in records:
-            raise ValueError(
-                f"{path}: case_id {cid} appears twice (line {n}); repair or delete the file"
+            raise ResultsFileError(
+                f"{path}: case_id {cid} appears twice (line {n}); delete one of the two lines"
             )
         records[cid] = rec
     return records, torn

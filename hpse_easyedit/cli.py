@@ -10,23 +10,31 @@ Every entry point of the project (this one, the demo, ``run_examples/*``, ``pyth
 benchmarks.perf`` and ``.inspect_rollout``) runs its ``main`` through ``run_cli``: a user's mistake
 (a bad hparams file or option, a missing file or model) is ONE line on stderr naming the field or
 file and the fix, and exit code 2; the traceback only with ``--debug`` (or ``HPSE_DEBUG=1``).
+SIGTERM and SIGHUP stop a command as Ctrl-C does: one ``interrupted:`` line saying what was kept
+and that the same command goes on from there. A reader of stdout that goes away (``| head -1``)
+stops nothing: what the command writes to disk is written, the rest of its printing goes nowhere.
+Text the terminal's encoding cannot show (an emoji under ``PYTHONIOENCODING=ascii``) is printed as
+backslash escapes rather than stopping the command.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .atomic import write_aside
 from .edit_requests import RequestError
-from .editor import hpse_edit
+from .editor import edit_prompts, hpse_edit
 from .encoding import TextEncodingError, read_text
 from .errors import (
     ENVIRONMENT_ERRNOS,
@@ -40,7 +48,7 @@ from .errors import (
 from .generation import generate_answers
 from .hparams import HParamsError, HPSEHyperParams
 from .loading import ModelNotFoundError
-from .locks import DirectoryBusyError, writer_lock
+from .locks import DirectoryBusyError, ModelBusyError, writer_lock
 from .model_io import save_edit
 from .training import EditDivergedError, describe_loss
 
@@ -49,6 +57,7 @@ __all__ = [
     "OneLineParser",
     "build_parser",
     "main",
+    "print_out",
     "run_cli",
     "user_error_types",
 ]
@@ -77,6 +86,7 @@ def user_error_types(extra: Sequence[type[BaseException]] = ()) -> tuple[type[Ba
         EasyEditNotFoundError,
         EasyEditVersionError,
         DirectoryBusyError,
+        ModelBusyError,
         EditDivergedError,
         TextEncodingError,
         FileNotFoundError,
@@ -104,7 +114,8 @@ def run_cli(
 ) -> int:
     """Run ``main(argv)``; a user error becomes one ``error: ...`` line on stderr and exit code 2,
     Ctrl-C one ``interrupted: ...`` line (what was finished, from ``Interrupted``) and exit code
-    130.
+    130, SIGTERM or SIGHUP the same line naming the signal and exit code 128 + its number (143,
+    129). A closed stdout ends the command quietly (exit code 141) where its printing hit it.
 
     ``--debug`` (anywhere in ``argv``, removed before ``main`` sees it) or ``HPSE_DEBUG=1``
     re-raises the error with its traceback instead. With ``logger`` (and logging configured) the
@@ -114,41 +125,138 @@ def run_cli(
     args = list(sys.argv[1:] if argv is None else argv)
     debug = DEBUG_FLAG in args or os.environ.get("HPSE_DEBUG", "").lower() in ("1", "true", "yes")
     args = [a for a in args if a != DEBUG_FLAG]
+    _escape_unencodable()
 
     def say(prefix: str, text: str) -> None:
         text = " ".join(text.split())
-        if logger is not None and logging.getLogger().handlers:
-            logger.error("%s", text, extra={"hpse_one_line": prefix})
-        else:
-            print(f"{prefix}: {text}", file=sys.stderr)
+        try:
+            if logger is not None and logging.getLogger().handlers:
+                logger.error("%s", text, extra={"hpse_one_line": prefix})
+            else:
+                print(f"{prefix}: {text}", file=sys.stderr)
+        except OSError:  # the terminal is gone (SIGHUP): nobody is there to read the line
+            pass
 
-    try:
-        return main(args)
-    except KeyboardInterrupt as err:
-        if debug:
-            raise
-        say("interrupted", str(err) or "stopped by Ctrl-C")
-        return 130
-    except OSError as err:
-        if debug or (
-            err.errno not in ENVIRONMENT_ERRNOS and not isinstance(err, user_error_types(extra))
-        ):
-            raise
-        if err.errno not in ENVIRONMENT_ERRNOS:
+    with _signals_as_interrupts() as caught:
+        try:
+            code = main(args)
+            _flush_stdout()
+            return code
+        except KeyboardInterrupt as err:
+            if debug:
+                raise
+            text = str(err) or "stopped by Ctrl-C"
+            if caught:
+                name = signal.Signals(caught[0]).name
+                text = (
+                    f"stopped by {name}; {err}"
+                    if str(err)
+                    else f"stopped by {name}; run the same command again to go on (what was "
+                    "finished is kept)"
+                )
+            say("interrupted", text)
+            return 128 + caught[0] if caught else 130
+        except BrokenPipeError:  # the reader of stdout went away: as quiet as `yes | head -1`
+            _drop_stdout()
+            return 128 + signal.SIGPIPE
+        except OSError as err:
+            if debug or (
+                err.errno not in ENVIRONMENT_ERRNOS and not isinstance(err, user_error_types(extra))
+            ):
+                raise
+            if err.errno not in ENVIRONMENT_ERRNOS:
+                say("error", _user_error_text(err))
+                return 2
+            where = f"{err.filename}: " if err.filename else ""
+            say(
+                "error",
+                f"{where}{err.strerror or err}; free space or give a writable location, then run "
+                "the same command again (what was finished is kept)",
+            )
+            return 2
+        except user_error_types(extra) as err:
+            if debug:
+                raise
             say("error", _user_error_text(err))
             return 2
-        where = f"{err.filename}: " if err.filename else ""
-        say(
-            "error",
-            f"{where}{err.strerror or err}; free space or give a writable location, then run the "
-            "same command again (what was finished is kept)",
-        )
-        return 2
-    except user_error_types(extra) as err:
-        if debug:
-            raise
-        say("error", _user_error_text(err))
-        return 2
+
+
+#: signals that stop a command as Ctrl-C does (``run_cli``): a job scheduler's or ``kill``'s
+#: SIGTERM, and SIGHUP when the terminal closes
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def _signals_as_interrupts() -> Any:
+    """Inside: SIGTERM and SIGHUP raise ``KeyboardInterrupt`` where the program is, so every
+    ``except KeyboardInterrupt`` that keeps finished work and says how to go on runs for them too;
+    yields the list the first caught signal goes into. A second signal of the same kind then stops
+    the process at once (the default). Only the main thread can take signal handlers."""
+    caught: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield caught
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        if _in_finalizer(frame):  # Python would print an exception raised there and go on
+            threading.Timer(0.05, os.kill, (os.getpid(), signum)).start()
+            return
+        caught.append(signum)
+        signal.signal(signum, signal.SIG_DFL)
+        raise KeyboardInterrupt
+
+    previous = {s: signal.signal(s, stop) for s in STOP_SIGNALS}
+    try:
+        yield caught
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _in_finalizer(frame: Any) -> bool:
+    """Whether ``frame`` runs inside a ``__del__`` (a garbage-collected object's finaliser), where
+    an exception is printed and dropped: the signal is then sent again, to land elsewhere."""
+    while frame is not None:
+        if frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _escape_unencodable() -> None:
+    """stdout and stderr print what their encoding cannot show as backslash escapes."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, ValueError, io.UnsupportedOperation):
+            stream.reconfigure(errors="backslashreplace")
+
+
+def _drop_stdout() -> None:
+    """From now on stdout goes to /dev/null: its reader went away (``| head -1``), and what is
+    still buffered must not fail again at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (AttributeError, ValueError, OSError, io.UnsupportedOperation):
+        pass  # not a file descriptor (a test's captured stdout)
+    finally:
+        os.close(devnull)
+
+
+def _flush_stdout() -> None:
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _drop_stdout()
+
+
+def print_out(*lines: str) -> None:
+    """Print ``lines`` to stdout; a reader that went away (``| head -1``) is harmless: the rest
+    goes nowhere and the command carries on with what it still has to do (save, write)."""
+    try:
+        for line in lines:
+            print(line)
+    except BrokenPipeError:
+        _drop_stdout()
 
 
 def _user_error_text(err: BaseException) -> str:
@@ -179,9 +287,7 @@ def _save_elsewhere(
 
 
 def _print_answers(title: str, questions: Sequence[str], answers: Sequence[str]) -> None:
-    print(f"\n== {title}")
-    for q, a in zip(questions, answers):
-        print(f"Q: {q}\nA: {a}\n")
+    print_out(f"\n== {title}", *(f"Q: {q}\nA: {a}\n" for q, a in zip(questions, answers)))
 
 
 def _cmd_edit(args: argparse.Namespace) -> int:
@@ -218,6 +324,7 @@ def _edit_and_save(args: argparse.Namespace, hp: HPSEHyperParams, requests: list
     from .loading import load_model
 
     model, tok = load_model(hp)
+    edit_prompts(model, tok, requests, hp)  # a request that cannot be edited fails now, in one line
     questions = [r["prompt"] for r in requests] + list(args.ask)
     kwargs = {
         "max_new_tokens": args.max_answer_tokens,
@@ -235,10 +342,18 @@ def _edit_and_save(args: argparse.Namespace, hp: HPSEHyperParams, requests: list
             + (f" to --save {args.save}" if args.save else "")
             + "; run the same command again to edit"
         ) from None
-    print(f"\n== edit: {time.perf_counter() - t0:.1f} s")
+    seconds = time.perf_counter() - t0
+    if args.save:  # saved first: nothing printed afterwards can lose the edit
+        try:
+            saved = save_edit(result, hp, args.save, requests)
+        except OSError as err:
+            if err.errno not in ENVIRONMENT_ERRNOS:
+                raise
+            raise _save_elsewhere(result, hp, requests, Path(args.save), err) from None
+    print_out(f"\n== edit: {seconds:.1f} s")
     for r in result.rounds:
         rate = "n/a" if r["stepin_rate"] is None else f"{100 * r['stepin_rate']:.1f}%"
-        print(
+        print_out(
             f"round {r['round']}: step-in {rate}, "
             f"{describe_loss(r, hp.inner_steps)}, {r['seconds']:.1f} s"
         )
@@ -246,12 +361,7 @@ def _edit_and_save(args: argparse.Namespace, hp: HPSEHyperParams, requests: list
         "after the edit", questions, generate_answers(result.model, tok, questions, **kwargs)
     )
     if args.save:
-        try:
-            print(f"saved to {save_edit(result, hp, args.save, requests)}")
-        except OSError as err:
-            if err.errno not in ENVIRONMENT_ERRNOS:
-                raise
-            raise _save_elsewhere(result, hp, requests, Path(args.save), err) from None
+        print_out(f"saved to {saved}")
     return 0
 
 
@@ -263,19 +373,21 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     hp = HPSEHyperParams.from_hparams(args.hparams).with_overrides(args.set)
     plan = plan_with_knobs(hp, WORKLOADS[args.benchmark], args.gpu_gib, layers=args.layers)
     if args.json:
-        print(json.dumps(plan, indent=1))
+        print_out(json.dumps(plan, indent=1))
         return 0
-    cards = " ".join(f"{c:>4}" for c in CARDS_GIB)
-    print(
+    print_out(
         f"{plan['model_name']} ({plan['dtype']}, {plan['executor']}), {plan['benchmark']}: peak "
         f"{plan['peak_gib']:.1f} GiB of tensors, {plan['card_gib']:.1f} GiB on the card (the "
-        f"allocator's pool and the CUDA context, as measured on an H100)"
+        f"allocator's pool and the CUDA context, as measured on an H100)",
+        f"Columns {', '.join(f'{c:g}G' for c in CARDS_GIB)}: whether the phase fits a card of that "
+        "many GiB.",
     )
-    print(f"{'phase':<16} {'GiB':>6}  fits {cards}  knob for {args.gpu_gib:g} GiB")
+    cards = " ".join(f"{f'{c:g}G':>5}" for c in CARDS_GIB)
+    print_out(f"{'phase':<16} {'GiB':>6} {cards}  knob for {args.gpu_gib:g} GiB")
     for name, phase in plan["phases"].items():
-        fits = " ".join(f"{'yes' if phase['fits'][str(c)] else 'no':>4}" for c in CARDS_GIB)
+        fits = " ".join(f"{'yes' if phase['fits'][str(c)] else 'no':>5}" for c in CARDS_GIB)
         knob = "" if "knob" not in phase else (phase["knob"] or "none of the knobs is enough")
-        print(f"{name:<16} {phase['peak_gib']:>6.2f}       {fits}  {knob}")
+        print_out(f"{name:<16} {phase['peak_gib']:>6.2f} {fits}  {knob}".rstrip())
     return 0
 
 

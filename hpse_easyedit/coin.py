@@ -55,6 +55,7 @@ import torch.nn.functional as F
 from .edit_requests import RequestError, normalize_requests
 from .executors import make_executor
 from .hparams import ExecutorHParams, HParamsError, hp_field
+from .locks import editing
 from .losses import sequence_nll
 from .padding import next_token_labels, pad_rows, pad_token_id
 from .prompts import chat_prompt_ids, end_of_turn_id
@@ -320,6 +321,7 @@ def coin_edit(
     reqs = normalize_requests(requests, hparams)
     items = _build_items(tok, reqs, hparams)
     pad_id = pad_token_id(tok)
-    executor = make_executor(model, hparams, keep_original_weight=keep_original_weight)
-    objective = COINObjective(items, hparams, pad_id, input_device(executor.model))
-    return train_edit(executor, hparams, objective, rounds=1, inner_steps=hparams.steps)
+    with editing(model):  # a second thread's edit of the same model is refused, not interleaved
+        executor = make_executor(model, hparams, keep_original_weight=keep_original_weight)
+        objective = COINObjective(items, hparams, pad_id, input_device(executor.model))
+        return train_edit(executor, hparams, objective, rounds=1, inner_steps=hparams.steps)

@@ -15,6 +15,7 @@ import torch
 from .edit_requests import RequestError, normalize_requests
 from .executors import Executor, make_executor
 from .hparams import HPSEHyperParams
+from .locks import editing
 from .losses import sequence_nll, topk_forward_kl
 from .padding import next_token_labels, pad_rows, pad_token_id
 from .prompts import EditPrompts, build_edit_prompts, stop_token_ids
@@ -33,11 +34,13 @@ def _check_lengths(prompts: Sequence[EditPrompts], hparams: HPSEHyperParams) -> 
             len(p.teacher_ids) + hparams.max_new_tokens,
         )
         if longest > hparams.max_length:
+            subject = p.subject if len(p.subject) <= 60 else p.subject[:57] + "..."
+            longer = "subject" if len(p.student_ids) > len(p.passage_ids) else "passage"
             raise RequestError(
-                f"request {i} ({p.subject!r}): its sequences need {longest} tokens (passage "
-                f"{len(p.passage_ids)}, teacher prompt {len(p.teacher_ids)}, max_new_tokens "
-                f"{hparams.max_new_tokens}) but max_length is {hparams.max_length}; raise "
-                "max_length in the hparams or shorten the passage"
+                f"request {i} ({subject!r}): its sequences need {longest} tokens (editing prompt "
+                f"{len(p.student_ids)}, passage {len(p.passage_ids)}, teacher prompt "
+                f"{len(p.teacher_ids)}, max_new_tokens {hparams.max_new_tokens}) but max_length "
+                f"is {hparams.max_length}; raise max_length in the hparams or shorten the {longer}"
             )
 
 
@@ -251,11 +254,12 @@ def hpse_edit(
     prompts = edit_prompts(model, tok, requests, hparams)
     stop_ids = stop_token_ids(model, tok)
     pad_id = pad_token_id(tok, stop_ids)
-    executor = make_executor(model, hparams, keep_original_weight=keep_original_weight)
-    objective = HPSEObjective(executor, prompts, hparams, stop_ids=stop_ids, pad_id=pad_id)
-    result = train_edit(
-        executor, hparams, objective, rounds=hparams.rounds, inner_steps=hparams.inner_steps
-    )
+    with editing(model):  # a second thread's edit of the same model is refused, not interleaved
+        executor = make_executor(model, hparams, keep_original_weight=keep_original_weight)
+        objective = HPSEObjective(executor, prompts, hparams, stop_ids=stop_ids, pad_id=pad_id)
+        result = train_edit(
+            executor, hparams, objective, rounds=hparams.rounds, inner_steps=hparams.inner_steps
+        )
     result.rollouts = objective.rollouts
     result.teacher_forward_tokens = objective.teacher_forward_tokens
     result.seconds = time.perf_counter() - start

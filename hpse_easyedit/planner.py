@@ -46,6 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .errors import UsageError
 from .hparams import HParamsError
 
 __all__ = [
@@ -142,6 +143,11 @@ def backbone_config(model_name: str, layers: int | None = None, source: str = "t
             values.pop("model_type"), **{k: v for k, v in values.items() if not k.startswith("_")}
         )
     if layers is not None:
+        if not 1 <= layers <= config.num_hidden_layers:
+            raise UsageError(
+                f"--layers {layers}: {model_name} has {config.num_hidden_layers} layers; plan it "
+                f"cut to 1 to {config.num_hidden_layers} of them, or leave --layers out for all"
+            )
         config.num_hidden_layers = layers
         if getattr(config, "layer_types", None):
             config.layer_types = config.layer_types[:layers]
@@ -246,6 +252,66 @@ def _fits(gib: float) -> dict[str, bool]:
     return {str(card): card_gib(gib) <= card for card in CARDS_GIB}
 
 
+def _planned_model(hp: Any, layers: int | None, device: str) -> Any:
+    """The model ``hp`` names, built from its config on ``device`` (no weights read), in eval mode
+    and checked against the hparams' modules and layers."""
+    from transformers import AutoModelForCausalLM
+
+    from .loading import check_against_model
+
+    config = backbone_config(hp.model_name, layers, getattr(hp, "_source", None) or "the hparams")
+    if hp.attn_implementation != "auto":
+        config._attn_implementation = hp.attn_implementation
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=hp.torch_dtype)
+    model.eval()
+    check_against_model(model, hp)
+    return model
+
+
+def _placeholder_prompts(hp: Any, workload: Workload) -> list:
+    """One edit's requests at the workload's lengths (token ids are placeholders: memory depends on
+    lengths only)."""
+    from .prompts import EditPrompts
+
+    facts = workload.passage_tokens * (1 if hp.teacher_facts == "request" else workload.requests)
+    return [
+        EditPrompts(
+            subject=f"s{i}",
+            student_ids=[7] * workload.student_prompt_tokens,
+            teacher_ids=[9] * (workload.teacher_overhead_tokens + facts),
+            passage_ids=[5] * workload.passage_tokens,
+        )
+        for i in range(workload.requests)
+    ]
+
+
+def _placeholder_rollouts(prompts: list, hp: Any, length: int) -> list:
+    """A rollout of ``length`` tokens per request, with the teacher's top-K per position."""
+    from .rollout import Rollout
+
+    return [
+        Rollout(
+            torch.zeros(length, dtype=torch.long),
+            torch.zeros(length, dtype=torch.bool),
+            torch.zeros(length, hp.top_k, dtype=torch.long),
+            torch.zeros(length, hp.top_k),
+        )
+        for _ in prompts
+    ]
+
+
+def _answers_phase(model: Any, workload: Workload) -> None:
+    """``generate_answers``' batch after an edit on the preallocated decode: prefill and one step."""
+    from .static_decode import StaticDecoder
+
+    rows = [[11] * workload.question_tokens] * workload.answer_rows
+    answers = StaticDecoder(model, rows, 0, workload.answer_tokens)
+    with torch.no_grad():
+        logp = answers.prefill()
+        answers.step(logp.argmax(-1).view(-1, 1))
+
+
 def plan_edit(
     hparams: Any, workload: Workload, *, layers: int | None = None, device: str = "meta"
 ) -> dict:
@@ -255,25 +321,14 @@ def plan_edit(
     Runs the edit's own code on the ``meta`` device: nothing is allocated and no weights are needed.
     ``device="cpu"`` runs the same steps on real random weights, which is how the tests check that
     the meta run counts what real tensors take."""
-    from transformers import AutoModelForCausalLM
-
     from .editor import HPSEObjective
     from .executors import make_executor
-    from .loading import check_against_model
-    from .prompts import EditPrompts
-    from .rollout import Rollout
     from .static_decode import StaticDecoder
     from .training import activation_checkpointing, inner_step
 
     hp = hparams.with_overrides({"max_new_tokens": workload.max_new_tokens})
-    config = backbone_config(hp.model_name, layers, getattr(hp, "_source", None) or "the hparams")
-    if hp.attn_implementation != "auto":
-        config._attn_implementation = hp.attn_implementation
     phases: dict[str, dict] = {}
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=hp.torch_dtype)
-    model.eval()
-    check_against_model(model, hp)
+    model = _planned_model(hp, layers, device)
     attention = fused_attention_on_meta() if device == "meta" else contextlib.nullcontext()
     with attention, LiveBytes([*model.parameters(), *model.buffers()]) as mem:
         weights = mem.live
@@ -286,19 +341,7 @@ def plan_edit(
         executor = make_executor(model, hp)
         weights_copy = executor.weights_copy()
         optimizer = executor.optimizer()
-        passage = [5] * workload.passage_tokens
-        facts = workload.passage_tokens * (
-            1 if hp.teacher_facts == "request" else workload.requests
-        )
-        prompts = [
-            EditPrompts(
-                subject=f"s{i}",
-                student_ids=[7] * workload.student_prompt_tokens,
-                teacher_ids=[9] * (workload.teacher_overhead_tokens + facts),
-                passage_ids=passage,
-            )
-            for i in range(workload.requests)
-        ]
+        prompts = _placeholder_prompts(hp, workload)
         after_executor = mem.live
 
         mem.mark()
@@ -315,16 +358,7 @@ def plan_edit(
         del decoder, logp
         close("rollout", start)
 
-        k = hp.top_k
-        rollouts = [
-            Rollout(
-                torch.zeros(workload.max_new_tokens, dtype=torch.long),
-                torch.zeros(workload.max_new_tokens, dtype=torch.bool),
-                torch.zeros(workload.max_new_tokens, k, dtype=torch.long),
-                torch.zeros(workload.max_new_tokens, k),
-            )
-            for _ in prompts
-        ]
+        rollouts = _placeholder_rollouts(prompts, hp, workload.max_new_tokens)
         objective = HPSEObjective(executor, prompts, hp, stop_ids=[0], pad_id=0)
         objective.use_rollouts(rollouts if hp.kl_weight > 0 else None)
         mem.mark()
@@ -347,12 +381,8 @@ def plan_edit(
         del optimizer
         mem.mark()
         start = mem.live
-        rows = [[11] * workload.question_tokens] * workload.answer_rows
-        answers = StaticDecoder(executor.model, rows, 0, workload.answer_tokens)
-        with torch.no_grad():
-            logp = answers.prefill()
-            answers.step(logp.argmax(-1).view(-1, 1))
-        del answers, logp, weights_copy
+        _answers_phase(executor.model, workload)
+        del weights_copy
         close("answers", start)
         peak = mem.peak
     return _report(hp, workload, weights, phases, peak, layers)

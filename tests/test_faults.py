@@ -1,6 +1,8 @@
 """Fault injection: SIGKILL at random points, a full disk at every write point, two writers at once,
-Ctrl-C at every stage. After each fault the same command finishes the run: every case exactly once,
-the records and the summary equal to an uninterrupted run's, nothing a user produced lost.
+Ctrl-C at every stage, SIGTERM and SIGHUP, a kill inside a snapshot write or a --save, a closed
+stdout, a damaged results line, two threads editing one model, a downloaded edit folder asking for
+remote code. After each fault the same command finishes the run: every case exactly once, the
+records and the summary equal to an uninterrupted run's, nothing a user produced lost.
 docs/BENCHMARKS.md reports the counts."""
 
 import errno
@@ -32,7 +34,7 @@ from hpse_easyedit.executors import EXECUTORS
 from tiny_models import make_tiny_model_and_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.skipif(
+needs_data = pytest.mark.skipif(
     not DATA_DIR.is_dir(), reason="needs ../shared/data next to the repository"
 )
 
@@ -151,6 +153,7 @@ def _cmd(tiny, out, mode):
 
 
 # ------------------------------------------------------------------------------------------ SIGKILL
+@needs_data
 @pytest.mark.parametrize("mode", list(MODES))
 def test_sigkill_at_random_points_then_resume(tiny, tmp_path, reference, mode):
     """Ten kills per mode, each at a random moment of a process that resumes what the killed one
@@ -220,6 +223,7 @@ def _count_calls(monkeypatch, tiny, tmp_path, target, attr, mode):
     return calls[0]
 
 
+@needs_data
 @pytest.mark.parametrize("mode", list(MODES))
 def test_a_full_disk_at_every_write_point_loses_no_case(
     tiny, tmp_path, reference, monkeypatch, mode
@@ -251,6 +255,7 @@ def test_a_full_disk_at_every_write_point_loses_no_case(
     assert tried == sum(points.values())
 
 
+@needs_data
 def test_a_full_disk_that_is_freed_while_the_run_waits_costs_nothing(
     tiny, tmp_path, reference, monkeypatch
 ):
@@ -314,6 +319,7 @@ def _one_line(caplog, capsys, prefix):
     return said[0]
 
 
+@needs_data
 def test_an_unwritable_out_is_one_line_before_the_model_loads(
     tiny, tmp_path, caplog, capsys, monkeypatch
 ):
@@ -328,6 +334,7 @@ def test_an_unwritable_out_is_one_line_before_the_model_loads(
 
 
 # -------------------------------------------------------------------------------------- two writers
+@needs_data
 def test_a_second_run_into_the_same_directory_stops_at_once(tiny, tmp_path):
     out = tmp_path / "run"
     slow = [
@@ -367,6 +374,7 @@ STAGES = [
 ]
 
 
+@needs_data
 @pytest.mark.parametrize("mode", list(MODES))
 def test_ctrl_c_at_every_stage_is_one_line_and_the_same_command_resumes(
     tiny, tmp_path, reference, monkeypatch, caplog, capsys, mode
@@ -402,3 +410,311 @@ def test_ctrl_c_at_every_stage_is_one_line_and_the_same_command_resumes(
         assert _outcome(out) == reference[mode], (stage, at)
         tried += 1
     assert tried == len([s for s in STAGES if mode == "sequential" or s[1] != "checkpoint"])
+
+
+# ------------------------------------------------------------------- SIGTERM, a kill inside a write
+@needs_data
+def test_sigterm_is_one_line_saying_what_is_kept_and_the_same_command_resumes(
+    tiny, tmp_path, reference
+):
+    """A job scheduler's SIGTERM used to end the run in 0.1 s without a word."""
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        _cmd(tiny, out, "single"),
+        env=_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.time() + 300
+    while not (out / "results.jsonl").is_file() and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=120)
+    said = [
+        x
+        for x in stderr.decode().splitlines()
+        if x.startswith(("interrupted", "error", "Traceback"))
+    ]
+    assert proc.returncode == 128 + signal.SIGTERM and len(said) == 1, stderr.decode()[-2000:]
+    assert said[0].startswith("interrupted: stopped by SIGTERM; ")
+    assert f"recorded in {out}; run the same command again to resume" in said[0]
+    done = subprocess.run(
+        _cmd(tiny, out, "single"), env=_env(tmp_path), capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert _outcome(out) == reference["single"]
+
+
+KILL_INSIDE = """import os, runpy, signal, sys
+import torch
+real = torch.save
+def save(obj, f, *args, **kwargs):  # the snapshot's temporary file is opened, then the kill
+    open(f, "wb").close()
+    os.kill(os.getpid(), signal.SIGKILL)
+torch.save = save
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@needs_data
+def test_a_kill_inside_a_snapshot_write_leaves_no_temporary_file(tiny, tmp_path, reference):
+    """SIGKILL between opening ``state.pt.<pid>.<tid>.tmp`` and renaming it used to leave the 0-byte
+    file for good; the next start removes it, and the run ends as an uninterrupted one."""
+    out = tmp_path / "run"
+    killed = subprocess.run(
+        [sys.executable, "-c", KILL_INSIDE, *_cmd(tiny, out, "sequential")[1:]],
+        env=_env(tmp_path),
+        capture_output=True,
+        timeout=600,
+    )
+    assert killed.returncode == -signal.SIGKILL
+    left = list((out / "sequence-state").glob("*.tmp"))
+    assert len(left) == 1 and left[0].stat().st_size == 0
+    done = subprocess.run(
+        _cmd(tiny, out, "sequential"), env=_env(tmp_path), capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert not list(out.rglob("*.tmp"))
+    assert _outcome(out) == reference["sequential"]
+
+
+@needs_data
+def test_a_damaged_results_line_is_one_line_naming_the_file_and_line(
+    tiny, tmp_path, caplog, capsys, monkeypatch
+):
+    """A middle line changed after it was written (an editor, a bad copy) used to raise a
+    ValueError traceback in the runner."""
+    out = tmp_path / "run"
+    run_benchmark(_opts(tiny, out, "single"))
+    lines = (out / "results.jsonl").read_text().splitlines(keepends=True)
+    lines[1] = lines[1][: len(lines[1]) // 2] + "\n"
+    (out / "results.jsonl").write_text("".join(lines))
+    loaded = []
+    monkeypatch.setattr(Editing, "ensure_model", lambda self: loaded.append(1))
+    caplog.clear()
+    capsys.readouterr()
+    assert cli_main("mquake-uns", _args(tiny, out, "single")) == 2
+    said = _one_line(caplog, capsys, "error")
+    assert f"{out / 'results.jsonl'}: line 2 is not a JSON record" in said
+    assert "delete it and run the same command again to redo its case" in said and not loaded
+
+
+# ---------------------------------------------------------------------------------- python -m edit
+PASSAGE = "Selma Varrick is a marine biologist born in Norway."
+
+
+def _edit_args(tiny, tmp_path, save=None, subject="Selma Varrick", *extra):
+    passage = tmp_path / "passage.txt"
+    passage.write_text(PASSAGE)
+    args = [
+        "edit",
+        "--hparams",
+        str(tiny / "hpse.yaml"),
+        "--subject",
+        subject,
+        "--passage-file",
+        str(passage),
+        "--ask",
+        "Where was Selma Varrick born?",
+        "--max-answer-tokens",
+        "2",
+        *extra,
+    ]
+    return args + (["--save", str(save)] if save else [])
+
+
+def _edit_cmd(*args):
+    return [sys.executable, "-m", "hpse_easyedit", *args]
+
+
+def _saved_whole(save):
+    names = sorted(p.name for p in save.iterdir())
+    return names == ["adapter", "edit.json", "hparams.yaml"] and not list(
+        save.parent.glob(f".{save.name}.partial-*")
+    )
+
+
+@pytest.mark.parametrize("reader", ["reads one line", "never reads"])
+def test_a_closed_stdout_loses_no_edit(tiny, tmp_path, reader):
+    """``edit --save DIR | head -1``: printing the answers after the edit used to raise
+    BrokenPipeError before DIR was written. The edit is saved first, and a reader that went away
+    stops nothing: exit code 0, no traceback."""
+    save = tmp_path / "saved"
+    env = {**_env(tmp_path), **({} if reader == "never reads" else {"PYTHONUNBUFFERED": "1"})}
+    if reader == "never reads":
+        env.pop("PYTHONUNBUFFERED")
+    proc = subprocess.Popen(
+        _edit_cmd(*_edit_args(tiny, tmp_path, save)),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    if reader == "reads one line":
+        proc.stdout.readline()
+    proc.stdout.close()  # like `| head -1` once it has its line
+    stderr = proc.communicate(timeout=600)[1].decode()
+    assert proc.returncode == 0 and "Traceback" not in stderr and "Exception" not in stderr, stderr
+    assert _saved_whole(save)
+
+
+def test_a_save_killed_half_way_leaves_the_directory_as_it_was(tiny, tmp_path):
+    """SIGKILL while ``--save`` writes used to leave DIR with adapter/README.md only, and the same
+    command then refused DIR as not empty. The edit goes to a temporary sibling renamed to DIR when
+    complete: after the kill DIR is empty, and the same command saves there (and removes the dead
+    writer's partial copy)."""
+    save = tmp_path / "saved"
+    args = _edit_args(tiny, tmp_path, save)
+    kill = (
+        "import os, signal, sys\nfrom hpse_easyedit import HPSEHyperParams\n"
+        "from hpse_easyedit.cli import main\n"
+        "HPSEHyperParams.to_yaml = lambda self, path: os.kill(os.getpid(), signal.SIGKILL)\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    killed = subprocess.run(
+        [sys.executable, "-c", kill, *args], env=_env(tmp_path), capture_output=True, timeout=600
+    )
+    assert killed.returncode == -signal.SIGKILL
+    assert save.is_dir() and not list(save.iterdir())
+    assert len(list(tmp_path.glob(".saved.partial-*"))) == 1  # what the killed save had written
+    done = subprocess.run(_edit_cmd(*args), env=_env(tmp_path), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert _saved_whole(save)
+
+
+def test_sighup_during_an_edit_is_one_line_and_saves_nothing(tiny, tmp_path):
+    save = tmp_path / "saved"
+    proc = subprocess.Popen(
+        _edit_cmd(*_edit_args(tiny, tmp_path, save, "Selma Varrick", "--set", "rounds=200")),
+        env=_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    for line in proc.stdout:  # PYTHONUNBUFFERED: the answers before the edit, then the edit
+        if line.startswith(b"A: "):
+            break
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGHUP)
+    stderr = proc.communicate(timeout=120)[1].decode()
+    said = [x for x in stderr.splitlines() if x.startswith(("interrupted", "error", "Traceback"))]
+    assert proc.returncode == 128 + signal.SIGHUP and len(said) == 1, stderr
+    assert said[0] == (
+        f"interrupted: stopped by SIGHUP; stopped during the edit; nothing was saved to --save "
+        f"{save}; run the same command again to edit"
+    )
+    assert not list(save.iterdir())
+
+
+def test_text_the_terminal_cannot_encode_is_escaped_not_fatal(tiny, tmp_path, monkeypatch):
+    """An emoji subject under ``PYTHONIOENCODING=ascii`` used to end the edit with
+    UnicodeEncodeError when printing it."""
+    import io
+
+    out = io.TextIOWrapper(io.BytesIO(), encoding="ascii")
+    monkeypatch.setattr(sys, "stdout", out)
+    code = edit_cli.main(_edit_args(tiny, tmp_path, None, "Selma \U0001f41f Varrick"))
+    out.flush()
+    text = out.buffer.getvalue().decode("ascii")
+    assert code == 0 and "Introduce Selma \\U0001f41f Varrick." in text
+
+
+@pytest.mark.parametrize(
+    "bad, fragment",
+    [
+        ("/dev/zero", "is not a regular file (a FIFO, device or socket)"),
+        ("subject", "shorten the subject"),
+    ],
+)
+def test_a_passage_that_is_no_file_or_a_subject_that_is_too_long_is_one_line(
+    tiny, tmp_path, capsys, bad, fragment
+):
+    """/dev/zero as a passage was called "a directory"; a 10,000-character subject blamed the
+    passage (and printed the whole subject). Both fail before the first answer is generated."""
+    args = _edit_args(tiny, tmp_path, None, "Selma " * 2000 if bad == "subject" else "Selma")
+    if bad == "/dev/zero":
+        args[args.index("--passage-file") + 1] = "/dev/zero"
+    capsys.readouterr()
+    assert edit_cli.main(args) == 2
+    captured = capsys.readouterr()
+    err = [x for x in captured.err.splitlines() if x.startswith("error")]
+    assert len(err) == 1 and fragment in err[0] and len(err[0]) < 600, err
+    assert "== before the edit" not in captured.out
+
+
+# ------------------------------------------------------------------------------- the Python front
+def test_two_threads_editing_one_model_the_second_is_refused_in_one_line(tmp_path):
+    """FT-M edited from two threads at once died with an autograd error; the second edit of a model
+    that is being edited is refused at once, and the first finishes as if alone."""
+    import threading
+
+    from hpse_easyedit import editor, hpse_edit
+    from hpse_easyedit.locks import ModelBusyError
+    from tiny_models import tiny_hparams
+
+    model, tok = make_tiny_model_and_tokenizer("llama")
+    hp = tiny_hparams(executor="ft_m", rounds=1, inner_steps=2, max_new_tokens=4)
+    request = [{"subject": "Selma Varrick", "target_new": PASSAGE}]
+    real, second = editor.make_executor, []
+
+    def make_executor(*args, **kwargs):  # the first edit is under way: a second thread starts one
+        if not second:
+            second.append(None)
+
+            def other():
+                try:
+                    hpse_edit(model, tok, request, hp)
+                except ModelBusyError as err:
+                    second[0] = err
+
+            thread = threading.Thread(target=other)
+            thread.start()
+            thread.join()
+        return real(*args, **kwargs)
+
+    editor.make_executor = make_executor
+    try:
+        result = hpse_edit(model, tok, request, hp)
+    finally:
+        editor.make_executor = real
+    assert isinstance(second[0], ModelBusyError) and "being edited already" in str(second[0])
+    assert result.rounds and hpse_edit(model, tok, request, hp).rounds  # released afterwards
+    code = edit_cli.run_cli(lambda args: (_ for _ in ()).throw(second[0]), [])
+    assert code == 2  # one line, as every user error
+
+
+def test_a_downloaded_edit_folder_never_turns_remote_code_on(tmp_path, monkeypatch):
+    """``load_edit(DIR)`` followed DIR/hparams.yaml's ``trust_remote_code: true`` into a model
+    folder whose config has an ``auto_map``: its code ran. Now only the caller's argument turns it
+    on, and the refusal names the file that asked."""
+    import json
+
+    from hpse_easyedit import HParamsError, load_edit
+    from hpse_easyedit.executors import EXECUTORS
+
+    model_dir = tmp_path / "model"
+    make_tiny_model_and_tokenizer("llama", tmp_path=model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForCausalLM": "evil.Evil", "AutoConfig": "evil.EvilConfig"}
+    (model_dir / "config.json").write_text(json.dumps(config))
+    marker = tmp_path / "code-ran"
+    (model_dir / "evil.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    edit = tmp_path / "downloaded-edit"
+    (edit / "adapter" / "hpse").mkdir(parents=True)
+    (edit / "hparams.yaml").write_text(
+        f"alg_name: HPSE\nmodel_name: {model_dir}\ntrust_remote_code: true\n"
+    )
+    (edit / "edit.json").write_text(json.dumps({"executor": "lora", "weights": "adapter/hpse"}))
+    with pytest.raises(HParamsError) as info:
+        load_edit(edit)
+    assert str(edit / "hparams.yaml") in str(info.value)
+    assert "load_edit(..., trust_remote_code=True)" in str(info.value) and not marker.exists()
+    seen = []  # with the caller's word, the flag reaches load_model
+    monkeypatch.setattr(
+        "hpse_easyedit.model_io.load_model", lambda hp: seen.append(hp) or (None, None)
+    )
+    monkeypatch.setattr(EXECUTORS["lora"], "load_edit", staticmethod(lambda model, weights: model))
+    load_edit(edit, trust_remote_code=True)
+    assert seen[0].trust_remote_code is True
+    (edit / "edit.json").write_text(json.dumps({"executor": "lora", "weights": "../../etc"}))
+    with pytest.raises(HParamsError, match="not a file or directory inside"):
+        load_edit(edit, trust_remote_code=True)

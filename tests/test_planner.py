@@ -179,8 +179,20 @@ def test_plan_command_prints_json_and_a_table(capsys):
     assert planned["executor"] == "ft_m" and planned["workload"]["max_new_tokens"] == 128
     assert {"peak_gib", "phases", "fits"} <= set(planned)
     assert plan("--layers 2") == 0
-    table = capsys.readouterr().out
-    assert "training" in table and "fits   24   40   48   80" in table
+    table = capsys.readouterr().out.splitlines()
+    header = next(line for line in table if line.startswith("phase"))
+    assert header.split()[:6] == ["phase", "GiB", "24G", "40G", "48G", "80G"]
+    row = next(line for line in table if line.startswith("training"))
+    assert row.split()[2:6] == ["yes"] * 4  # a verdict under every card, no empty column
+    for column in ("24G", "80G"):  # each verdict right under its card's header
+        end = header.index(column) + len(column)
+        assert row[end - 3 : end].strip() == "yes"
+    assert plan("--layers 1000") == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "error: --layers 1000: Qwen/Qwen3-8B has 36 layers; plan it cut to 1 to 36 of them, or "
+        "leave --layers out for all"
+    )
     assert plan("--gpu-gib 0") == 2
     err = capsys.readouterr().err.strip()
     assert err == "error: --gpu-gib must be >= 1 (GiB of the card), got 0.0"
