@@ -285,8 +285,16 @@ class SequentialLoop(CaseLoop):
 
     sequence: SequenceLog
     checkpoints: Sequence[int]
+    #: sequences edited side by side (``MethodSpec.edit_cases``): edit j of each is made in one
+    #: batched pass, each sequence its own state
+    sequences_at_once: int = 1
 
     def run(self, blocks: list[tuple[int, list[int]]], progress: Progress) -> None:
+        if self.sequences_at_once > 1:
+            size = self.sequences_at_once
+            for s in range(0, len(blocks), size):
+                _Lockstep(self, blocks[s : s + size]).run(progress)
+            return
         e, snapshots = self.editing, self.editing.method.resume is not None
         for b, block in blocks:
             # results: the edits' results so far (IN_CONTEXT's passages)
@@ -431,6 +439,117 @@ class SequentialLoop(CaseLoop):
         log.info(
             "block %d: checkpoint after %d edits evaluated in %.0f s", b, edits, time.time() - t0
         )
+
+
+class _Lockstep:
+    """Several sequences of a continual run side by side: edit j of every sequence in one batched
+    pass (``MethodSpec.edit_cases``, each sequence starting from its own tensors), then each
+    sequence's checkpoints and final evaluation as ``SequentialLoop`` makes them, its model put
+    together from its tensors (``MethodSpec.resume``) and undone after. Each sequence keeps its
+    own snapshot after every edit (``SequenceLog.block_state``), which a resume starts from; a
+    sequence with recorded edits but no matching snapshot starts over."""
+
+    def __init__(self, loop: SequentialLoop, blocks: list[tuple[int, list[int]]]) -> None:
+        self.loop, self.blocks = loop, blocks
+        self.tensors: dict[int, dict | None] = {}  # block -> its edited tensors (None: unedited)
+        self.start: dict[int, dict | None] = {}  # block -> the values before its first edit
+        self.edits: dict[int, list[dict]] = {}
+        self.results: dict[int, list] = {}
+
+    def _resume(self, b: int, block: list[int]) -> None:
+        seq = self.loop.sequence
+        edits = seq.recorded(b)
+        state = seq.load_state(b, own_file=True) if edits else None
+        self.tensors[b], self.start[b], self.edits[b], self.results[b] = None, None, [], []
+        if state is not None and state["edits"] == len(edits):
+            self.tensors[b], self.start[b], self.edits[b] = (
+                state["tensors"],
+                state["weights0"],
+                edits,
+            )
+            log.info("block %d: resuming after edit %d of %d", b, len(edits), len(block))
+        else:  # records without their snapshot, or another try's checkpoints: start over
+            seq.forget_from(b, 0)
+
+    def _model(self, b: int) -> Any:
+        """The model as block ``b``'s edits so far left it (the unedited one before any)."""
+        e = self.loop.editing
+        tensors = self.tensors[b]
+        return e.model if tensors is None else e.method.resume(e.model, e.hp, tensors)
+
+    def _undo(self, b: int, model: Any) -> None:
+        if self.tensors[b] is not None:
+            self.loop.editing.restore(model, self.start[b])
+
+    def _checkpoint(self, b: int, block: list[int]) -> None:
+        done = len(self.edits[b])
+        if done not in self.loop.checkpoints or done >= len(block):
+            return
+        model = self._model(b)
+        self.loop.checkpoint(b, block, done, model, self.results[b])
+        self._undo(b, model)
+
+    def run(self, progress: Progress) -> None:
+        loop, e = self.loop, self.loop.editing
+        for b, block in self.blocks:
+            self._resume(b, block)
+            self._checkpoint(b, block)
+        while True:
+            due = [(b, block) for b, block in self.blocks if len(self.edits[b]) < len(block)]
+            if not due:
+                break
+            step = min(len(self.edits[b]) for b, _ in due)
+            due = [(b, block) for b, block in due if len(self.edits[b]) == step]
+            t0 = time.time()
+            done = e.method.edit_cases(
+                e.model,
+                e.tok,
+                [[dict(r) for r in loop.cases[block[step]]["requests"]] for _, block in due],
+                e.hp,
+                starts=[self.tensors[b] for b, _ in due],
+            )
+            seconds = (time.time() - t0) / len(due)
+            for (b, block), res in zip(due, done):
+                i = block[step]
+                if res.ok:
+                    record = e.edit_record(i, loop.cases[i], res, seconds, b)
+                    self.tensors[b] = res.tensors
+                    self.results[b].append(res)
+                else:
+                    record = e.failed_record(i, loop.cases[i], res.error, b, seconds)
+                self.start[b] = self.start[b] if self.start[b] is not None else res.start
+                edit = {**record, "position": step}
+                self.edits[b].append(edit)
+                write_kept(loop.sequence.edits, [edit])
+                if len(block) > 1:
+                    loop.sequence.save_state(
+                        None, b, step + 1, self.start[b], tensors=self.tensors[b] or self.start[b]
+                    )
+                self._checkpoint(b, block)
+        for b, block in self.blocks:
+            self._finish(b, block, progress)
+
+    def _finish(self, b: int, block: list[int], progress: Progress) -> None:
+        """Block ``b``'s final evaluation and records, as ``SequentialLoop.run`` writes them."""
+        loop, e = self.loop, self.loop.editing
+        model = self._model(b)
+        answers = e.answers(
+            model,
+            [loop.cases[i] for i in block],
+            self.results[b],
+            desc=f"block {b}: answers after {len(block)} edits",
+            partial=loop.sequence.partial(b, len(block)),
+        )
+        mmlu_after = loop.probe.measure(model, e.tok) if loop.probe.due(b) else None
+        self._undo(b, model)
+        records = [{k: v for k, v in edit.items() if k != "position"} for edit in self.edits[b]]
+        for i, a, rec in zip(block, answers, records):
+            if "failed" not in rec:
+                loop._scored(rec, loop.cases[i], a, mmlu_after)
+        write_kept(loop.results, records)
+        loop.sequence.finish(b)
+        loop.scorer.stop_if_refused()
+        progress(len(block), None)
 
 
 def _fingerprint(system: str | None, questions: Sequence[str]) -> str:

@@ -90,6 +90,15 @@ def add_run_arguments(parser: argparse.ArgumentParser, benchmark: str | None) ->
         "rounding); HPSE and the plain LoRA/FT-M rows (default 1: one at a time)",
     )
     g.add_argument(
+        "--sequences-at-once",
+        type=int,
+        default=1,
+        metavar="S",
+        help="with --sequential T: run S continual sequences side by side, edit j of each in one "
+        "batched pass (each sequence its own state and records, as when run one after another); "
+        "HPSE and the plain LoRA/FT-M rows (default 1)",
+    )
+    g.add_argument(
         "--max-answer-tokens",
         type=int,
         metavar="N",
@@ -230,6 +239,7 @@ def options_from_args(
         retry_failed=args.retry_failed,
         batch_size=args.batch_size,
         cases_at_once=args.cases_at_once,
+        sequences_at_once=args.sequences_at_once,
         max_new_tokens=answer_tokens,
         data_file=vars(args)[_dest(task, task.data_option)],
         judge=args.judge,

@@ -184,12 +184,12 @@ class RunDirectory:
         )
         path.unlink()
 
-    def record_environment(self, case_ids: Sequence[str], cases_at_once: int = 1) -> None:
+    def record_environment(self, case_ids: Sequence[str], **at_once: int) -> None:
         """One line in ``environments.jsonl`` for the cases this invocation edits (and, when it
-        edits several at once, how many)."""
+        edits several cases or sequences at once, how many: ``cases_at_once=B``,
+        ``sequences_at_once=S``)."""
         record = environment_record(case_ids, self.ctx)
-        if cases_at_once > 1:
-            record["cases_at_once"] = cases_at_once
+        record.update((k, v) for k, v in at_once.items() if v > 1)
         with open(self.path / ENVIRONMENTS_FILE, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(record) + "\n")
 

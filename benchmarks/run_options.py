@@ -36,6 +36,7 @@ _RANGES = {
     "limit": ("--limit", "the first N cases"),
     "batch_size": ("--batch-size", "answers generated at once"),
     "cases_at_once": ("--cases-at-once", "independent cases edited together"),
+    "sequences_at_once": ("--sequences-at-once", "continual sequences edited together"),
     "max_new_tokens": ("--max-answer-tokens", "answer length cap"),
     "max_attempts": ("--judge-max-attempts", "requests per judge question"),
     "dist_timeout_hours": ("--dist-timeout-hours", ""),
@@ -103,6 +104,7 @@ class RunOptions(BaseModel):
     checkpoints: list[int] | None = None
     batch_size: Annotated[int, Field(ge=1)] = 8
     cases_at_once: Annotated[int, Field(ge=1)] = 1
+    sequences_at_once: Annotated[int, Field(ge=1)] = 1
     max_new_tokens: Annotated[int | None, Field(ge=1)] = None
     data_file: str | None = None
     judge: str = "auto"
@@ -162,6 +164,11 @@ class RunOptions(BaseModel):
             raise UsageError(
                 "--cases-at-once edits independent single cases together; a continual sequence's "
                 "edits depend on each other, so drop --cases-at-once with --sequential"
+            )
+        if self.sequences_at_once > 1 and not self.sequential:
+            raise UsageError(
+                "--sequences-at-once runs continual sequences side by side; give --sequential T "
+                "with it (single editing takes --cases-at-once)"
             )
         if self.checkpoints is not None:
             if not self.sequential:

@@ -103,11 +103,15 @@ class _Run:
         cache_dir = Path(opts.cache_dir) if opts.cache_dir else default_cache_dir()
         _check_data_paths(opts, self.data_dir)
         self.method = method_for_file(opts.hparams)
-        if opts.cases_at_once > 1 and self.method.edit_cases is None:
-            raise UsageError(
-                f"--cases-at-once {opts.cases_at_once}: {self.method.name} edits one case at a "
-                "time; drop --cases-at-once (HPSE files, plain LoRA and FT-M among them, take it)"
-            )
+        for flag, value in (
+            ("--cases-at-once", opts.cases_at_once),
+            ("--sequences-at-once", opts.sequences_at_once),
+        ):
+            if value > 1 and (self.method.edit_cases is None or self.method.resume is None):
+                raise UsageError(
+                    f"{flag} {value}: {self.method.name} edits one case at a time; drop {flag} "
+                    "(HPSE files, plain LoRA and FT-M among them, take it)"
+                )
         requested, self.hp_dict, hp, self.ctx = _hparams(self.method, opts, context)
         method = method_label(self.method.name, self.hp_dict)
         self.scorer = Scorer(self.task, opts.judge, opts.judge_settings, cache_dir)
@@ -151,8 +155,11 @@ class _Run:
         # only when set: the directories of runs without checkpoints keep resuming
         if o.checkpoints:
             config["checkpoints"] = o.checkpoints
-        if o.cases_at_once > 1:  # how, not what: a resume may change it (store.RUN_KERNEL_KEYS)
+        # how, not what: a resume may change them (store.RUN_KERNEL_KEYS)
+        if o.cases_at_once > 1:
             config["cases_at_once"] = o.cases_at_once
+        if o.sequences_at_once > 1:
+            config["sequences_at_once"] = o.sequences_at_once
         config.update(self.task.run_config(o.task_options, self.scorer.judge, self.probe.enabled))
         return config
 
@@ -208,7 +215,9 @@ class _Run:
         mmlu_before = self.probe.before(self.editing.unedited) if ctx.is_main else None
         if n_todo:
             d.record_environment(
-                [ids[i] for _, unit in todo for i in unit], self.opts.cases_at_once
+                [ids[i] for _, unit in todo for i in unit],
+                cases_at_once=self.opts.cases_at_once,
+                sequences_at_once=self.opts.sequences_at_once,
             )
             self._edit_cases(cases, todo, n_mine, n_todo)
         # every process has written its last case; no results file changes from here on
@@ -242,6 +251,7 @@ class _Run:
                 d.results,
                 d.sequence,
                 self.opts.checkpoints or (),
+                self.opts.sequences_at_once,
             ).run(todo, progress)
         else:
             SingleLoop(

@@ -220,6 +220,7 @@ class SequenceLog:
         self.answers.drop(lambda r: r["block"] != block)
         if self.state.is_file():
             self.state.unlink()
+        self.block_state(block).unlink(missing_ok=True)
 
     # ---------------------------------------------------------------------------------- checkpoints
     def has_checkpoint(self, block: int, checkpoint: int, case_ids: list[str]) -> bool:
@@ -231,14 +232,28 @@ class SequenceLog:
         self.checkpoints.append(records)
 
     # ------------------------------------------------------------------------------------- snapshot
+    def block_state(self, block: int) -> Path:
+        """The snapshot file of ``block`` when several sequences run at once (one per sequence
+        in progress; one sequence at a time keeps one file per process, ``state``)."""
+        return self.state.with_name(f"{self.state.stem}.block{block}.pt")
+
     def save_state(
-        self, model: Any, block: int, edits: int, weights0: Mapping[str, torch.Tensor]
+        self,
+        model: Any,
+        block: int,
+        edits: int,
+        weights0: Mapping[str, torch.Tensor],
+        tensors: Mapping[str, torch.Tensor] | None = None,
     ) -> None:
-        """The values after ``edits`` edits of every tensor the sequence changes, and their values
-        before it."""
-        tensors = {name: model.get_parameter(name).detach().cpu().clone() for name in weights0}
+        """The values after ``edits`` edits of every tensor the sequence changes (read from
+        ``model``, or given as ``tensors``: then in the block's own file, ``block_state``), and
+        their values before it."""
+        path = self.state if tensors is None else self.block_state(block)
+        if tensors is None:
+            tensors = {name: model.get_parameter(name) for name in weights0}
+        tensors = {name: t.detach().cpu().clone() for name, t in tensors.items()}
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        with replacing(self.state) as tmp:
+        with replacing(path) as tmp:
             torch.save(
                 {
                     "block": block,
@@ -249,19 +264,18 @@ class SequenceLog:
                 tmp,
             )
 
-    def load_state(self, block: int) -> dict | None:
+    def load_state(self, block: int, own_file: bool = False) -> dict | None:
         """The snapshot of ``block`` if there is a readable one (else None: the edits are
-        replayed)."""
-        if not self.state.is_file():
+        replayed); ``own_file``: from the block's own file (``block_state``)."""
+        path = self.block_state(block) if own_file else self.state
+        if not path.is_file():
             return None
         try:
-            state = torch.load(self.state, map_location="cpu", weights_only=True)
+            state = torch.load(path, map_location="cpu", weights_only=True)
         except (
             Exception
         ) as err:  # a snapshot cut off by a kill, or from another torch: replay instead
-            log.warning(
-                "%s cannot be read (%s); replaying the recorded edits instead", self.state, err
-            )
+            log.warning("%s cannot be read (%s); replaying the recorded edits instead", path, err)
             return None
         return state if state.get("block") == block else None
 

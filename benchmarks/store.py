@@ -187,11 +187,13 @@ KERNEL_KEYS = (
     "gradient_checkpointing",
     "cases_per_pass",
 )
+
 #: config keys outside the hparams that choose how the same edits are computed: how many
-#: independent cases are edited in one batched pass (``hpse_easyedit.batched``; each case's result
-#: is its solo edit's up to float rounding). A resume may change them; config.json keeps the value
-#: the run started with, and environments.jsonl records each invocation's.
-RUN_KERNEL_KEYS = (("cases_at_once",),)
+#: independent cases (or continual sequences) are edited in one batched pass
+#: (``hpse_easyedit.batched``; each case's result is its solo edit's up to float rounding). A
+#: resume may change them; config.json keeps the value the run started with, and
+#: environments.jsonl records each invocation's.
+RUN_KERNEL_KEYS = (("cases_at_once",), ("sequences_at_once",))
 
 
 def json_plain(value: Any) -> Any:
@@ -249,7 +251,7 @@ def config_policy(hparams: Any) -> ConfigPolicy:
     configuration.
 
     Placement and kernel keys of the hparams (``PLACEMENT_KEYS``, ``KERNEL_KEYS``) and the run's
-    own kernel keys (``RUN_KERNEL_KEYS``: ``cases_at_once``) are ignored; a
+    own kernel keys (``RUN_KERNEL_KEYS``: ``cases_at_once``, ``sequences_at_once``) are ignored; a
     key directly under ``hparams`` that the recorded config does not have is accepted when its value
     is the default of that field in the code (a field added to the hparams after the run started, at
     the behaviour the old code had). Anything else that differs, nested keys included, is a

@@ -155,3 +155,80 @@ def test_the_runner_command_line_takes_cases_at_once(tiny, tmp_path, capsys):
         cli_main("mquake-uns", ["--help"])
     assert stop.value.code == 0
     assert "--cases-at-once" in capsys.readouterr().out
+
+
+def _checkpoint_records(out):
+    path = Path(out) / "checkpoints.jsonl"
+    lines = path.read_text().splitlines() if path.is_file() else []
+    return {(r["checkpoint"], r["case_id"]): r for r in map(json.loads, lines)}
+
+
+@pytest.mark.parametrize("executor", ["lora", "ft_m"])
+def test_sequences_side_by_side_write_the_records_of_one_after_another(tiny, tmp_path, executor):
+    """Three continual sequences of 2 edits with a checkpoint after the first: side by side
+    (``--sequences-at-once 3``) they give the answers, scores and checkpoints of the sequences run
+    one after another."""
+    common = dict(limit=6, sequential=2, checkpoints=[1])
+    run_benchmark(_opts(tiny, tmp_path / "solo", executor, **common))
+    run_benchmark(_opts(tiny, tmp_path / "side", executor, sequences_at_once=3, **common))
+    solo, side = _records(tmp_path / "solo"), _records(tmp_path / "side")
+    assert list(solo) == list(side)
+    for case_id in solo:
+        mine, theirs = _without_timing(side[case_id]), _without_timing(solo[case_id])
+        for key in set(theirs) - {"rounds"}:
+            assert mine[key] == theirs[key], (case_id, key)
+        for a, b in zip(mine["rounds"], theirs["rounds"]):
+            for key in a:
+                assert a[key] == pytest.approx(b[key], rel=1e-4), (case_id, key)
+    checkpoints = _checkpoint_records(tmp_path / "solo")
+    assert checkpoints and checkpoints == _checkpoint_records(tmp_path / "side")
+    config = json.loads((tmp_path / "side" / "config.json").read_text())
+    assert config["sequences_at_once"] == 3
+
+
+def test_sequences_side_by_side_resume_from_their_snapshots(tiny, tmp_path, monkeypatch):
+    """A stop after the first edit of two sequences side by side: the rerun resumes each from its
+    own snapshot (no edit is made twice) and ends with the uninterrupted run's records."""
+    from hpse_easyedit import methods
+
+    common = dict(limit=4, sequential=2, sequences_at_once=2)
+    run_benchmark(_opts(tiny, tmp_path / "whole", **common))
+    spec = methods.get_method("HPSE")
+    calls = []
+
+    def stop_after_one(model, tok, cases, hp, **kw):
+        if calls:
+            raise KeyboardInterrupt
+        calls.append(len(cases))
+        return spec.edit_cases(model, tok, cases, hp, **kw)
+
+    import dataclasses
+
+    monkeypatch.setitem(
+        methods._METHODS, "HPSE", dataclasses.replace(spec, edit_cases=stop_after_one)
+    )
+    with pytest.raises(KeyboardInterrupt):
+        run_benchmark(_opts(tiny, tmp_path / "cut", **common))
+    assert sorted(p.name for p in (tmp_path / "cut" / "sequence-state").iterdir()) == [
+        "state.block0.pt",
+        "state.block1.pt",
+    ]
+    made = []
+
+    def count(model, tok, cases, hp, **kw):
+        made.append(len(cases))
+        return spec.edit_cases(model, tok, cases, hp, **kw)
+
+    monkeypatch.setitem(methods._METHODS, "HPSE", dataclasses.replace(spec, edit_cases=count))
+    run_benchmark(_opts(tiny, tmp_path / "cut", **common))
+    assert made == [2]  # only the second edit of each sequence
+    whole, cut = _records(tmp_path / "whole"), _records(tmp_path / "cut")
+    assert {k: _without_timing(v) for k, v in whole.items()} == {
+        k: _without_timing(v) for k, v in cut.items()
+    }
+    assert not any((tmp_path / "cut" / "sequence-state").glob("*.pt"))
+
+
+def test_sequences_at_once_needs_sequential(tiny, tmp_path):
+    with pytest.raises(UsageError, match="--sequences-at-once.*--sequential"):
+        _opts(tiny, tmp_path / "out", sequences_at_once=2)
