@@ -38,6 +38,7 @@ from .executors import resume_edit
 from .executors.stacked import StackedExecutor, make_stacked
 from .fast_decode import few_row_linears
 from .hparams import HPSEHyperParams
+from .locks import editing
 from .losses import sequence_nll, topk_forward_kl
 from .padding import next_token_labels, pad_rows, pad_token_id
 from .prompts import EditPrompts, stop_token_ids
@@ -315,25 +316,26 @@ def hpse_edit_cases(
             live.append(_Case(i, edit_prompts(model, tok, requests, hparams), results[i]))
         except RequestError as e:
             results[i].error = str(e)
-    stacked = make_stacked(model, hparams, len(cases))
-    try:
-        base_start = stacked.start_tensors()
-        case_start = []
-        for i in range(len(cases)):
-            given = starts[i] if starts is not None else None
-            case_start.append(base_start if given is None else given)
-            if given is not None:
-                stacked.set_case(i, given)
-        for i, r in enumerate(results):
-            r.start = {n: t.clone() for n, t in case_start[i].items()}
-            if r.error is not None:
-                r.tensors = {n: t.clone() for n, t in case_start[i].items()}
-        _train(stacked, live, case_start, hparams, stop_ids, pad_id)
-        for c in live:
-            if c.result.error is None:
-                c.result.tensors = stacked.case_tensors(c.index)
-    finally:
-        stacked.close()
+    with editing(model):  # a second thread's edit of the same model is refused, not interleaved
+        stacked = make_stacked(model, hparams, len(cases))
+        try:
+            base_start = stacked.start_tensors()
+            case_start = []
+            for i in range(len(cases)):
+                given = starts[i] if starts is not None else None
+                case_start.append(base_start if given is None else given)
+                if given is not None:
+                    stacked.set_case(i, given)
+            for i, r in enumerate(results):
+                r.start = {n: t.clone() for n, t in case_start[i].items()}
+                if r.error is not None:
+                    r.tensors = {n: t.clone() for n, t in case_start[i].items()}
+            _train(stacked, live, case_start, hparams, stop_ids, pad_id)
+            for c in live:
+                if c.result.error is None:
+                    c.result.tensors = stacked.case_tensors(c.index)
+        finally:
+            stacked.close()
     seconds = time.perf_counter() - start_time
     for r in results:
         r.seconds = seconds
