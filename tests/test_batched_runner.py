@@ -90,6 +90,12 @@ def test_a_batched_run_writes_the_records_of_a_solo_run(tiny, tmp_path, executor
             assert a.keys() == b.keys()
             for key in a:
                 assert a[key] == pytest.approx(b[key], rel=1e-4), (case_id, key)
+    from benchmarks.twin import twin_report
+
+    twin = twin_report(tmp_path / "solo", tmp_path / "batched")
+    assert twin["cases"] == 5
+    assert twin["identical_rollouts"] == twin["identical_answers"] == 5
+    assert twin["avg_difference"] == 0 and twin["differences"] == {}
     config = json.loads((tmp_path / "batched" / "config.json").read_text())
     assert config["cases_at_once"] == 3
     assert "cases_at_once" not in json.loads((tmp_path / "solo" / "config.json").read_text())
