@@ -73,6 +73,7 @@ def test_cuda_rollout_gives_the_cpu_tokens(family):
     runs = {}
     for device in ("cpu", "cuda"):
         ex = make_executor(model.to(device), hp.with_overrides({"device": device}))
+        unedited = ex.weights_copy()  # before the adapters are set: the restore then unloads them
         gen = torch.Generator().manual_seed(1)  # the same adapters on both devices (their own
         with torch.no_grad():  # initialisation draws from each device's generator)
             for p in ex.trainable_parameters():
@@ -83,7 +84,7 @@ def test_cuda_rollout_gives_the_cpu_tokens(family):
                 ex.model, ex.row_switch, student, teacher, static_decode=mode, stop_every=3, **kw
             )
             runs[device, mode] = (ro.tokens.tolist(), ro.stepped_in.tolist())
-        model = restore_weights(ex.model, ex.weights_copy())
+        model = restore_weights(ex.model, unedited)
     reference = runs["cpu", False]
     assert len(reference[0]) > 0
     for key, run in runs.items():
