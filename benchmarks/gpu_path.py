@@ -1,7 +1,8 @@
 """The GPU path measured without a GPU (``benchmarks.perf``, ``python -m benchmarks.gpu_path``):
 kernels and host syncs per decoded token, graph breaks of the static decode step, the H100 roofline
-of a decode step, and the memory planner against a measured CPU edit; with ``--device cuda``, the
-figures only a GPU measures.
+of a decode step, and the memory planner against a measured CPU edit; with ``--batched``, the
+batched engine's kernels per case and the H100 roofline of one case's edit (``benchmarks.
+gpu_batched``); with ``--device cuda``, the figures only a GPU measures.
 
 On a GPU each aten op of a decode step that runs a kernel is about one kernel launch, and each read
 of a device value on the host (``.item()``, ``bool()``, ``nonzero``) stalls the launch queue; at 7B
@@ -116,18 +117,26 @@ def _at_depth(hparams: Any, layers: int) -> Any:
     return hparams.with_overrides({"ftm_layer": min(hparams.ftm_layer, layers - 1)})
 
 
-def _meta_executor(hparams: Any, layers: int | None) -> Any:
-    """The executor of ``hparams`` around its backbone (cut to ``layers`` layers) on the meta
-    device."""
+def _meta_model(hparams: Any, layers: int | None) -> Any:
+    """``hparams``' backbone (cut to ``layers`` layers) on the meta device, in eval mode."""
     from transformers import AutoModelForCausalLM
 
-    from hpse_easyedit.executors import make_executor
     from hpse_easyedit.planner import backbone_config
 
     config = backbone_config(hparams.model_name, layers)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=hparams.torch_dtype).eval()
-    return make_executor(model, _at_depth(hparams, config.num_hidden_layers))
+        return AutoModelForCausalLM.from_config(config, dtype=hparams.torch_dtype).eval()
+
+
+def _meta_executor(hparams: Any, layers: int | None, cases: int | None = None) -> Any:
+    """The executor of ``hparams`` around its backbone (cut to ``layers`` layers) on the meta
+    device; with ``cases``, the batched engine's stacked executor for that many cases."""
+    from hpse_easyedit.executors import make_executor
+    from hpse_easyedit.executors.stacked import make_stacked
+
+    model = _meta_model(hparams, layers)
+    hp = _at_depth(hparams, model.config.num_hidden_layers)
+    return make_executor(model, hp) if cases is None else make_stacked(model, hp, cases)
 
 
 def _requests(count: int) -> list[tuple[list[int], list[int]]]:
@@ -263,15 +272,18 @@ def compiled_decode_kernels(hparams: Any, vocab: int = 512) -> dict:
     }
 
 
-def static_step_graph_breaks(hparams: Any, layers: int = 2) -> int:
+def static_step_graph_breaks(hparams: Any, layers: int = 2, cases: int | None = None) -> int:
     """Graph breaks ``torch._dynamo.explain`` finds in one static decode step of the backbone cut to
-    ``layers`` layers, with the executor's row switch on (meta device)."""
+    ``layers`` layers, with the executor's row switch on (meta device); with ``cases``, the batched
+    engine's step: that many cases' student rows, each on its own adapter, and their teachers."""
     from hpse_easyedit.static_decode import StaticDecoder
 
-    executor = _meta_executor(hparams, layers)
-    decoder = StaticDecoder(executor.model, [[7] * 30, [9] * 60], 0, 8)
-    with torch.no_grad(), executor.row_switch(torch.tensor([False, True])):
-        tokens = decoder.prefill().argmax(-1).view(2, 1)
+    executor = _meta_executor(hparams, layers, cases)
+    rows = cases or 1
+    switch = executor.row_switch if cases is None else executor.row_switch_for(list(range(rows)))
+    decoder = StaticDecoder(executor.model, [[7] * 30] * rows + [[9] * 60] * rows, 0, 8)
+    with torch.no_grad(), switch(torch.tensor([False] * rows + [True] * rows)):
+        tokens = decoder.prefill().argmax(-1).view(2 * rows, 1)
         torch._dynamo.reset()
         return torch._dynamo.explain(decoder.step)(tokens).graph_break_count
 
@@ -650,6 +662,24 @@ def _cpu_figures(path: Path, compiled: bool) -> dict:
     }
 
 
+def _batched_figures(path: Path, sizes: list[int]) -> dict:
+    """``benchmarks.gpu_batched``'s figures of the file at ``path`` under ``batched``, with its
+    ``case_edit_seconds_roofline`` also at the file's top level; a note for a file that does not
+    edit with LoRA."""
+    from hpse_easyedit import HPSEHyperParams
+
+    from .gpu_batched import batched_figures
+
+    hp = HPSEHyperParams.from_hparams(path)
+    if hp.executor != "lora":
+        return {"batched": {"skipped": f"executor {hp.executor}: the batched counts are LoRA's"}}
+    figures = batched_figures(hp, sorted(set(sizes)))
+    return {
+        "batched": figures,
+        "case_edit_seconds_roofline": figures["case_edit_seconds_roofline"],
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.gpu_path",
@@ -685,8 +715,20 @@ def main(argv: list[str] | None = None) -> int:
         help="with --device: also profile a rollout token and an inner step (kernels, their time, "
         "the device's idle time; torch.profiler)",
     )
+    parser.add_argument(
+        "--batched",
+        type=int,
+        nargs="+",
+        metavar="B",
+        help="on CPU, also count the batched engine's kernels per case at these numbers of cases "
+        "at once, with the H100 roofline of one case's edit (LoRA files; benchmarks.gpu_batched)",
+    )
     parser.add_argument("--out", help="write the JSON here (default: stdout)")
     args = parser.parse_args(argv)
+    if args.batched and (args.device != "cpu" or args.layers is not None):
+        parser.error("--batched counts on CPU: leave out --device and --layers")
+    if args.batched and min(args.batched) < 1:
+        parser.error("--batched: numbers of cases at once are at least 1")
     from hpse_easyedit import HPSEHyperParams
 
     root = Path(__file__).resolve().parents[1] / "hparams" / "HPSE"
@@ -699,6 +741,8 @@ def main(argv: list[str] | None = None) -> int:
     for path in paths:
         if args.device == "cpu" and args.layers is None:
             report[path.stem] = _cpu_figures(path, args.compiled)
+            if args.batched:
+                report[path.stem].update(_batched_figures(path, args.batched))
         else:
             hp = HPSEHyperParams.from_hparams(path).with_overrides(list(args.set))
             report[path.stem] = {

@@ -1,0 +1,114 @@
+"""The batched engine's GPU figures on CPU (``benchmarks.gpu_batched``, ``benchmarks.gpu_path
+--batched``): the kernel counts of B cases at once run through the engine's own code on the meta
+device, a decode step's kernels are shared by the cases (per case they fall with B), the fused Adam
+launch rule, the H100 roofline of one case's edit, and the options' checks. A tiny Qwen2
+architecture (``model_name`` pointing at its config.json) stands in for the 7B widths, whose counts
+take minutes here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks import gpu_batched, gpu_path, perf_batched
+from hpse_easyedit import HPSEHyperParams
+from tiny_models import make_config, make_tokenizer
+
+HPSE = Path(__file__).resolve().parents[1] / "hparams" / "HPSE"
+
+
+@pytest.fixture(scope="module")
+def hparams(tmp_path_factory):
+    """``qwen2.5-7b.yaml`` (LoRA, bfloat16, its budget) on a 4-layer tiny Qwen2 architecture."""
+    where = tmp_path_factory.mktemp("tiny-qwen2")
+    make_config("qwen2", make_tokenizer("qwen2"), layers=4).save_pretrained(where)
+    return HPSEHyperParams.from_hparams(HPSE / "qwen2.5-7b.yaml").with_overrides(
+        {"model_name": str(where), "ftm_layer": 1}
+    )
+
+
+@pytest.fixture(scope="module")
+def counts(hparams):
+    return {b: gpu_batched.batched_counts(hparams, b, rollout=16) for b in (None, 1, 2)}
+
+
+def test_counts_run_for_one_and_two_cases_and_kernels_per_case_fall(counts):
+    one, two = counts[1], counts[2]
+    assert one["cases"] == 1 and two["cases"] == 2 and one["layers"] == two["layers"] == 4
+    for c in (one, two):
+        assert c["decode_step_ops"] > 0 and c["inner_step_ops"] > 0
+        assert c["decode_step_flops"] > 0 and c["inner_step_flops"] > 0
+        assert c["decode_step_host_reads"] == pytest.approx(1 / 8)  # the stop test every 8 tokens
+    # one decode step serves both cases: its kernels hardly grow, so per case they about halve
+    assert two["decode_step_ops"] <= 1.05 * one["decode_step_ops"]
+    assert two["kernels_per_case_per_token"] < 0.55 * one["kernels_per_case_per_token"]
+    assert two["kernels_per_case_per_inner_step"] < one["kernels_per_case_per_inner_step"]
+    # the arithmetic is each case's own: FLOPs and trainable tensors scale with the cases
+    assert two["inner_step_flops"] == pytest.approx(2 * one["inner_step_flops"], rel=0.01)
+    assert two["trainable_numel"] == 2 * one["trainable_numel"]
+
+
+def test_solo_edit_counted_beside_the_batched_engine(counts):
+    solo = counts[None]
+    assert solo["engine"].startswith("solo") and solo["cases"] == 1
+    assert solo["decode_step_ops"] > 0 and solo["inner_step_ops"] > 0
+    assert solo["inner_step_flops"] == pytest.approx(counts[1]["inner_step_flops"], rel=0.01)
+
+
+def test_fused_adam_launch_rule():
+    small = [torch.empty(8, device="meta")]
+    # the step counters' _foreach_add_ (110 tensors a launch) + _fused_adam_ (36 a launch)
+    assert gpu_batched.fused_adam_kernels(small * 36) == 1 + 1
+    assert gpu_batched.fused_adam_kernels(small * 37) == 1 + 2
+    assert gpu_batched.fused_adam_kernels(small * 111) == 2 + 4
+    # a tensor of more chunks than a launch's 320 blocks needs a second launch
+    big = [torch.empty(321 * gpu_batched.CHUNK, device="meta")]
+    assert gpu_batched.fused_adam_kernels(big) == 1 + 2
+
+
+def test_roofline_of_one_case_falls_with_cases(hparams, counts):
+    calib = gpu_batched.calibration()
+    assert 1e-6 < calib["host_seconds_per_kernel"] < 1e-4
+    roof = {b: gpu_batched.case_edit_roofline(hparams, counts[b], calib, 16) for b in (1, 2)}
+    for r in roof.values():
+        assert r["seconds"] == pytest.approx(sum(r["parts"].values()))
+        assert 0 < r["seconds_graphed_decode"] < r["seconds"]
+    assert roof[2]["seconds"] < roof[1]["seconds"]
+    # the decode reads the weights once for both cases (each case's adapters and cache its own)
+    assert roof[1]["decode_step_bytes"] < roof[2]["decode_step_bytes"]
+    assert roof[2]["decode_step_bytes"] < 2 * roof[1]["decode_step_bytes"]
+    assert roof[2]["parts"]["rollouts_floor"] < roof[1]["parts"]["rollouts_floor"]
+
+
+def test_batched_decode_step_has_no_graph_break(hparams):
+    assert gpu_path.static_step_graph_breaks(hparams, cases=2) == 0
+
+
+def test_batched_counts_refuse_ftm(hparams):
+    with pytest.raises(ValueError, match="executor: lora"):
+        gpu_batched.batched_counts(hparams.with_overrides({"executor": "ft_m"}), 1)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--batched", "0"],
+        ["--batched", "2", "--device", "cuda"],
+        ["--batched", "2", "--layers", "2"],
+    ],
+)
+def test_gpu_path_batched_options_checked(argv):
+    with pytest.raises(SystemExit) as exit_:
+        gpu_path.main(argv)
+    assert exit_.value.code == 2
+
+
+@pytest.mark.parametrize(
+    "argv", [["--tokenizer", "somewhere"], ["--layers", "2"], ["--passage", "no/such/file.txt"]]
+)
+def test_perf_batched_source_options_checked(argv, tmp_path):
+    with pytest.raises(SystemExit) as exit_:
+        perf_batched.main(argv + ["--out", str(tmp_path / "out.json")])
+    assert exit_.value.code == 2
