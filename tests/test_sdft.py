@@ -435,3 +435,19 @@ def test_the_perf_command_times_one_sdft_edit_beside_hpses_with_the_same_budget(
     assert f"load {load['start'][0]:.1f} -> {load['end'][0]:.1f}" in next(
         x for x in printed if x.startswith("| machine")
     )
+
+
+# ------------------------------------------------------------------------------------------- CUDA
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device; torch sees none")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_an_edit_on_cuda_stays_on_the_card_and_restores_bit_for_bit(tmp_path, dtype):
+    pytest.importorskip("trl.experimental.sdft", reason=NO_TRL)
+    from hpse_easyedit import load_model
+
+    make_tiny_model_and_tokenizer("qwen2", tmp_path, init_std=0.3)
+    hp = tiny_sdft(model_name=str(tmp_path), device="cuda", dtype=dtype, rounds=1)
+    model, tok = load_model(hp)
+    before = weights_snapshot(model)
+    res = sdft_edit(model, tok, [REQUEST], hp)
+    assert {p.device.type for p in res.model.parameters()} == {"cuda"} and res.rounds
+    assert same_weights(restore_weights(res.model, res.weights_copy), before)
