@@ -100,6 +100,20 @@ def test_decode_step_is_one_graph_without_host_syncs(family, executor):
         assert compiled(tokens).shape == (2, len(tok))
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_model_decodes_on_the_decoders_static_cache(family):
+    """The forward gets the decoder's ``StaticCache`` under the keyword it takes (``cache`` from
+    transformers 5.24, ``past_key_values`` before): a keyword it does not take would land in its
+    ``**kwargs`` unread, and the model would decode on a cache of its own."""
+    model, tok = make_tiny_model_and_tokenizer(family)
+    decoder = StaticDecoder(model, [[5, 6, 7], [8, 9, 10, 11, 12]], tok.pad_token_id, 4)
+    with torch.no_grad():
+        tokens = decoder.prefill().argmax(-1).view(2, 1)
+        assert decoder.cache.get_seq_length() == decoder.width == 5
+        decoder.step(tokens)
+    assert decoder.cache.get_seq_length() == 6
+
+
 def test_rollout_loop_syncs_only_at_the_stop_tests():
     ex, tok = _edited_executor("llama")
     s, t = tok(STUDENT)["input_ids"], tok(TEACHER)["input_ids"]
