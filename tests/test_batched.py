@@ -223,3 +223,29 @@ def test_refusals_name_the_field():
     with pytest.raises(ValueError, match="kl_weight and nll_weight"):
         hpse_edit_cases(model, tok, CASES[:1], tiny_hparams(kl_weight=0.0, nll_weight=0.0))
     assert hpse_edit_cases(model, tok, [], tiny_hparams()) == []
+
+
+@pytest.mark.parametrize("executor", ["lora", "ft_m"])
+def test_the_batched_decode_step_compiles_whole(monkeypatch, executor):
+    """``static_decode: compile`` (a GPU's ``auto``) puts the batched decode step, every case's
+    adapter routing included, under ``torch.compile(fullgraph=True)``: traced here with the eager
+    backend, it must not break the graph and gives the uncompiled static decode's tokens."""
+    from hpse_easyedit import rollout, static_decode
+    from tiny_models import make_tiny_model_and_tokenizer
+
+    real = static_decode.compile_step
+    monkeypatch.setattr(rollout, "compile_step", lambda d, backend=None: real(d, backend="eager"))
+    model, tok = make_tiny_model_and_tokenizer("llama", init_std=0.2)
+    got = {
+        mode: hpse_edit_cases(
+            model,
+            tok,
+            CASES,
+            tiny_hparams(executor=executor, rounds=1, inner_steps=1, static_decode=mode),
+        )
+        for mode in ("compile", True)
+    }
+    for compiled, plain in zip(got["compile"], got[True]):
+        assert compiled.ok and plain.ok
+        for a, b in zip(compiled.rollouts[0], plain.rollouts[0]):
+            assert torch.equal(a.tokens, b.tokens)
