@@ -13,8 +13,9 @@ comparison here is exact where the greedy choice is determined and numeric where
   reference run's decision there is within that rounding of flipping, a tie: there the runs may
   part, and the comparison ends, since their continuations no longer share a prefix.
 
-A decode path that computes its log-probabilities wrongly fails the first check; one that decides
-wrongly from right log-probabilities fails the second at the first position that is not a tie.
+A decode path whose log-probabilities are off by more than rounding fails the first check; one that
+decides wrongly from right log-probabilities fails the second at the first position that is not a
+tie.
 """
 
 from __future__ import annotations
