@@ -6,9 +6,10 @@ copy while the model computes: LoRA as adapters stacked per row into ``A [N, r, 
 r]`` and applied with one batched matmul per projection (never B copies of the model; a pass whose
 rows are all one case's uses that case's adapters directly, the solo executor's very operations),
 FT-M as copies of the edited matrix, each case's rows multiplied by its own (with float32 masters
-in a half-precision model, as the solo FT-M has). Gradients reach only the cases a pass computes. The model's own tensors never change: each case's result is read out
-under the solo executor's parameter names (``case_tensors``), which is what a solo edit of that case
-would have left in the model.
+in a half-precision model, as the solo FT-M has). Gradients reach only the cases a pass computes.
+The model's own tensors never change: each case's result is read out under the solo executor's
+parameter names (``case_tensors``), which is what a solo edit of that case would have left in the
+model.
 
 Rows are routed by ``rows(cases)``: ``cases[i]`` is row i's case, or -1 for a row that computes the
 frozen base model pi_0 (a teacher row); teacher rows come last. Adam is elementwise, so one
