@@ -302,7 +302,8 @@ def _placeholder_rollouts(prompts: list, hp: Any, length: int) -> list:
 
 
 def _answers_phase(model: Any, workload: Workload) -> None:
-    """``generate_answers``' batch after an edit on the preallocated decode: prefill and one step."""
+    """``generate_answers``' batch after an edit on the preallocated decode: prefill and one
+    step."""
     from .static_decode import StaticDecoder
 
     rows = [[11] * workload.question_tokens] * workload.answer_rows
