@@ -184,9 +184,7 @@ class StackedLoRA(StackedExecutor):
 
         return forward
 
-    def _per_row(
-        self, i: int, cases: Sequence[int]
-    ) -> tuple[int, torch.Tensor, torch.Tensor]:
+    def _per_row(self, i: int, cases: Sequence[int]) -> tuple[int, torch.Tensor, torch.Tensor]:
         """The number of student rows and layer ``i``'s adapters for them: the case's own ``[r,
         in]``, ``[out, r]`` when every row is one case's, else stacked per row ``[N, r, in]``, ``[N,
         out, r]`` (gradients reach only the cases in the batch). Kept for the whole of a no-grad
