@@ -11,10 +11,15 @@ after N edits of each sequence, so one T = 100 pair with checkpoints 10,20,50 gi
 
 Prints one markdown table: per run its T, sequences, cases, the task's metrics and Avg over all
 cases, Avg of each sequence (the spread between sequences), and for a +HPSE row its paired
-difference in Avg from the executor alone (per case, 95% bootstrap interval of the mean). ``--png``
-draws the paper's layout: per metric and T, the executor's bar filled and the +HPSE bar outlined
-over it. ``--first N`` (one per pair, or ``all``) reports a pair on its runs' first N cases only,
-e.g. the single-editing runs on the cases of the sequences after they have gone on to more cases.
+difference in Avg from the executor alone with two 95% bootstrap intervals of the mean: one that
+resamples cases as if independent, and one that resamples sequences, then cases within them
+(``benchmarks.paired.hierarchical_bootstrap_ci``: the cases of one sequence share one edited model),
+beside the difference in each sequence; with one sequence no interval between sequences exists and
+the table says so. ``--unke`` (UnKEBench) adds UnKE's own judge-free metrics beside the judge's,
+with their paired differences. ``--png`` draws the paper's layout: per metric and T, the
+executor's bar filled and the +HPSE bar outlined over it. ``--first N`` (one per pair, or ``all``)
+reports a pair on its runs' first N cases only, e.g. the single-editing runs on the cases of the
+sequences after they have gone on to more cases.
 """
 
 from __future__ import annotations
@@ -30,7 +35,21 @@ from hpse_easyedit.errors import UsageError, check_positive
 from .paired import CUTS, add_reading_arguments
 from .tasks import TASKS
 
-__all__ = ["continual_rows", "continual_table", "main", "plot_continual", "run_row"]
+__all__ = ["UNKE_COLUMNS", "continual_rows", "continual_table", "main", "plot_continual", "run_row"]
+
+#: UnKE's own judge-free metrics in the table and the figure with ``--unke`` (``benchmarks.
+#: unke_scores``): (column, group, metric) in percent
+UNKE_COLUMNS = (
+    ("Ori BLEU", "Original", "BLEU SCORE"),
+    ("Ori R-L", "Original", "ROUGE-L"),
+    ("Sub R-L", "Sub", "ROUGE-L"),
+)
+UNKE_NOTE = (
+    "Ori BLEU, Ori R-L, Sub R-L: UnKE's own metrics, judge-free (benchmarks.unke_metrics): the "
+    "answer to the original question against the whole passage by nltk's BLEU over characters and "
+    "by ROUGE-L recall, and each sub-question's answer against its gold sub-answer by ROUGE-L "
+    "recall."
+)
 
 
 def _run(path: str) -> tuple[str, int, dict[str, dict]]:
@@ -93,6 +112,7 @@ def continual_rows(
     first: Sequence[int | None] | None = None,
     recitation: Callable[[Sequence[str], list[tuple[str, dict]]], dict] | None = None,
     per_metric: bool = False,
+    unke: Callable[[str, tuple[str, dict]], dict[str, dict]] | None = None,
 ) -> list[dict]:
     """One dict per run of each (executor alone, executor + HPSE) pair: its label, T, sequences,
     cases, metrics, Avg per sequence and, for the +HPSE run, the paired Avg difference with its
@@ -103,8 +123,11 @@ def continual_rows(
     ``recitation``: ``(run dirs, [(benchmark, records), ...]) ->
     benchmarks.paired.recitation_report``; with it the +HPSE row also holds its paired difference
     with every answer cut (``cut_diffs``: cut -> Avg_diff). ``per_metric``: the +HPSE row also
-    holds the paired difference of each metric (``metric_diffs``: metric -> (mean, interval))."""
-    from .paired import bootstrap_ci
+    holds the paired difference of each metric (``metric_diffs``: metric -> (mean, interval)).
+    ``unke``: ``(run dir, (benchmark, records)) -> {case id: benchmarks.unke_scores.case_metrics}``;
+    with it every row also holds UnKE's ``UNKE_COLUMNS`` (overall and per sequence) and the +HPSE
+    row their paired differences (``unke_diffs``: column -> (mean, interval))."""
+    from .paired import bootstrap_ci, sequence_differences
 
     rows = []
     for (base, hpse), name, n in zip(pairs, names, first or [None] * len(pairs)):
@@ -133,12 +156,37 @@ def continual_rows(
             )
         task = TASKS[b_bench]
         ids = sorted(b_recs, key=lambda c: b_recs[c].get("index", 0))
+        judge_free = (
+            [_unke_values(unke(d, (b_bench, r)), ids) for d, r in ((base, b_recs), (hpse, h_recs))]
+            if unke is not None
+            else None
+        )
         for label, recs in ((name, b_recs), (f"{name} + HPSE", h_recs)):
             row = {**run_row(task, label, b_T, recs, ids), "hpse": recs is h_recs}
+            if judge_free is not None:
+                values = judge_free[recs is h_recs]
+                for col, v in values.items():
+                    row[col] = sum(v) / len(v)
+                    row["per_sequence_metrics"][col] = [
+                        sum(v[i : i + b_T]) / len(v[i : i + b_T]) for i in range(0, len(v), b_T)
+                    ]
+                if recs is h_recs:
+                    row["unke_diffs"] = {
+                        col: _paired(
+                            [h - b for h, b in zip(values[col], judge_free[0][col])],
+                            resamples,
+                            seed,
+                        )
+                        for col in values
+                    }
             if recs is h_recs:
                 diff = [_case_avg(task, h_recs[c]) - _case_avg(task, b_recs[c]) for c in ids]
                 row["diff"] = sum(diff) / len(diff)
                 row["diff_ci"] = list(bootstrap_ci(diff, resamples=resamples, seed=seed))
+                if b_T > 1:  # the cases of one sequence share one edited model
+                    row["diff_sequences"] = sequence_differences(
+                        diff, [i // b_T for i in range(len(ids))], resamples=resamples, seed=seed
+                    )
                 if per_metric:
                     row["metric_diffs"] = {
                         m: _paired(
@@ -159,6 +207,14 @@ def continual_rows(
     return rows
 
 
+def _unke_values(per_case: Mapping[str, Mapping], ids: Sequence[str]) -> dict[str, list[float]]:
+    """Each of ``UNKE_COLUMNS`` of the cases ``ids``, in order, in percent."""
+    return {
+        col: [100.0 * per_case[c][group][metric] for c in ids]
+        for col, group, metric in UNKE_COLUMNS
+    }
+
+
 def _paired(diff: Sequence[float], resamples: int, seed: int) -> tuple[float, list[float]]:
     from .paired import bootstrap_ci
 
@@ -170,9 +226,11 @@ def _interval(mean: float, ci: Sequence[float]) -> str:
 
 
 def continual_table(rows: Sequence[Mapping]) -> str:
+    """The markdown table of ``continual_rows`` (and the notes under it)."""
     metrics = TASKS[rows[0]["benchmark"]].metrics
     cuts = list(dict.fromkeys(c for r in rows for c in r.get("cut_diffs", {})))
     per_metric = [m for m in metrics if any(m in r.get("metric_diffs", {}) for r in rows)]
+    judge_free = [c for c, _, _ in UNKE_COLUMNS if all(c in r for r in rows)]
     head = [
         "method",
         "T",
@@ -180,17 +238,21 @@ def continual_table(rows: Sequence[Mapping]) -> str:
         "cases",
         *metrics,
         "Avg",
+        *judge_free,
         "Avg per sequence",
         "paired Δ Avg vs executor [95% CI]",
+        "Δ Avg per sequence",
+        "Δ Avg, sequences then cases resampled [95% CI]",
         *(f"paired Δ {m} [95% CI]" for m in per_metric),
+        *(f"paired Δ {c} [95% CI]" for c in judge_free),
         *(f"Δ Avg, answers cut to {c}" for c in cuts),
     ]
     lines = [
         "| " + " | ".join(head) + " |",
         "|---|---:|---:|---:|"
-        + "---:|" * (len(metrics) + 1)
-        + "---|---|"
-        + "---|" * (len(per_metric) + len(cuts)),
+        + "---:|" * (len(metrics) + 1 + len(judge_free))
+        + "---|---|---|---|"
+        + "---|" * (len(per_metric) + len(judge_free) + len(cuts)),
     ]
     for r in rows:
         diff = _interval(r["diff"], r["diff_ci"]) if "diff" in r else ""
@@ -208,33 +270,79 @@ def continual_table(rows: Sequence[Mapping]) -> str:
             str(r["cases"]),
             *(f"{r[m]:.1f}" for m in metrics),
             f"{r['Avg']:.1f}",
+            *(f"{r[c]:.1f}" for c in judge_free),
             per_sequence,
             diff,
+            *_sequence_cells(r),
             *(
                 _interval(*r["metric_diffs"][m]) if m in r.get("metric_diffs", {}) else ""
                 for m in per_metric
             ),
+            *(
+                _interval(*r["unke_diffs"][c]) if c in r.get("unke_diffs", {}) else ""
+                for c in judge_free
+            ),
             *cut_cells,
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    if any("diff_sequences" in r for r in rows):
+        lines += [
+            "",
+            "Two intervals for each + HPSE row: the paired one resamples cases as if independent; "
+            "the other resamples sequences, then cases within them (the cases of a sequence share "
+            "one edited model)."
+            + (
+                " With one sequence no between-sequence interval exists: the paired interval is "
+                "over that sequence's cases only."
+                if any(
+                    r.get("diff_sequences") and r["diff_sequences"]["ci95"] is None for r in rows
+                )
+                else ""
+            ),
+        ]
+    if judge_free:
+        lines += ["", UNKE_NOTE]
     return "\n".join(lines)
 
 
+def _sequence_cells(row: Mapping) -> list[str]:
+    """A + HPSE row's Avg difference per sequence and its interval over sequences, then cases."""
+    if "diff" not in row:
+        return ["", ""]
+    seq = row.get("diff_sequences")
+    if seq is None:
+        return ["(single editing)", "(single editing)"]
+    per = ", ".join(f"{d:+.1f}" for d in seq["per_sequence"])
+    if seq["ci95"] is None:
+        return [per, "none: one sequence"]
+    return [per, _interval(row["diff"], seq["ci95"])]
+
+
 def plot_continual(rows: Sequence[Mapping], path: str | os.PathLike) -> None:
-    """The paper's bar chart: per metric (one panel each) and T, the executor's bar filled, +HPSE
-    outlined; where a T has several sequences, a whisker spans their range of the metric."""
+    """The paper's bar chart: per metric (one panel each, UnKE's judge-free ``UNKE_COLUMNS`` after
+    the task's where the rows hold them) and T, the executor's bar filled, +HPSE outlined; where a
+    T has several sequences, a whisker spans their range of the metric."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    metrics = [*TASKS[rows[0]["benchmark"]].metrics, "Avg"]
+    judge_free = [c for c, _, _ in UNKE_COLUMNS if all(c in r for r in rows)]
+    metrics = [*TASKS[rows[0]["benchmark"]].metrics, "Avg", *judge_free]
     executors = list(dict.fromkeys(r["label"] for r in rows if not r["hpse"]))
     Ts = sorted({r["T"] for r in rows})
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    fig, axes = plt.subplots(1, len(metrics), figsize=(3.2 * len(metrics), 3.0), squeeze=False)
+    # the judge's panels on the first line, UnKE's judge-free ones on a second
+    lines = [metrics[: len(metrics) - len(judge_free)], judge_free] if judge_free else [metrics]
+    cols = max(len(line) for line in lines)
+    fig, axes = plt.subplots(
+        len(lines), cols, figsize=(3.2 * cols, 3.0 * len(lines)), squeeze=False
+    )
+    for i, line in enumerate(lines):
+        for ax in axes[i][len(line) :]:
+            ax.set_visible(False)
     width = 0.5 / max(len(executors), 1)
-    for ax, metric in zip(axes[0], metrics):
+    for ax, metric in [(axes[i][j], m) for i, line in enumerate(lines) for j, m in enumerate(line)]:
         labelled: set[str] = set()  # each executor's legend entry once, at its first bar
         for e, name in enumerate(executors):
             for t, T in enumerate(Ts):
@@ -278,10 +386,11 @@ def plot_continual(rows: Sequence[Mapping], path: str | os.PathLike) -> None:
         ax.set_xticks(range(len(Ts)), [str(T) for T in Ts])
         ax.set_xlabel("T (1: single editing)")
         ax.set_xlim(-0.6, len(Ts) - 0.4)
-        ax.set_title(metric)
+        ax.set_title(f"{metric} (UnKE, judge-free)" if metric in judge_free else metric)
         ax.set_ylim(0, 100)
-    axes[0][0].set_ylabel("score (%)")
-    axes[0][-1].legend(fontsize=8, loc="upper right")
+    for row in axes:
+        row[0].set_ylabel("score (%)")
+    axes[0][len(lines[0]) - 1].legend(fontsize=8, loc="upper right")
     fig.suptitle(
         f"Continual editing, {TASKS[rows[0]['benchmark']].title}: executor filled, + HPSE "
         "outlined; whiskers: the range of the sequences where T has several",
@@ -315,6 +424,15 @@ def _recitation(args) -> Callable[[Sequence[str], list[tuple[str, dict]]], dict]
         )
 
     return report
+
+
+def _unke(args) -> Callable[[str, tuple[str, dict]], dict[str, dict]]:
+    """UnKE's metrics of each case of a loaded run, the UnKEBench data loaded once."""
+    from .paired import load_cases
+    from .unke_metrics import case_values
+
+    cases = load_cases("unkebench", args.data, "--unke")
+    return lambda run_dir, run: case_values(run_dir, run, cases)
 
 
 def _parse_first(value: str) -> int | None:
@@ -374,8 +492,15 @@ def _main(argv: Sequence[str]) -> int:
         help="with --recitation: the token cut (default 32)",
     )
     parser.add_argument(
+        "--unke",
+        action="store_true",
+        help="UnKEBench: add UnKE's own judge-free metrics (Ori BLEU, Ori R-L, Sub R-L, from the "
+        "stored answers and --data) beside the judge's, each +HPSE row's paired difference in "
+        "them, and their panels to --png",
+    )
+    parser.add_argument(
         "--data",
-        help="with --recitation: the data directory the runs used "
+        help="with --recitation or --unke: the data directory the runs used "
         "(default: $HPSE_DATA_DIR or ../shared/data)",
     )
     parser.add_argument(
@@ -413,6 +538,7 @@ def _main(argv: Sequence[str]) -> int:
             first=first,
             recitation=recitation,
             per_metric=args.per_metric,
+            unke=_unke(args) if args.unke else None,
         )
     except ValueError as err:
         raise UsageError(str(err)) from None

@@ -59,6 +59,7 @@ __all__ = [
     "CUTS",
     "add_reading_arguments",
     "bootstrap_ci",
+    "hierarchical_bootstrap_ci",
     "load_run",
     "model_token_spans",
     "multi_report",
@@ -67,6 +68,8 @@ __all__ = [
     "paired_table",
     "recitation_report",
     "recitation_table",
+    "sequence_differences",
+    "sequence_note",
 ]
 
 METRICS = {name: task.metrics for name, task in TASKS.items()}
@@ -128,6 +131,76 @@ def bootstrap_ci(
     means = x[rng.integers(0, len(x), size=(resamples, len(x)))].mean(axis=1)
     lo, hi = np.percentile(means, [(1 - level) / 2 * 100, (1 + level) / 2 * 100])
     return float(lo), float(hi)
+
+
+def hierarchical_bootstrap_ci(
+    groups: Sequence[Sequence[float]],
+    *,
+    resamples: int = 10000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of values that come in groups: the sequences of
+    continual editing, whose cases share one edited model and so are not independent of each other.
+
+    Each resample draws ``len(groups)`` groups with replacement, then within each drawn group as
+    many values as it holds, with replacement, and takes the mean of all the values drawn (two
+    stages, so the interval holds the spread between groups as well as within them); percentiles as
+    in ``bootstrap_ci``. One group leaves no spread between groups to draw from: ``ValueError``.
+    """
+    arrays = [np.asarray(g, dtype=float) for g in groups]
+    if any(not len(a) for a in arrays):
+        raise ValueError("an empty group")
+    if len(arrays) < 2:
+        raise ValueError(
+            f"{len(arrays)} group(s): no interval between groups exists; resample the cases instead"
+        )
+    rng = np.random.default_rng(seed)
+    chosen = rng.integers(0, len(arrays), size=(resamples, len(arrays)))
+    sums = np.zeros(chosen.shape)
+    sizes = np.array([len(a) for a in arrays])[chosen]
+    for k, a in enumerate(arrays):  # the second stage: each drawn group's values, redrawn
+        where = chosen == k
+        sums[where] = a[rng.integers(0, len(a), size=(int(where.sum()), len(a)))].sum(axis=1)
+    means = sums.sum(axis=1) / sizes.sum(axis=1)
+    lo, hi = np.percentile(means, [(1 - level) / 2 * 100, (1 + level) / 2 * 100])
+    return float(lo), float(hi)
+
+
+def sequence_differences(
+    diffs: Sequence[float], sequences: Sequence[Any], *, resamples: int = 10000, seed: int = 0
+) -> dict[str, Any]:
+    """Per-case differences ``diffs`` grouped by the sequence each case was edited in
+    (``sequences``, one label per case): their mean, the mean difference of each sequence in the
+    order they first appear (``per_sequence``), and ``hierarchical_bootstrap_ci`` of the mean over
+    sequences, then cases (``ci95``; None for one sequence: no interval between sequences)."""
+    groups: dict[Any, list[float]] = {}
+    for d, seq in zip(diffs, sequences):
+        groups.setdefault(seq, []).append(d)
+    values = list(groups.values())
+    return {
+        "mean": _mean(list(diffs)),
+        "per_sequence": [_mean(v) for v in values],
+        "ci95": list(hierarchical_bootstrap_ci(values, resamples=resamples, seed=seed))
+        if len(values) > 1
+        else None,
+    }
+
+
+def sequence_note(seq: Mapping[str, Any], what: str = "Avg difference") -> str:
+    """One line on ``sequence_differences``: each sequence's difference and the interval over
+    sequences, or that one sequence has none."""
+    per = ", ".join(f"{d:+.1f}" for d in seq["per_sequence"])
+    if seq["ci95"] is None:
+        return (
+            f"one sequence ({what} {per}): no between-sequence interval exists; the interval "
+            "above resamples its cases"
+        )
+    lo, hi = seq["ci95"]
+    return (
+        f"{len(seq['per_sequence'])} sequences, {what} per sequence {per}; sequences, then cases "
+        f"within them, resampled: {seq['mean']:+.1f} [{lo:+.1f}, {hi:+.1f}]"
+    )
 
 
 # Not a paper metric: 1 - SelfBLEU-4 among ALL of a MQuAKE-uns case's answers. An editor that
@@ -207,6 +280,7 @@ def paired_report(
     if comp_a is not None:
         out["composition_given_hops"] = {"a": comp_a, "b": comp_b}
     extra = [ANSWER_DIVERSITY] if all(ANSWER_DIVERSITY in v for v in (*a, *b)) else []
+    sequences = _sequences(recs_a, recs_b, common)
     for m in (*metrics, "Avg", *extra):
         xa, xb = [100 * v[m] for v in a], [100 * v[m] for v in b]
         diff = [y - x for x, y in zip(xa, xb)]
@@ -222,7 +296,42 @@ def paired_report(
             "ties": sum(abs(d) <= 1e-9 for d in diff),
             "b_losses": sum(d < -1e-9 for d in diff),
         }
+        if m == "Avg" and sequences:
+            out["metrics"][m]["sequences"] = (
+                sequence_differences(diff, sequences, resamples=resamples, seed=seed)
+                if sequences != "differ"
+                else "differ"
+            )
     return out
+
+
+def _sequences(
+    recs_a: Mapping[str, Mapping], recs_b: Mapping[str, Mapping], common: Sequence[str]
+) -> list[Any] | str | None:
+    """The sequence (``block``) each common case was edited in, where a run edited them in
+    sequences (continual editing): run A's, else run B's; "differ" when both did, in other
+    sequences; None when neither did (single editing)."""
+    cut = [
+        [recs[c].get("block") for c in common]
+        for recs in (recs_a, recs_b)
+        if all(recs[c].get("block") is not None for c in common)
+    ]
+    if not cut:
+        return None
+    return cut[0] if all(c == cut[0] for c in cut) else "differ"
+
+
+def _sequence_line(avg: Mapping[str, Any], label: str) -> str | None:
+    """The line under a table on an Avg difference's sequences (None: single editing)."""
+    seq = avg.get("sequences")
+    if not seq:
+        return None
+    if seq == "differ":
+        return (
+            f"{label}: the two runs edited these cases in different sequences; no interval over "
+            "sequences applies"
+        )
+    return f"{label}: {sequence_note(seq)}"
 
 
 def _scoring_note(report: Mapping[str, Any]) -> str:
@@ -258,6 +367,9 @@ def paired_table(report: Mapping[str, Any], label_a: str = "A", label_b: str = "
             "answers of a case (near 0 when every question "
             "is answered by reciting the same passage)."
         )
+    seq = _sequence_line(report["metrics"]["Avg"], f"Avg, {label_b} - {label_a}")
+    if seq:
+        lines.append("\nContinual editing, the cases' sequences: " + seq)
     for key, label in (("a", label_a), ("b", label_b)):
         rates = report.get("stepin_rate_by_round", {}).get(key) or []
         if any(r is not None for r in rates):
@@ -345,6 +457,13 @@ def multi_table(report: Mapping[str, Any], labels: Sequence[str]) -> str:
             + f" | {avg['diff']:+.1f} [{avg['diff_ci95'][0]:+.1f}, {avg['diff_ci95'][1]:+.1f}]"
             + f" | {avg['b_wins']} / {avg['ties']} / {avg['b_losses']} |"
         )
+    seqs = [
+        _sequence_line(p["metrics"]["Avg"], f"{label} - {base}")
+        for label, p in zip(labels[1:], pairs)
+    ]
+    if any(seqs):
+        lines += ["", "Continual editing, the cases' sequences (Avg):"]
+        lines += [f"- {line}" for line in seqs if line]
     rates = [(base, pairs[0]["stepin_rate_by_round"]["a"])] + [
         (label, p["stepin_rate_by_round"]["b"]) for label, p in zip(labels[1:], pairs)
     ]

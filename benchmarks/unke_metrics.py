@@ -37,7 +37,7 @@ from .unke_scores import (
     summarize_metrics,
 )
 
-__all__ = ["main", "metrics_table", "run_metrics", "write_run"]
+__all__ = ["case_values", "main", "metrics_table", "run_metrics", "write_run"]
 
 log = logging.getLogger(__name__)
 
@@ -65,10 +65,23 @@ def run_metrics(
     stored answers and the passages and gold sub-answers of ``cases`` (case id -> loaded case)."""
     from .paired import load_run
 
-    benchmark, recs = load_run(run_dir)
+    per_case = case_values(run_dir, load_run(run_dir), cases, encoder)
+    return summarize_metrics(list(per_case.values()), bert_reason=bert_reason)
+
+
+def case_values(
+    run_dir: str | Path,
+    run: tuple[str, Mapping[str, Mapping[str, Any]]],
+    cases: Mapping[str, Mapping[str, Any]],
+    encoder: Encoder | None = None,
+) -> dict[str, dict]:
+    """{case id: ``case_metrics``} of a loaded run (``benchmarks.paired.load_run``: benchmark,
+    records) in data order, from its stored answers and ``cases``; ``run_dir`` names it in
+    errors."""
+    benchmark, recs = run
     if benchmark != "unkebench":
         raise ValueError(f"{run_dir}: a {benchmark} run; UnKE's metrics are UnKEBench's")
-    per_case = []
+    per_case = {}
     for cid, rec in sorted(recs.items(), key=lambda kv: kv[1].get("index", 0)):
         case = cases.get(cid)
         if case is None:
@@ -80,8 +93,8 @@ def run_metrics(
         missing = [k for k in ("question", "para_question", "sub_questions") if k not in answers]
         if missing:
             raise ValueError(f"{run_dir}: case {cid} keeps no answer to {', '.join(missing)}")
-        per_case.append(case_metrics(case["passage"], case["sub_answers"], answers, encoder))
-    return summarize_metrics(per_case, bert_reason=bert_reason)
+        per_case[cid] = case_metrics(case["passage"], case["sub_answers"], answers, encoder)
+    return per_case
 
 
 def metrics_table(

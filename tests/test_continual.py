@@ -44,6 +44,23 @@ def test_rows_hold_the_per_sequence_spread_and_the_paired_difference(tmp_path):
     table = continual_table(rows)
     assert "| LoRA + HPSE | 2 | 2 | 4 |" in table and "+18.8 [" in table
     assert "paired Δ Ind" not in table  # per metric only when asked
+    # per sequence: +25 and +12.5; resampled by sequence, then case, beside the per-case interval
+    assert plus["diff_sequences"]["per_sequence"] == pytest.approx([25.0, 12.5])
+    lo, hi = plus["diff_sequences"]["ci95"]
+    assert 0.0 <= lo <= 18.75 <= hi <= 50.0
+    assert f"| +25.0, +12.5 | +18.8 [{lo:+.1f}, {hi:+.1f}] |" in table
+    assert "the other resamples sequences, then cases within them" in table
+    assert "no between-sequence interval" not in table
+    # one sequence of four edits: no interval between sequences, and the table says so
+    one = continual_rows(
+        [(_run(tmp_path / "l4", 4, [(1.0, 0.0)] * 4), _run(tmp_path / "h4", 4, [(0.0, 0.0)] * 4))],
+        ["LoRA"],
+        resamples=200,
+    )
+    assert one[1]["diff_sequences"] == {"mean": -50.0, "per_sequence": [-50.0], "ci95": None}
+    table = continual_table(one)
+    assert "| -50.0 | none: one sequence |" in table
+    assert "With one sequence no between-sequence interval exists" in table
     per_metric = continual_rows([(base, hpse)], ["LoRA"], resamples=200, per_metric=True)
     ind, ind_ci = per_metric[1]["metric_diffs"]["Ind"]
     cmp_, _ = per_metric[1]["metric_diffs"]["Cmp"]
@@ -52,6 +69,50 @@ def test_rows_hold_the_per_sequence_spread_and_the_paired_difference(tmp_path):
     table = continual_table(per_metric)
     assert "| paired Δ Ind [95% CI] | paired Δ Cmp [95% CI] |" in table
     assert "| +12.5 [" in table and "| +25.0 [" in table
+
+
+def test_unke_adds_the_judge_free_metrics_their_differences_and_panels(tmp_path, monkeypatch):
+    """--unke: UnKE's judge-free metrics beside the judge's, per sequence for the figure's whiskers,
+    and each + HPSE row's paired difference in them; the figure gains their panels."""
+    from benchmarks import continual
+
+    base = _run(tmp_path / "lora", 2, [(1.0, 0.0)] * 4)
+    hpse = _run(tmp_path / "hpse", 2, [(1.0, 0.0)] * 4)
+    # Ori BLEU of each case: LoRA 0.8 everywhere, HPSE 0.6, 0.6, 0.4, 0.4; ROUGE-L 0.5 for both
+    bleu = {base: [0.8] * 4, hpse: [0.6, 0.6, 0.4, 0.4]}
+
+    def unke(run_dir, run):
+        assert run[0] == "mquake-uns" and len(run[1]) == 4  # the loaded run, as load_run gives it
+        return {
+            str(i): {
+                "Original": {"BLEU SCORE": b, "ROUGE-L": 0.5},
+                "Sub": {"ROUGE-L": 0.25},
+            }
+            for i, b in enumerate(bleu[run_dir])
+        }
+
+    lora, plus = continual_rows([(base, hpse)], ["LoRA"], resamples=200, unke=unke)
+    assert lora["Ori BLEU"] == pytest.approx(80.0) and plus["Ori BLEU"] == pytest.approx(50.0)
+    assert plus["per_sequence_metrics"]["Ori BLEU"] == pytest.approx([60.0, 40.0])
+    assert plus["Ori R-L"] == pytest.approx(50.0) and plus["Sub R-L"] == pytest.approx(25.0)
+    mean, (lo, hi) = plus["unke_diffs"]["Ori BLEU"]
+    assert mean == pytest.approx(-30.0) and -40.0 <= lo <= -30.0 <= hi <= -20.0
+    assert plus["unke_diffs"]["Ori R-L"] == pytest.approx((0.0, [0.0, 0.0]))
+    table = continual_table([lora, plus])
+    assert "| Avg | Ori BLEU | Ori R-L | Sub R-L | Avg per sequence |" in table
+    assert "| paired Δ Ori BLEU [95% CI] | paired Δ Ori R-L [95% CI] |" in table
+    assert f"| -30.0 [{lo:+.1f}, {hi:+.1f}] | +0.0 [+0.0, +0.0] |" in table
+    assert "UnKE's own metrics, judge-free" in table
+    titles = []
+    monkeypatch.setattr("matplotlib.axes.Axes.set_title", lambda ax, t, *a, **k: titles.append(t))
+    continual.plot_continual([lora, plus], tmp_path / "c.png")
+    assert titles == [
+        "Ind",
+        "Cmp",
+        "Avg",
+        *(f"{c} (UnKE, judge-free)" for c in ("Ori BLEU", "Ori R-L", "Sub R-L")),
+    ]
+    assert (tmp_path / "c.png").stat().st_size > 1000
 
 
 def test_command_line_writes_the_png_and_refuses_bad_pairs(tmp_path, capsys):
@@ -158,8 +219,13 @@ def test_recitation_adds_the_cut_differences_of_each_hpse_row(tmp_path, capsys, 
     )
     # official: level; first sentence: LoRA loses Zagreb (+50 for HPSE); 32 tokens: HPSE loses
     # Croatia (-50)
-    assert out[2] == "| LoRA | 1 | 1 | 1 | 100.0 | 100.0 | 100.0 | (single editing) |  |  |  |"
-    assert out[3].endswith("| +0.0 [+0.0, +0.0] | +50.0 [+50.0, +50.0] | -50.0 [-50.0, -50.0] |")
+    assert (
+        out[2] == "| LoRA | 1 | 1 | 1 | 100.0 | 100.0 | 100.0 | (single editing) |  |  |  |  |  |"
+    )
+    assert out[3].endswith(
+        "| +0.0 [+0.0, +0.0] | (single editing) | (single editing) | +50.0 [+50.0, +50.0] "
+        "| -50.0 [-50.0, -50.0] |"
+    )
     assert main([*runs, "--recitation", "--recitation-tokens", "31", "--resamples", "100"]) == 0
     assert "first 31 tokens" in capsys.readouterr().out
     monkeypatch.undo()

@@ -540,3 +540,82 @@ def test_recitation_cli_names_the_tokens_and_needs_the_data(tmp_path, capsys, mo
     assert "--recitation needs the mquake-uns data" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main([str(a), str(b), "--recitation", "--recitation-tokens", "0"])
+
+
+def test_hierarchical_bootstrap_by_hand():
+    from benchmarks.paired import hierarchical_bootstrap_ci
+
+    # two sequences whose cases agree within each: only the choice of sequences varies, so the
+    # resampled means are 0 (p 1/4), 0.5 (p 1/2) and 1 (p 1/4): the 95% interval is [0, 1]
+    assert hierarchical_bootstrap_ci([[0.0, 0.0], [1.0, 1.0]], resamples=4000) == (0.0, 1.0)
+    assert hierarchical_bootstrap_ci([[2.0, 2.0], [2.0]]) == (2.0, 2.0)
+    # one sequence in three collapsed: three draws of sequence means (0, 0, 100) reach all-100 with
+    # p 1/27 > 2.5%, so the interval spans [0, 100]; resampling the 30 cases alone is far narrower
+    groups = [[0.0] * 10, [0.0] * 10, [100.0] * 10]
+    assert hierarchical_bootstrap_ci(groups, resamples=4000) == (0.0, 100.0)
+    lo, hi = bootstrap_ci([v for g in groups for v in g], resamples=4000)
+    assert 10 < lo < 100 / 3 < hi < 55
+
+
+def test_hierarchical_bootstrap_of_identical_sequences_is_the_per_case_one():
+    """Identical sequences have no spread between them: resampling sequences, then cases, varies as
+    much as resampling all the cases at once."""
+    from benchmarks.paired import hierarchical_bootstrap_ci
+
+    seq = [0.0, 100.0, 30.0, 70.0, 50.0, 0.0, 100.0, 20.0, 90.0, 40.0]
+    lo, hi = hierarchical_bootstrap_ci([seq] * 3, resamples=20000, seed=1)
+    plo, phi = bootstrap_ci(seq * 3, resamples=20000, seed=1)
+    assert lo < 50 < hi and abs((hi - lo) - (phi - plo)) < 0.1 * (phi - plo)
+    assert abs(lo - plo) < 2 and abs(hi - phi) < 2
+
+
+def test_hierarchical_bootstrap_refuses_one_sequence():
+    from benchmarks.paired import hierarchical_bootstrap_ci, sequence_differences, sequence_note
+
+    with pytest.raises(ValueError, match="1 group.*no interval between groups"):
+        hierarchical_bootstrap_ci([[1.0, 2.0, 3.0]])
+    with pytest.raises(ValueError, match="empty group"):
+        hierarchical_bootstrap_ci([[1.0], []])
+    one = sequence_differences([1.0, 3.0], ["s", "s"])
+    assert one == {"mean": 2.0, "per_sequence": [2.0], "ci95": None}
+    assert sequence_note(one).startswith(
+        "one sequence (Avg difference +2.0): no between-sequence interval exists"
+    )
+    # sequences in the order they first appear; their mean is the cases' mean
+    two = sequence_differences([4.0, 1.0, 2.0, 3.0], [7, 3, 7, 3], resamples=500)
+    assert two["per_sequence"] == [3.0, 2.0] and two["mean"] == 2.5
+    assert 1.0 <= two["ci95"][0] <= 2.5 <= two["ci95"][1] <= 4.0
+    assert sequence_note(two).startswith("2 sequences, Avg difference per sequence +3.0, +2.0; ")
+
+
+def test_paired_adds_the_sequence_level_interval_for_continual_runs(tmp_path, capsys):
+    def recs(scores, blocks):
+        return [
+            {"case_id": str(i), "index": i, "block": b, "Ind": s, "Cmp": s}
+            for i, (s, b) in enumerate(zip(scores, blocks))
+        ]
+
+    seq = [0, 0, 1, 1]
+    a = _run(tmp_path / "a", "mquake-uns", recs([0.0, 0.0, 0.0, 0.0], seq))
+    b = _run(tmp_path / "b", "mquake-uns", recs([1.0, 1.0, 0.0, 0.0], seq))
+    one = _run(tmp_path / "one", "mquake-uns", recs([1.0, 1.0, 0.0, 0.0], [0] * 4))
+    single = _run(tmp_path / "single", "mquake-uns", recs([1.0, 0.0, 0.0, 0.0], [None] * 4))
+    r = paired_report(a, b, resamples=1000)
+    assert r["metrics"]["Avg"]["sequences"] == {
+        "mean": 50.0,
+        "per_sequence": [100.0, 0.0],
+        "ci95": [0.0, 100.0],
+    }
+    assert main([str(a), str(b), "--resamples", "1000"]) == 0
+    assert (
+        "Continual editing, the cases' sequences: Avg, b - a: 2 sequences, Avg difference per "
+        "sequence +100.0, +0.0; sequences, then cases within them, resampled: +50.0 [+0.0, +100.0]"
+    ) in capsys.readouterr().out
+    # a single-editing run against a continual one: the continual run's sequences
+    assert paired_report(single, b)["metrics"]["Avg"]["sequences"]["per_sequence"] == [50.0, 0.0]
+    # two single-editing runs: no sequences; two runs cut into other sequences: said so
+    assert "sequences" not in paired_report(single, single)["metrics"]["Avg"]
+    assert main([str(a), str(one), str(single), "--resamples", "200"]) == 0
+    out = capsys.readouterr().out
+    assert "- one - a: the two runs edited these cases in different sequences" in out
+    assert "- single - a: 2 sequences, Avg difference per sequence +50.0, +0.0;" in out

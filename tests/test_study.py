@@ -181,7 +181,7 @@ def test_results_md_agrees_with_the_committed_runs(tmp_path):
         :2
     ]
     altered = text.replace(
-        "(records 78-100): +2.0 [-1.1, +5.1]", f"(records 78-100): +{low} [+1.1, +{high}]", 1
+        "in single editing (-8.2 [-13.5, -3.2]", f"in single editing (+{low} [+1.1, +{high}]", 1
     )
     assert altered != text
     problems = check(altered, find_blocks(altered), generated)
