@@ -371,7 +371,11 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     check_positive("--gpu-gib", args.gpu_gib, 1, "GiB of the card")
     check_positive("--layers", args.layers, 1, "layers of the planned model")
     hp = HPSEHyperParams.from_hparams(args.hparams).with_overrides(args.set)
+    # first: what these hparams cannot do batched fails in one line before the longer plans
+    batched = _cases_at_once_plan(hp, args) if args.cases_at_once else None
     plan = plan_with_knobs(hp, WORKLOADS[args.benchmark], args.gpu_gib, layers=args.layers)
+    if batched is not None:
+        plan["cases_at_once"] = batched
     if args.json:
         print_out(json.dumps(plan, indent=1))
         return 0
@@ -388,7 +392,36 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         fits = " ".join(f"{'yes' if phase['fits'][str(c)] else 'no':>5}" for c in CARDS_GIB)
         knob = "" if "knob" not in phase else (phase["knob"] or "none of the knobs is enough")
         print_out(f"{name:<16} {phase['peak_gib']:>6.2f} {fits}  {knob}".rstrip())
+    if args.cases_at_once:
+        _print_cases_at_once(plan["cases_at_once"])
     return 0
+
+
+def _cases_at_once_plan(hp: HPSEHyperParams, args: argparse.Namespace) -> dict:
+    """``plan --cases-at-once``: the batched engine's plan, with the largest B for every card and
+    for ``--gpu-gib``."""
+    from .planner import WORKLOADS, largest_cases, plan_cases_at_once, tensor_budget_gib
+
+    batched = plan_cases_at_once(hp, WORKLOADS[args.benchmark], layers=args.layers)
+    batched["largest_cases"].setdefault(
+        f"{args.gpu_gib:g}", largest_cases(batched, tensor_budget_gib(args.gpu_gib))
+    )
+    return batched
+
+
+def _print_cases_at_once(batched: dict) -> None:
+    per_pass = batched["cases_per_pass"]
+    print_out(
+        f"\nCases at once (--cases-at-once B; cases_per_pass {per_pass}"
+        + (": every case in one training pass, as on a GPU" if per_pass == "auto" else "")
+        + f"): one case {batched['solo_peak_gib']:.3g} GiB of tensors, each extra case "
+        f"+{batched['per_case_gib']:.3g} GiB (planned at B = {', '.join(batched['planned'])})",
+    )
+    cards = batched["largest_cases"]
+    print_out(
+        f"{'card':<16} " + " ".join(f"{f'{c}G':>5}" for c in cards),
+        f"{'largest B':<16} " + " ".join(f"{b:>5}" for b in cards.values()),
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -463,6 +496,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument(
         "--json", action="store_true", help="print the plan as JSON (peak_gib, phases, fits, knobs)"
+    )
+    plan.add_argument(
+        "--cases-at-once",
+        action="store_true",
+        help="also plan many independent edits at once (the runners' --cases-at-once B): the "
+        "memory per extra case and, per card, the largest B that fits (JSON: cases_at_once)",
     )
     plan.add_argument(DEBUG_FLAG, action="store_true", help=DEBUG_HELP)
     plan.set_defaults(func=_cmd_plan)

@@ -2,8 +2,9 @@
 hpse_easyedit plan``).
 
 The plan runs this project's own edit code on the real architecture without allocating: the model is
-built from its config (a local directory's ``config.json``, or the published configs of the paper's
-backbones shipped in ``hpse_easyedit/backbones/``) on PyTorch's ``meta`` device, whose tensors have
+built from its config (a local directory's ``config.json``, the published configs of the paper's
+backbones shipped in ``hpse_easyedit/backbones/``, or a downloaded model's in the Hugging Face
+cache) on PyTorch's ``meta`` device, whose tensors have
 shapes, dtypes and storage sizes but no data, and ``LiveBytes``, a small ``TorchDispatchMode``, adds
 each new storage's bytes when an op creates it and subtracts them when the storage is freed.
 (``torch.distributed._tools.mem_tracker.MemTracker`` cannot do this: it hooks every parameter's
@@ -29,7 +30,16 @@ context and the caching allocator's slack: ``card_gib`` adds them (``CUDA_CONTEX
 with a card. Decode memory is planned on the static
 path; the default dynamic cache reaches the same KV bytes at its last token. Prompt and passage
 lengths are the benchmark's (``WORKLOADS``, counted with the SmolLM2 tokenizer on the data; other
-tokenizers differ by a few per cent)."""
+tokenizers differ by a few per cent).
+
+Many independent edits at once (``batched.hpse_edit_cases``, the runners' ``--cases-at-once B``):
+``plan_cases`` runs the batched engine's own steps for B cases through the same phases (the stacked
+executor with every case's start and Adam; one rollout of every case's student and teacher rows;
+two inner steps in passes of ``cases_per_pass`` cases, 'auto' being a GPU's: all in one pass; each
+case's result held while one is answered), and ``plan_cases_at_once`` turns plans at a few B into
+the memory per extra case and the largest B per card (``plan --cases-at-once``). Checked against
+the real engine's measured peak on SmolLM2 by ``benchmarks.plan_check``
+(docs/perf/plan-cases-smollm2.json)."""
 
 from __future__ import annotations
 
@@ -40,7 +50,7 @@ import logging
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -55,14 +65,20 @@ __all__ = [
     "ALLOCATOR_SLACK",
     "CUDA_CONTEXT_GIB",
     "LiveBytes",
+    "MAX_CASES",
     "WORKLOADS",
     "Workload",
     "backbone_config",
     "card_gib",
     "fused_attention_on_meta",
+    "largest_cases",
+    "plan_cases",
+    "plan_cases_at_once",
     "plan_edit",
+    "predicted_peak",
     "plan_with_knobs",
     "shipped_backbones",
+    "tensor_budget_gib",
 ]
 
 logger = logging.getLogger(__name__)
@@ -121,27 +137,30 @@ def shipped_backbones() -> dict[str, str]:
 
 def backbone_config(model_name: str, layers: int | None = None, source: str = "the hparams") -> Any:
     """The transformers config of ``model_name``: a local directory's ``config.json``, else the
-    shipped published config whose ``_name_or_path`` is that hub id; ``layers`` cuts the model to
-    that many layers."""
+    shipped published config whose ``_name_or_path`` is that hub id, else that hub id's config in
+    the Hugging Face cache (never downloaded); ``layers`` cuts the model to that many layers."""
     from transformers import AutoConfig
 
     path = Path(model_name)
+    shipped = {
+        hub_id: BACKBONE_DIR / f"{stem}.json" for stem, hub_id in shipped_backbones().items()
+    }
     if (path / "config.json").is_file():
         config = AutoConfig.from_pretrained(str(path))
-    else:
-        shipped = {
-            hub_id: BACKBONE_DIR / f"{stem}.json" for stem, hub_id in shipped_backbones().items()
-        }
-        if model_name not in shipped:
-            raise HParamsError(
-                f"{source}: key 'model_name' is {model_name!r}, which is neither a local model "
-                f"directory nor one of the shipped backbone configs {sorted(shipped)}; point "
-                "model_name to a directory with a config.json"
-            )
+    elif model_name in shipped:
         values = json.loads(shipped[model_name].read_text())
         config = AutoConfig.for_model(
             values.pop("model_type"), **{k: v for k, v in values.items() if not k.startswith("_")}
         )
+    else:
+        try:  # a model downloaded before: its config.json in the Hugging Face cache
+            config = AutoConfig.from_pretrained(model_name, local_files_only=True)
+        except (OSError, ValueError):
+            raise HParamsError(
+                f"{source}: key 'model_name' is {model_name!r}, which is neither a local model "
+                f"directory, one of the shipped backbone configs {sorted(shipped)}, nor a model "
+                "in the Hugging Face cache; point model_name to a directory with a config.json"
+            ) from None
     if layers is not None:
         if not 1 <= layers <= config.num_hidden_layers:
             raise UsageError(
@@ -168,6 +187,8 @@ class LiveBytes(TorchDispatchMode):
         the start, so that a view of one made under the mode is not counted again."""
         super().__init__()
         self.live = self.peak = self.phase_peak = 0
+        #: what reading a meta tensor's value on the host gives (it has none)
+        self.meta_scalar = 1
         self._refs: dict[int, weakref.ref] = {}
         for t in existing:
             self._track(t)
@@ -197,7 +218,7 @@ class LiveBytes(TorchDispatchMode):
     ) -> Any:
         if func is torch.ops.aten._local_scalar_dense.default and args[0].device.type == "meta":
             # a meta tensor has no value; Adam's step count is the one read (its bias correction)
-            return 1
+            return self.meta_scalar
         out = func(*args, **(kwargs or {}))
         returns = func._schema.returns
         outs = out if isinstance(out, (tuple, list)) else (out,)
@@ -252,14 +273,14 @@ def _fits(gib: float) -> dict[str, bool]:
     return {str(card): card_gib(gib) <= card for card in CARDS_GIB}
 
 
-def _planned_model(hp: Any, layers: int | None, device: str) -> Any:
+def _planned_model(hp: Any, layers: int | None, device: str, source: str | None) -> Any:
     """The model ``hp`` names, built from its config on ``device`` (no weights read), in eval mode
-    and checked against the hparams' modules and layers."""
+    and checked against the hparams' modules and layers; ``source`` names the hparams file."""
     from transformers import AutoModelForCausalLM
 
     from .loading import check_against_model
 
-    config = backbone_config(hp.model_name, layers, getattr(hp, "_source", None) or "the hparams")
+    config = backbone_config(hp.model_name, layers, source or "the hparams")
     if hp.attn_implementation != "auto":
         config._attn_implementation = hp.attn_implementation
     with torch.device(device):
@@ -267,6 +288,27 @@ def _planned_model(hp: Any, layers: int | None, device: str) -> Any:
     model.eval()
     check_against_model(model, hp)
     return model
+
+
+@contextlib.contextmanager
+def _planned_run(
+    hparams: Any, workload: Workload, layers: int | None, device: str
+) -> Iterator[tuple[Any, Any, LiveBytes, dict, Any]]:
+    """The frame of a plan: yields the hparams at the workload's rollout length, the planned model,
+    the ``LiveBytes`` counting (from the weights on; a phase starts at ``mem.mark()``), the phases
+    (``weights`` filled in) and ``close(name, start)``, which records the phase since the mark."""
+    hp = hparams.with_overrides({"max_new_tokens": workload.max_new_tokens})
+    phases: dict[str, dict] = {}
+    model = _planned_model(hp, layers, device, getattr(hparams, "_source", None))
+    attention = fused_attention_on_meta() if device == "meta" else contextlib.nullcontext()
+    with attention, LiveBytes([*model.parameters(), *model.buffers()]) as mem:
+        phases["weights"] = {"peak": mem.live}
+
+        def close(name: str, start: int) -> None:
+            phases[name] = {"peak": mem.phase_peak, "own": mem.phase_peak - start}
+
+        mem.mark()
+        yield hp, model, mem, phases, close
 
 
 def _placeholder_prompts(hp: Any, workload: Workload) -> list:
@@ -302,8 +344,8 @@ def _placeholder_rollouts(prompts: list, hp: Any, length: int) -> list:
 
 
 def _answers_phase(model: Any, workload: Workload) -> None:
-    """``generate_answers``' batch after an edit on the preallocated decode: prefill and one
-    step."""
+    """The answers after an edit (``generate_answers``' batch), decoded preallocated: prefill and
+    one step."""
     from .static_decode import StaticDecoder
 
     rows = [[11] * workload.question_tokens] * workload.answer_rows
@@ -327,18 +369,8 @@ def plan_edit(
     from .static_decode import StaticDecoder
     from .training import activation_checkpointing, inner_step
 
-    hp = hparams.with_overrides({"max_new_tokens": workload.max_new_tokens})
-    phases: dict[str, dict] = {}
-    model = _planned_model(hp, layers, device)
-    attention = fused_attention_on_meta() if device == "meta" else contextlib.nullcontext()
-    with attention, LiveBytes([*model.parameters(), *model.buffers()]) as mem:
+    with _planned_run(hparams, workload, layers, device) as (hp, model, mem, phases, close):
         weights = mem.live
-        phases["weights"] = {"peak": weights}
-
-        def close(name: str, start: int) -> None:
-            phases[name] = {"peak": mem.phase_peak, "own": mem.phase_peak - start}
-
-        mem.mark()
         executor = make_executor(model, hp)
         weights_copy = executor.weights_copy()
         optimizer = executor.optimizer()
@@ -387,6 +419,228 @@ def plan_edit(
         close("answers", start)
         peak = mem.peak
     return _report(hp, workload, weights, phases, peak, layers)
+
+
+def _planned_per_pass(hp: Any, model: Any) -> int | None:
+    """Cases per training pass as the batched engine takes them (``batched.cases_per_pass``); on
+    the meta device 'auto' is a GPU's choice, every case in one pass (the plan is for a card)."""
+    from .batched import cases_per_pass
+
+    if model.device.type == "meta" and getattr(hp, "cases_per_pass", "auto") == "auto":
+        return None
+    return cases_per_pass(hp, model)
+
+
+def plan_cases(
+    hparams: Any,
+    workload: Workload,
+    cases: int,
+    *,
+    layers: int | None = None,
+    device: str = "meta",
+    prompts: Sequence[Sequence[Any]] | None = None,
+) -> dict:
+    """The predicted peak bytes of ``cases`` independent edits at once (``batched.hpse_edit_cases``,
+    the runners' ``--cases-at-once``) on ``workload``, per phase, as ``plan_edit``'s for one edit.
+
+    Drives the batched engine's own code: the stacked executor with every case's start and Adam,
+    ONE batched rollout of every case's student and teacher rows (``StaticDecoder`` routed by
+    ``row_switch_for``: prefill and one step), two batched inner steps (``_round_batches`` and
+    ``_inner_step``, in passes of ``cases_per_pass`` cases; 'auto' on the meta device is a GPU's:
+    every case in one pass) on rollouts of the planned length, the no-grad check after the last
+    update, each case's trained tensors read out (all in the ``training`` phase), then one case put
+    in and answered while every case's result is held (as the runners do). ``prompts``: the cases'
+    own ``EditPrompts`` (one list per case) instead of the workload's lengths; ``device="cpu"``
+    runs the same steps on real random weights. Besides ``plan_edit``'s keys: ``cases``,
+    ``cases_per_pass``, ``phase_bytes`` (each phase's peak) and ``peak_bytes``."""
+    from .batched import (
+        CaseEdit,
+        _Case,
+        _inner_step,
+        _pass_values,
+        _round_batches,
+        _rows_of,
+        apply_case_edit,
+    )
+    from .executors.stacked import make_stacked
+    from .rollout import input_device
+    from .static_decode import StaticDecoder
+    from .training import activation_checkpointing
+
+    if cases < 1:
+        raise UsageError(f"cases at once must be >= 1, got {cases}")
+    if prompts is not None and len(prompts) != cases:
+        raise ValueError(f"prompts has {len(prompts)} cases for {cases} cases at once")
+    with _planned_run(hparams, workload, layers, device) as (hp, model, mem, phases, close):
+        weights = mem.live
+        per_pass = _planned_per_pass(hp, model)
+        try:
+            stacked = make_stacked(model, hp, cases)
+        except ValueError as err:  # what these hparams cannot do batched (LoRA dropout, ...)
+            source = getattr(hparams, "_source", None) or "the hparams"
+            raise HParamsError(f"{source}: {err}") from None
+        base_start = stacked.start_tensors()
+        starts = [{n: t.clone() for n, t in base_start.items()} for _ in range(cases)]
+        optimizer = stacked.optimizer()
+        live = [
+            _Case(i, prompts[i] if prompts is not None else _placeholder_prompts(hp, workload), r)
+            for i, r in enumerate(CaseEdit() for _ in range(cases))
+        ]
+        after_executor = mem.live
+
+        mem.mark()
+        start = mem.live
+        requests = [(p.student_ids, p.teacher_ids) for c in live for p in c.prompts]
+        n = len(requests)
+        decoder = StaticDecoder(
+            stacked.model,
+            [s for s, _ in requests] + [t for _, t in requests],
+            0,
+            workload.max_new_tokens,
+        )
+        switch = stacked.row_switch_for(_rows_of(live))
+        with torch.no_grad(), switch(torch.tensor([False] * n + [True] * n)):
+            logp = decoder.prefill()
+            decoder.step(logp.argmax(-1).view(2 * n, 1)[:n].repeat(2, 1))
+        del decoder, logp
+        close("rollout", start)
+
+        for c in live:
+            c.rollouts = _placeholder_rollouts(c.prompts, hp, workload.max_new_tokens)
+        mem.mark()
+        start = mem.live
+        passes = _round_batches(live, hp, 0, input_device(stacked.model), per_pass)
+        with activation_checkpointing(stacked.model, hp.gradient_checkpointing):
+            for _ in range(2):
+                _inner_step(stacked, passes, hp, optimizer)
+        optimizer.zero_grad(set_to_none=True)
+        phases["trainable_state"] = {
+            "peak": mem.live,
+            "own": mem.live - weights,
+            "executor_and_copy": after_executor - weights,
+        }
+        with torch.no_grad():  # the check after the last update (batched._final_check)
+            for group, batches in passes:
+                _pass_values(stacked, group, batches, hp, backward=False)
+        del passes, optimizer, live
+        results = [stacked.case_tensors(i) for i in range(cases)]  # each CaseEdit's tensors
+        close("training", start)
+
+        mem.mark()
+        start = mem.live
+        # restore_weights unloads the adapter once its lora_B are zero again, as they are after
+        # close, and resume_edit then makes a fresh one: the meta device cannot show the zeros
+        mem.meta_scalar = 0
+        stacked.close()
+        mem.meta_scalar = 1
+        edited = apply_case_edit(stacked.model, hp, results[0])
+        _answers_phase(edited, workload)
+        del results, starts, base_start, stacked, edited
+        close("answers", start)
+        peak = mem.peak
+    plan = _report(hp, workload, weights, phases, peak, layers)
+    plan["cases"] = cases
+    plan["cases_per_pass"] = min(per_pass or cases, cases)  # as the engine splits them
+    plan["phase_bytes"] = {name: p["peak"] for name, p in phases.items()}
+    plan["peak_bytes"] = peak
+    return plan
+
+
+#: the most cases at once ``largest_cases`` answers (a phase whose memory does not grow with B would
+#: otherwise allow any number)
+MAX_CASES = 4096
+
+
+def plan_cases_at_once(
+    hparams: Any, workload: Workload, *, layers: int | None = None, device: str = "meta"
+) -> dict:
+    """Memory per extra case and the largest number of cases at once each card holds, from
+    ``plan_cases`` at a few sizes B.
+
+    Each phase's peak is linear in B once a batch stacks its cases' adapters per row (B >= 2; one
+    case runs the solo executor's operations, a little lighter) and, with ``cases_per_pass`` k, once
+    B >= k (the activations are one pass's, the state every case's). So B is planned at 1, 2, and
+    b0 = max(2, k) and 2 b0 (k = B for 'auto': every case in one pass, as on a GPU); between them
+    each phase is interpolated, past them extrapolated, and the largest B is the last whose every
+    phase fits. ``per_case_gib`` is the peak's slope between b0 and 2 b0, what each extra case
+    costs."""
+    setting = getattr(hparams, "cases_per_pass", "auto")
+    b0 = max(2, int(setting)) if setting != "auto" else 2
+    sizes = sorted({1, 2, b0, 2 * b0})
+    plans = {b: plan_cases(hparams, workload, b, layers=layers, device=device) for b in sizes}
+    series = {b: {**p["phase_bytes"], "peak": p["peak_bytes"]} for b, p in plans.items()}
+    points = {name: [(b, series[b][name]) for b in sizes] for name in series[1]}
+    peak = {b: p["peak_bytes"] for b, p in plans.items()}
+    solo = plans[1]
+    out = {
+        "model_name": solo["model_name"],
+        "executor": solo["executor"],
+        "dtype": solo["dtype"],
+        "layers": layers,
+        "benchmark": workload.name,
+        "workload": solo["workload"],
+        "cases_per_pass": setting,
+        "planned": {
+            str(b): {
+                "peak_gib": round(peak[b] / GIB, 3),
+                "phases": {n: round(v / GIB, 3) for n, v in p["phase_bytes"].items()},
+            }
+            for b, p in plans.items()
+        },
+        "solo_peak_gib": round(peak[1] / GIB, 3),
+        "per_case_gib": round((peak[2 * b0] - peak[b0]) / b0 / GIB, 4),
+        "per_case_phases_gib": {
+            n: round((pts[-1][1] - pts[-2][1]) / b0 / GIB, 4)
+            for n, pts in points.items()
+            if n != "peak"
+        },
+        "points": points,
+    }
+    out["largest_cases"] = {
+        str(card): largest_cases(out, tensor_budget_gib(card)) for card in CARDS_GIB
+    }
+    return out
+
+
+def tensor_budget_gib(card: float) -> float:
+    """The tensors' peak a card of ``card`` GiB holds: ``card_gib`` inverted."""
+    return (card - CUDA_CONTEXT_GIB) / (1 + ALLOCATOR_SLACK)
+
+
+def predicted_peak(plan: dict, cases: int) -> int:
+    """The peak bytes of ``cases`` at once by ``plan_cases_at_once``'s model: each phase through its
+    planned sizes (interpolated between them, extrapolated past the last two), the largest phase."""
+    peaks = []
+    for pts in plan["points"].values():
+        (b_lo, lo), (b_hi, hi) = pts[-2], pts[-1]
+        for (b_a, a), (b_b, b) in zip(pts, pts[1:]):
+            if cases <= b_b:
+                (b_lo, lo), (b_hi, hi) = (b_a, a), (b_b, b)
+                break
+        peaks.append(lo + (hi - lo) * (cases - b_lo) / (b_hi - b_lo))
+    return round(max(peaks))
+
+
+def largest_cases(plan: dict, tensors_gib: float) -> int:
+    """The most cases at once (``plan_cases_at_once``) whose predicted peak stays within
+    ``tensors_gib`` GiB of tensors (0: not even one case fits; at most ``MAX_CASES``)."""
+    budget = tensors_gib * GIB
+    if predicted_peak(plan, 1) > budget:
+        return 0
+    last = plan["points"]["weights"][-1][0]
+    if predicted_peak(plan, last) > budget:
+        return max(b for b in range(1, last) if predicted_peak(plan, b) <= budget)
+    best = MAX_CASES  # past the planned sizes every phase grows linearly: the first to fill binds
+    for pts in plan["points"].values():
+        (b_lo, lo), (b_hi, hi) = pts[-2], pts[-1]
+        if hi > lo:
+            best = min(best, b_hi + int((budget - hi) * (b_hi - b_lo) // (hi - lo)))
+    best = max(best, last)
+    while best > last and predicted_peak(plan, best) > budget:  # float rounding at the edge
+        best -= 1
+    while best < MAX_CASES and predicted_peak(plan, best + 1) <= budget:
+        best += 1
+    return best
 
 
 def _report(
