@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The checks and timings of the GPU path on one CUDA machine, in one go (docs/GPU.md quotes what it
-# writes): the CUDA smoke tests, then `benchmarks.gpu_path --device cuda` and `benchmarks.perf
-# --random-config` on random-weight Qwen2.5-7B (the published architecture, bf16). Each step has a
-# time limit, so that one that hangs does not cost the others their figures.
+# writes): the CUDA smoke tests, then `benchmarks.gpu_path --device cuda`, `benchmarks.perf
+# --random-config` and `benchmarks.perf_batched --random-config` (cases per hour of B one-request
+# edits at once) on random-weight Qwen2.5-7B (the published architecture, bf16). Each step has a
+# time limit (`<STEP>_S` seconds; 0 skips the step), so that one that hangs does not cost the others
+# their figures; the batched step prints each B's figures as it finishes.
 #
 #   OUT=runs/gpu benchmarks/gpu_run.sh
+#   SMOKE_S=0 GPU_PATH_S=0 PERF_S=0 BATCHED_B="1 16" OUT=runs/gpu benchmarks/gpu_run.sh  # batched only
 #
 # A machine without network: wheels of the packages its python lacks in .whl/ (installed to
 # /tmp/site), and a saved tokenizer in .gpu/tokenizer for the perf run (the embedded model's,
@@ -44,6 +47,11 @@ step gpu_path "${GPU_PATH_S:-240}" "$PY" -m benchmarks.gpu_path --device cuda --
 step perf "${PERF_S:-180}" "$PY" -m benchmarks.perf --hparams "$FILE" --random-config qwen2.5-7b \
     "${TOKENIZER[@]}" --mmlu-n 0 --no-easyedit --sequential 1 2 --rollout-repeats 2 \
     --out "$OUT/perf.json"
+# shellcheck disable=SC2086  # BATCHED_B is a list of numbers
+step batched "${BATCHED_S:-540}" "$PY" -m benchmarks.perf_batched --hparams "$FILE" \
+    --random-config qwen2.5-7b "${TOKENIZER[@]}" --passage hpse_easyedit/demo_passage.txt \
+    --cases-at-once ${BATCHED_B:-1 4 8 16} --out "$OUT/batched.json"
 tail -n 3 "$OUT/smoke.log"
 grep -v -i warn "$OUT/perf.log" | tail -n 24
+grep -v -i warn "$OUT/batched.log" | tail -n 12
 cat "$OUT/gpu_path.json" 2>/dev/null | head -c 1500

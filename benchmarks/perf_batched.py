@@ -8,6 +8,10 @@ after loading) or, on a GPU, the peak allocated memory. Cases per hour at B is `
 peak(1)) / (B - 1)`` beside the solo peak.
 
     python -m benchmarks.perf_batched --cases-at-once 1 4 8 16 --out runs/perf/batched.json
+    # on a GPU: a random-weight model of a real architecture, one request (a passage) per case
+    python -m benchmarks.perf_batched --hparams hparams/HPSE/qwen2.5-7b.yaml \\
+        --random-config qwen2.5-7b --passage hpse_easyedit/demo_passage.txt \\
+        --out runs/gpu/batched.json
 """
 
 from __future__ import annotations
@@ -21,13 +25,32 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from hpse_easyedit.planner import shipped_backbones
+
 __all__ = ["batched_report", "main", "measure_batched"]
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _child(hparams: str, overrides: Sequence[str], cases: int, data_dir: str | None) -> dict:
-    """One B in this process: load, warm up, edit B cases at once; the figures of that edit."""
+#: the child's options that say which model and cases it edits (``main``'s flags)
+SOURCE_FLAGS = {
+    "random_config": "--random-config",
+    "tokenizer": "--tokenizer",
+    "layers": "--layers",
+    "passage": "--passage",
+}
+
+
+def _child(
+    hparams: str,
+    overrides: Sequence[str],
+    cases: int,
+    data_dir: str | None,
+    source: dict | None = None,
+) -> dict:
+    """One B in this process: load, warm up, edit B cases at once; the figures of that edit.
+    ``source`` (``SOURCE_FLAGS``' keys): a random-weight model of a shipped architecture instead of
+    the file's model, and one request with a passage file per case instead of MQuAKE-uns cases."""
     import torch
 
     from hpse_easyedit.batched import hpse_edit_cases
@@ -35,14 +58,27 @@ def _child(hparams: str, overrides: Sequence[str], cases: int, data_dir: str | N
 
     from .datasets import load_mquake_uns
     from .perf_machine import peak_rss_since_reset, reset_peak_rss, rss_bytes
+    from .perf_measure import _load, _requests
 
-    hp = load_hparams(hparams, list(overrides))
-    model, tok = method_for_file(hparams).load_model(hp)
-    rows = load_mquake_uns(data_dir, limit=max(cases, 1))
-    requests = [[dict(r) for r in rows[i]["requests"]] for i in range(cases)]
-    warm = hp.with_overrides(["rounds=1", "inner_steps=1", "max_new_tokens=4"])
-    hpse_edit_cases(model, tok, requests[:1], warm)
+    source = source or {}
+    if source.get("random_config"):
+        random = [source.get(k) for k in ("random_config", "tokenizer", "layers")]
+        hp, model, tok = _load(hparams, overrides, *random)
+    else:
+        hp = load_hparams(hparams, list(overrides))
+        model, tok = method_for_file(hparams).load_model(hp)
+    if source.get("passage"):
+        requests = [_requests(Path(source["passage"]).read_text().strip()) for _ in range(cases)]
+    else:
+        rows = load_mquake_uns(data_dir, limit=max(cases, 1))
+        requests = [[dict(r) for r in rows[i]["requests"]] for i in range(cases)]
     gpu = next(model.parameters()).device.type == "cuda"
+    # on a GPU the warm-up has the timed edit's shapes (every case, the full rollout length), so
+    # that the compiled decode's CUDA graphs are captured before the clock starts
+    warm = hp.with_overrides(
+        ["rounds=1", "inner_steps=1"] if gpu else ["rounds=1", "inner_steps=1", "max_new_tokens=4"]
+    )
+    hpse_edit_cases(model, tok, requests if gpu else requests[:1], warm)
     base = torch.cuda.memory_allocated() if gpu else rss_bytes()
     if gpu:
         torch.cuda.reset_peak_memory_stats()
@@ -75,14 +111,19 @@ def measure_batched(
     sizes: Sequence[int],
     overrides: Sequence[str] = (),
     data_dir: str | None = None,
+    source: dict | None = None,
 ) -> dict:
-    """Each B of ``sizes`` in its own process (clean peak memory); the figures of each."""
+    """Each B of ``sizes`` in its own process (clean peak memory); the figures of each. ``source``:
+    as ``_child`` takes it."""
     runs = {}
     for b in sizes:
         cmd = [sys.executable, "-m", "benchmarks.perf_batched", "--child", str(b)]
         cmd += ["--hparams", hparams] + [f"--set={o}" for o in overrides]
         if data_dir:
             cmd += ["--data", data_dir]
+        for key, value in (source or {}).items():
+            if value is not None:
+                cmd += [SOURCE_FLAGS[key], str(value)]
         out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=os.environ.copy())
         if out.returncode != 0:
             raise RuntimeError(f"cases at once {b}: {out.stderr.strip().splitlines()[-1:]}")
@@ -147,15 +188,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--cases-at-once", type=int, nargs="+", default=[1, 4, 8, 16])
     parser.add_argument("--data", help="data directory (default: the benchmarks' one)")
+    parser.add_argument(
+        "--random-config",
+        choices=sorted(shipped_backbones()),
+        help="edit a random-weight model of this real architecture (its published config, shipped "
+        "in hpse_easyedit/backbones/), built on the file's device in its dtype: GPU timing "
+        "without a hub",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        metavar="DIR",
+        help="with --random-config: a saved tokenizer instead of the embedded model's",
+    )
+    parser.add_argument(
+        "--layers", type=int, help="with --random-config: cut the model to this many layers"
+    )
+    parser.add_argument(
+        "--passage",
+        metavar="FILE",
+        help="one request per case with this passage (benchmarks.perf's subject) instead of the "
+        "first B MQuAKE-uns cases: a machine without the data set",
+    )
     parser.add_argument("--out", help="write the JSON report here (refuses an existing file)")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    source = {key: getattr(args, key) for key in SOURCE_FLAGS}
     if args.child is not None:
-        print(json.dumps(_child(args.hparams, args.set, args.child, args.data)))
+        print(json.dumps(_child(args.hparams, args.set, args.child, args.data, source)))
         return 0
     if args.out and Path(args.out).exists():
         parser.error(f"--out {args.out} exists; choose a new file")
-    report = measure_batched(args.hparams, args.cases_at_once, args.set, args.data)
+    if (args.tokenizer or args.layers) and not args.random_config:
+        parser.error("--tokenizer and --layers need --random-config")
+    if args.passage and not Path(args.passage).is_file():
+        parser.error(f"--passage {args.passage}: no such file")
+    report = measure_batched(args.hparams, args.cases_at_once, args.set, args.data, source)
     report["command"] = " ".join(
         ["python", "-m", "benchmarks.perf_batched", *(argv or sys.argv[1:])]
     )

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks import gpu_batched, gpu_path, perf_batched
+from benchmarks import gpu_batched, gpu_path, perf_batched, perf_measure
 from hpse_easyedit import HPSEHyperParams
-from tiny_models import make_config, make_tokenizer
+from tiny_models import make_config, make_tiny_model_and_tokenizer, make_tokenizer, tiny_hparams
 
 HPSE = Path(__file__).resolve().parents[1] / "hparams" / "HPSE"
 
@@ -112,3 +112,46 @@ def test_perf_batched_source_options_checked(argv, tmp_path):
     with pytest.raises(SystemExit) as exit_:
         perf_batched.main(argv + ["--out", str(tmp_path / "out.json")])
     assert exit_.value.code == 2
+
+
+def test_perf_batched_child_edits_a_random_config_with_one_passage_per_case(monkeypatch, tmp_path):
+    """The child builds the model through ``perf_measure._load`` with the random-config options
+    (here a tiny model stands in for the 7B) and edits one request with the passage per case."""
+    model, tok = make_tiny_model_and_tokenizer("qwen2")
+    hp = tiny_hparams(rounds=1, inner_steps=1, max_new_tokens=3)
+    seen = []
+
+    def load(hparams, overrides, random_config, tokenizer, layers):
+        seen.append((hparams, list(overrides), random_config, tokenizer, layers))
+        return hp, model, tok
+
+    monkeypatch.setattr(perf_measure, "_load", load)
+    passage = tmp_path / "passage.txt"
+    passage.write_text("Selma Varrick is a marine biologist who mapped the Kelvin Trench.\n")
+    source = {"random_config": "qwen2.5-7b", "tokenizer": None, "layers": 1}
+    source["passage"] = str(passage)
+    out = perf_batched._child("qwen2.5-7b.yaml", ["rounds=1"], 2, None, source)
+    assert seen == [("qwen2.5-7b.yaml", ["rounds=1"], "qwen2.5-7b", None, 1)]
+    assert out["cases"] == 2 and out["failed"] == 0 and out["rollout_tokens"] > 0
+
+
+def test_perf_batched_hands_the_source_options_to_each_child(monkeypatch):
+    commands = []
+
+    class Done:
+        returncode, stderr = 0, ""
+        stdout = '{"seconds": 2.0, "rollout_seconds": 1.0, "peak_bytes": 10, "memory": "rss"}\n'
+
+    def run(cmd, **_):
+        commands.append(cmd)
+        return Done()
+
+    monkeypatch.setattr(perf_batched.subprocess, "run", run)
+    source = {"random_config": "qwen2.5-7b", "tokenizer": None, "layers": None, "passage": "p.txt"}
+    report = perf_batched.measure_batched("f.yaml", [1, 2], source=source)
+    assert [c[c.index("--child") + 1] for c in commands] == ["1", "2"]
+    for cmd in commands:
+        assert cmd[cmd.index("--random-config") + 1] == "qwen2.5-7b"
+        assert cmd[cmd.index("--passage") + 1] == "p.txt"
+        assert "--tokenizer" not in cmd and "--layers" not in cmd
+    assert report["cases_per_hour"] == {"1": 1800.0, "2": 3600.0}
