@@ -82,12 +82,13 @@ def add_run_arguments(parser: argparse.ArgumentParser, benchmark: str | None) ->
     g.add_argument("--batch-size", type=int, default=8, help="generation batch size (default 8)")
     g.add_argument(
         "--cases-at-once",
-        type=int,
         default=1,
         metavar="B",
         help="single editing: edit B independent cases together in one batched pass (each its "
         "own adapter or FT-M matrix; each case's result is its solo edit's up to float "
-        "rounding); HPSE and the plain LoRA/FT-M rows (default 1: one at a time)",
+        "rounding); HPSE and the plain LoRA/FT-M rows (default 1: one at a time). 'auto': on a "
+        "GPU the most that fit its free memory by the memory planner (python -m hpse_easyedit "
+        "plan --cases-at-once), on CPU 4",
     )
     g.add_argument(
         "--sequences-at-once",

@@ -8,11 +8,12 @@ line naming the command-line option.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Callable, Mapping
+from typing import Annotated, Any, Callable, Literal, Mapping
 
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     InstanceOf,
@@ -60,6 +61,20 @@ def _one_of(flag: str, choices: Any) -> Callable[[Any], Any]:
     return check
 
 
+def _cases_at_once(value: Any) -> Any:
+    """``--cases-at-once``: a whole number >= 1, or 'auto' (the runner resolves it: the memory
+    planner's largest B on a GPU, a fixed number on CPU)."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        value = int(text) if text.isdigit() else "auto" if text == "auto" else value
+    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return value
+    flag, what = _RANGES["cases_at_once"]
+    raise PydanticCustomError(
+        "choice", "{line}", {"line": f"{flag} must be >= 1 ({what}) or auto, got {value!r}"}
+    )
+
+
 def _task_model(task: Task) -> type[BaseModel]:
     """The pydantic model of a task's declared options: ranges, registry choices, no other key."""
     fields: dict[str, Any] = {}
@@ -103,7 +118,8 @@ class RunOptions(BaseModel):
     cases: list[str] | None = None
     checkpoints: list[int] | None = None
     batch_size: Annotated[int, Field(ge=1)] = 8
-    cases_at_once: Annotated[int, Field(ge=1)] = 1
+    #: 'auto' until ``benchmarks.runner`` resolves it
+    cases_at_once: Annotated[int | Literal["auto"], BeforeValidator(_cases_at_once)] = 1
     sequences_at_once: Annotated[int, Field(ge=1)] = 1
     max_new_tokens: Annotated[int | None, Field(ge=1)] = None
     data_file: str | None = None
@@ -160,7 +176,7 @@ class RunOptions(BaseModel):
                     "--cases picks single cases; continual editing (--sequential) edits "
                     "consecutive cases, so use --limit there"
                 )
-        if self.cases_at_once > 1 and self.sequential:
+        if self.cases_at_once != 1 and self.sequential:
             raise UsageError(
                 "--cases-at-once edits independent single cases together; a continual sequence's "
                 "edits depend on each other, so drop --cases-at-once with --sequential"

@@ -23,6 +23,7 @@ command line is ``benchmarks.cli``, which imports this module (never the reverse
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import re
 from datetime import timedelta
@@ -45,8 +46,10 @@ from .summary import RunSummary, failed_note, unjudged_note
 from .tasks import TASKS, data_path
 
 __all__ = [
+    "CPU_CASES_AT_ONCE",
     "PLACEMENT_KEYS",
     "RunOptions",
+    "auto_cases_at_once",
     "config_policy",
     "default_out_dir",
     "failed_note",
@@ -103,6 +106,11 @@ class _Run:
         cache_dir = Path(opts.cache_dir) if opts.cache_dir else default_cache_dir()
         _check_data_paths(opts, self.data_dir)
         self.method = method_for_file(opts.hparams)
+        requested, self.hp_dict, hp, self.ctx = _hparams(self.method, opts, context)
+        if opts.cases_at_once == "auto":  # a copy: the caller's options may serve other methods
+            self.opts = opts = opts.model_copy(
+                update={"cases_at_once": auto_cases_at_once(opts, self.method, hp)}
+            )
         for flag, value in (
             ("--cases-at-once", opts.cases_at_once),
             ("--sequences-at-once", opts.sequences_at_once),
@@ -112,7 +120,6 @@ class _Run:
                     f"{flag} {value}: {self.method.name} edits one case at a time; drop {flag} "
                     "(HPSE files, plain LoRA and FT-M among them, take it)"
                 )
-        requested, self.hp_dict, hp, self.ctx = _hparams(self.method, opts, context)
         method = method_label(self.method.name, self.hp_dict)
         self.scorer = Scorer(self.task, opts.judge, opts.judge_settings, cache_dir)
         self.cache_dir = cache_dir
@@ -275,6 +282,73 @@ def run_benchmark(opts: RunOptions, context: ProcessContext | None = None) -> di
             return run.run()
     finally:
         run.scorer.close()
+
+
+#: ``--cases-at-once auto`` off a GPU. On CPU an extra case costs little memory (with
+#: ``cases_per_pass`` auto each case trains in its own pass: its adapter, Adam and rollout rows are
+#: what grows, docs/perf/plan-cases-smollm2.json); a batch's rollout decodes 2 rows per request, 24
+#: for four MQuAKE-uns cases, where a CPU decode step of 16 SmolLM2 rows already costs about 3 times
+#: one row's; and a batch cut short by a stop is edited again whole, so a small B loses little. A
+#: middle choice, not a measured optimum.
+CPU_CASES_AT_ONCE = 4
+#: the memory planner's workload (``hpse_easyedit.planner.WORKLOADS``) of each task
+PLAN_WORKLOADS = {"mquake-uns": "mquake", "unkebench": "unkebench"}
+
+
+def auto_cases_at_once(opts: RunOptions, method: MethodSpec, hp: Any) -> int:
+    """``--cases-at-once auto`` as a number, said in one log line: 1 for a method that edits one
+    case at a time; on a CUDA device the memory planner's largest B for the card's free memory and
+    this run's lengths (``planner.plan_cases_at_once``: the hparams' rollout length, the task's
+    prompt and passage lengths, the answer batch and length); elsewhere ``CPU_CASES_AT_ONCE``.
+    ``--limit`` and ``--cases`` bound it."""
+    import torch
+
+    from hpse_easyedit.loading import resolve_device
+    from hpse_easyedit.planner import (
+        ALLOCATOR_SLACK,
+        GIB,
+        WORKLOADS,
+        largest_cases,
+        plan_cases_at_once,
+    )
+
+    bounds = [n for n in (len(opts.cases) if opts.cases else None, opts.limit) if n]
+    if method.edit_cases is None or method.resume is None:
+        log.info("--cases-at-once auto: 1 (%s edits one case at a time)", method.name)
+        return 1
+    parallel = getattr(hp, "model_parallel", False)
+    device = None if parallel else torch.device(resolve_device(getattr(hp, "device", "cpu")))
+    if device is None or device.type != "cuda":
+        chosen = min([CPU_CASES_AT_ONCE, *bounds])
+        log.info(
+            "--cases-at-once auto: %d (%s; the memory planner plans one GPU)",
+            chosen,
+            "model_parallel" if device is None else f"the default on {device}",
+        )
+        return chosen
+    task = TASKS[opts.benchmark]
+    workload = dataclasses.replace(
+        WORKLOADS[PLAN_WORKLOADS.get(task.name, "unkebench")],
+        max_new_tokens=hp.max_new_tokens,
+        answer_tokens=opts.max_new_tokens or task.default_max_new_tokens,
+        answer_rows=opts.batch_size,
+    )
+    free, _ = torch.cuda.mem_get_info(device)
+    plan = plan_cases_at_once(hp, workload)
+    fits = largest_cases(plan, free / GIB / (1 + ALLOCATOR_SLACK))
+    chosen = max(1, min([fits, *bounds]))
+    log.log(
+        logging.INFO if fits else logging.WARNING,
+        "--cases-at-once auto: %d (%s: %.1f GiB free; the memory planner: %.2f GiB of tensors for "
+        "one case, +%.3f GiB per extra case%s)",
+        chosen,
+        device,
+        free / GIB,
+        plan["solo_peak_gib"],
+        plan["per_case_gib"],
+        "; even one case may not fit" if not fits else "",
+    )
+    return chosen
 
 
 def _hparams(
