@@ -59,6 +59,39 @@ def test_the_meta_plan_of_cases_counts_what_real_tensors_take(tiny_dir, executor
         assert meta[3]["phase_bytes"][name] > meta[1]["phase_bytes"][name]
 
 
+def test_the_plan_of_given_cases_is_what_the_batched_engine_takes(tmp_path):
+    """The real ``hpse_edit_cases`` of 3 cases of different lengths (one of two requests), under
+    ``LiveBytes``, peaks where ``plan_cases`` with those cases' own prompts on the same device says
+    (every rollout runs to ``max_new_tokens``, as planned). On CPU a padded batch's attention keeps
+    more than the fused kernels the meta plan counts (a GPU's), so this compares on CPU."""
+    from hpse_easyedit.batched import hpse_edit_cases
+    from hpse_easyedit.editor import edit_prompts
+    from hpse_easyedit.planner import LiveBytes
+    from tiny_models import make_tiny_model_and_tokenizer
+
+    model, tok = make_tiny_model_and_tokenizer("llama", tmp_path, init_std=0.2)
+    passage = "AJ Lee is a professional wrestler who speaks Russian fluently and lives in Moscow."
+    cases = [
+        [{"subject": "AJ Lee", "target_new": passage}],
+        [{"subject": "Ellie Kemper", "target_new": "Ellie Kemper is a citizen of Croatia."}],
+        [
+            {"subject": "The Firm", "target_new": "The Firm was written by John Grisham."},
+            {"subject": "Croatia", "target_new": passage + " " + passage},
+        ],
+    ]
+    hp = tiny_hparams(
+        model_name=str(tmp_path), rounds=1, inner_steps=2, max_new_tokens=8, cases_per_pass=3
+    )
+    with LiveBytes([*model.parameters(), *model.buffers()]) as mem:
+        edits = hpse_edit_cases(model, tok, cases, hp)
+    assert all(e.ok for e in edits)
+    assert [len(ro) for e in edits for ro in e.rollouts[0]] == [8] * 4
+    prompts = [edit_prompts(model, tok, c, hp) for c in cases]
+    plan = plan_cases(hp, SMALL, 3, device="cpu", prompts=prompts)
+    edit = max(plan["phase_bytes"][p] for p in ("trainable_state", "rollout", "training"))
+    assert edit == pytest.approx(mem.peak, rel=0.02)
+
+
 def test_auto_cases_per_pass_is_a_gpus_on_meta_and_the_engines_elsewhere(tiny_dir):
     hp = _hp(tiny_dir)  # cases_per_pass: auto
     assert plan_cases(hp, SMALL, 2)["cases_per_pass"] == 2  # the plan is for a card: one pass
