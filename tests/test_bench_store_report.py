@@ -72,7 +72,7 @@ def test_store_refuses_a_different_config_and_foreign_files(tmp_path):
     bad.mkdir()
     _runner_store(bad, CONFIG)
     (bad / "results.jsonl").write_text('{"case_id": "1"}\nnot json\n{"case_id": "2"}\n')
-    with pytest.raises(ValueError, match="line 2 is not valid JSON"):
+    with pytest.raises(ValueError, match="line 2 is not a JSON record"):
         _runner_store(bad, CONFIG)
 
 

@@ -203,9 +203,10 @@ def test_registration_adds_methods_to_the_same_dict_and_wraps_the_batchable_chec
     utils = importlib.import_module("easyeditor.editors.utils")
     batch = importlib.import_module("easyeditor.editors.batch_editor").BatchEditor
     assert editor.ALG_DICT is alg_dict
-    assert sorted(alg_dict) == ["AlphaEdit", "AnyEdit", "COIN", "HPSE", "MEMIT", "UnKE"]
-    assert sorted(utils.CALLABLE_RESTORE_ALGS) == ["COIN", "HPSE", "KN"]
+    assert sorted(alg_dict) == ["AlphaEdit", "AnyEdit", "COIN", "HPSE", "MEMIT", "SDFT", "UnKE"]
+    assert sorted(utils.CALLABLE_RESTORE_ALGS) == ["COIN", "HPSE", "KN", "SDFT"]
     assert [
-        batch.is_batchable_method(a) for a in ("HPSE", "COIN", "UnKE", "AnyEdit", "MEMIT", "ROME")
-    ] == [True, True, True, True, True, False]
+        batch.is_batchable_method(a)
+        for a in ("HPSE", "COIN", "UnKE", "AnyEdit", "MEMIT", "SDFT", "ROME")
+    ] == [True, True, True, True, True, True, False]
     assert not hasattr(batch.is_batchable_method._hpse_original, "_hpse_original")  # wrapped once
