@@ -1,7 +1,7 @@
 """Passage and hparams files: UTF-8 and UTF-8/UTF-16 with a byte-order mark are read; anything else
 is one line naming the file and the encoding it looks like."""
 
-import os
+import random
 
 import pytest
 
@@ -22,8 +22,10 @@ def test_unicode_files_are_read(encoding):
     [
         (TEXT.encode("latin-1"), "it looks like"),
         (TEXT.encode("utf-16-le"), "it looks like"),  # UTF-16 without its byte-order mark
-        (os.urandom(4096), "it does not look like text"),
+        # fixed random bytes: the same test id in every process (pytest-xdist compares them)
+        (random.Random(0).randbytes(4096), "it does not look like text"),
     ],
+    ids=["latin-1", "utf-16-le-no-bom", "random-bytes"],
 )
 def test_other_bytes_are_refused_naming_the_file(data, looks):
     with pytest.raises(TextEncodingError, match=rf"^p\.txt: not UTF-8 \({looks}.*save it as UTF-8"):
