@@ -44,7 +44,12 @@ from .padding import next_token_labels, pad_rows, pad_token_id
 from .prompts import EditPrompts, stop_token_ids
 from .rollout import Rollout, batched_hybrid_rollouts, input_device
 from .static_decode import decode_mode
-from .training import _diverged, activation_checkpointing, trained_tensors_problem
+from .training import (
+    _diverged,
+    activation_checkpointing,
+    cpu_half_backward,
+    trained_tensors_problem,
+)
 
 __all__ = ["CaseEdit", "apply_case_edit", "hpse_edit_cases"]
 
@@ -378,7 +383,10 @@ def _train(
         passes = _round_batches(live, hparams, pad_id, device, per_pass)
         for c in live:
             c.history = []
-        with activation_checkpointing(model, getattr(hparams, "gradient_checkpointing", False)):
+        with (
+            activation_checkpointing(model, getattr(hparams, "gradient_checkpointing", False)),
+            cpu_half_backward(model),
+        ):
             steps = [
                 _inner_step(stacked, passes, hparams, optimizer) for _ in range(hparams.inner_steps)
             ]

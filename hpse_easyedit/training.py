@@ -35,6 +35,7 @@ __all__ = [
     "EditResult",
     "Objective",
     "activation_checkpointing",
+    "cpu_half_backward",
     "describe_loss",
     "inner_step",
     "train_edit",
@@ -169,7 +170,10 @@ def train_edit(
         prepared = objective.start_round(student)
         student.train(was_training or hparams.lora_dropout > 0)
         teacher_before = executor.teacher_switches
-        with activation_checkpointing(student, getattr(hparams, "gradient_checkpointing", False)):
+        with (
+            activation_checkpointing(student, getattr(hparams, "gradient_checkpointing", False)),
+            cpu_half_backward(student),
+        ):
             steps = [inner_step(objective, student, optimizer) for _ in range(inner_steps)]
         history = []
         for step, terms in enumerate(steps, 1):
@@ -331,3 +335,46 @@ def activation_checkpointing(model: Any, enabled: bool) -> Iterator[None]:
         for m, mode in zip(layers, modes):
             m.training = mode
         base.gradient_checkpointing_disable()
+
+
+@contextlib.contextmanager
+def cpu_half_backward(model: Any) -> Iterator[None]:
+    """Inside: the gradient that reaches each bfloat16/float16 ``nn.Linear`` of ``model`` on the
+    CPU is laid out column-major before the linear's backward multiplies it by the weight.
+
+    On a CPU without native half-precision matrix units (AVX2), torch's half-precision ``mm`` of a
+    row-major ``(rows, out)`` gradient by the row-major ``(out, in)`` weight, the input gradient of
+    every linear, takes a scalar path about 50x slower than the same product with the gradient
+    column-major (measured on this project's 2-core AVX2 host, torch 2.13: 24.5 s against 0.61 s
+    for 40 rows of a 4096 x 18944 bfloat16 weight); the forward's ``x @ W.T`` is not affected. One
+    copy of the gradient (rows x out) per linear costs far less. Values are the same products; only
+    the kernel differs. A no-op for float32/float64 models and on any other device (the hooks are
+    installed only on CPU half-precision linears), so float32 runs are unchanged bit for bit.
+    """
+    linears = [
+        m
+        for m in model.modules()
+        if isinstance(m, torch.nn.Linear)
+        and m.weight.device.type == "cpu"
+        and m.weight.dtype in (torch.bfloat16, torch.float16)
+    ]
+    handles = [m.register_forward_hook(_column_major_output_grad) for m in linears]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _column_major_output_grad(module: Any, args: Any, out: Any) -> None:
+    if isinstance(out, torch.Tensor) and out.requires_grad:
+        out.register_hook(_column_major)
+
+
+def _column_major(grad: torch.Tensor) -> torch.Tensor:
+    """``grad`` (..., n) with the same values, stored so that its (rows, n) view is column-major
+    (what the linear's backward reshapes it to)."""
+    if grad.dim() < 2 or not grad.is_contiguous():
+        return grad
+    n = grad.shape[-1]
+    return grad.reshape(-1, n).t().contiguous().t().view(grad.shape)

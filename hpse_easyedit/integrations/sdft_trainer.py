@@ -45,6 +45,7 @@ from ..training import (
     EditResult,
     _diverged,
     activation_checkpointing,
+    cpu_half_backward,
     describe_loss,
 )
 
@@ -282,7 +283,7 @@ def train_sdft(executor: Executor, tok: Any, reqs: list[dict], hp: Any, result: 
             )
         for quiet in (PrinterCallback, ProgressCallback):
             trainer.remove_callback(quiet)
-        with activation_checkpointing(model, hp.gradient_checkpointing):
+        with activation_checkpointing(model, hp.gradient_checkpointing), cpu_half_backward(model):
             trainer.train()
     optimizer.zero_grad(set_to_none=True)
     executor.finish()
