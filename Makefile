@@ -8,8 +8,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.hpse-installed
 PYTEST_ARGS ?=
+# pytest-xdist workers (`auto`: one per core); each runs one torch thread (tests/conftest.py)
+PYTEST_WORKERS ?= auto
+PYTEST := HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal
 
-.PHONY: demo test test-easyedit-env lint install clean-venv
+.PHONY: demo test test-fast test-easyedit-env lint install clean-venv
 
 install: $(STAMP)
 
@@ -29,8 +32,13 @@ $(STAMP): setup.py
 demo: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m hpse_easyedit.demo
 
+# every test (pytest.ini: the `slow` marker, the per-test timeout)
 test: $(STAMP)
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q $(PYTEST_ARGS) tests
+	$(PYTEST) $(PYTEST_ARGS) tests
+
+# the tests not marked slow: about a minute on 2 cores
+test-fast: $(STAMP)
+	$(PYTEST) -m "not slow" $(PYTEST_ARGS) tests
 
 # The tests that depend on transformers' internals (the static decode, the 7B-9B rehearsal, CUDA,
 # EasyEdit) again in a second venv with the [easyedit] extra, whose transformers pin (< 5.24) is
@@ -47,7 +55,8 @@ $(STAMP_EE): setup.py
 	$(call install_venv,$(VENV_EE),$(EE_EXTRAS))
 
 test-easyedit-env: $(STAMP_EE)
-	HF_HUB_OFFLINE=1 $(PY_EE) -m pytest -q $(PYTEST_ARGS) $(EE_TESTS)
+	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(PY_EE) -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal \
+		$(PYTEST_ARGS) $(EE_TESTS)
 
 # ruff with ruff.toml's rules (line length 100) and its layout: reports, changes nothing
 # (`ruff format .` and `ruff check --fix .` apply what they can)

@@ -41,7 +41,7 @@ setup(
         "pydantic>=2",  # the hparams schemas (hpse_easyedit.hparams)
     ],
     extras_require={
-        "test": ["pytest>=7", "pytest-timeout>=2"],
+        "test": ["pytest>=7", "pytest-timeout>=2", "pytest-xdist>=3.5"],
         # `make lint` (ruff.toml); pinned: a newer ruff may add checks to the selected rule sets
         "lint": ["ruff==0.17.6"],
         # pure-Python packages EasyEdit's import chain needs for text editing (see

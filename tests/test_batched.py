@@ -102,6 +102,7 @@ SETTINGS = [
 ] + [("llama", executor, False, per_pass) for executor in ("lora", "ft_m") for per_pass in (1, 3)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "family, executor, static, per_pass",
     SETTINGS,
@@ -225,6 +226,7 @@ def test_refusals_name_the_field():
     assert hpse_edit_cases(model, tok, [], tiny_hparams()) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("executor", ["lora", "ft_m"])
 def test_the_batched_decode_step_compiles_whole(monkeypatch, executor):
     """``static_decode: compile`` (a GPU's ``auto``) puts the batched decode step, every case's

@@ -75,6 +75,7 @@ def _without_timing(value):
     return value
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("executor", ["lora", "ft_m"])
 def test_a_batched_run_writes_the_records_of_a_solo_run(tiny, tmp_path, executor):
     run_benchmark(_opts(tiny, tmp_path / "solo", executor))
@@ -106,6 +107,7 @@ def test_a_batched_run_writes_the_records_of_a_solo_run(tiny, tmp_path, executor
     assert env[-1]["cases_at_once"] == 3
 
 
+@pytest.mark.slow
 def test_a_batch_cut_short_is_edited_again_whole(tiny, tmp_path, monkeypatch):
     """A stop after the first record of a batch of 3: the resume edits the same 3 cases together
     (so the same rounding as one uninterrupted run) and records only the 2 missing; the run's
@@ -144,6 +146,7 @@ def test_a_batch_cut_short_is_edited_again_whole(tiny, tmp_path, monkeypatch):
         assert _without_timing(whole[case_id]) == _without_timing(cut[case_id])
 
 
+@pytest.mark.slow
 def test_a_solo_run_resumes_batched_and_cases_at_once_is_refused_where_it_cannot_work(
     tiny, tmp_path
 ):
@@ -169,6 +172,7 @@ def _checkpoint_records(out):
     return {(r["checkpoint"], r["case_id"]): r for r in map(json.loads, lines)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("executor", ["lora", "ft_m"])
 def test_sequences_side_by_side_write_the_records_of_one_after_another(tiny, tmp_path, executor):
     """Three continual sequences of 2 edits with a checkpoint after the first: side by side
@@ -192,6 +196,7 @@ def test_sequences_side_by_side_write_the_records_of_one_after_another(tiny, tmp
     assert config["sequences_at_once"] == 3
 
 
+@pytest.mark.slow
 def test_sequences_side_by_side_resume_from_their_snapshots(tiny, tmp_path, monkeypatch):
     """A stop after the first edit of two sequences side by side: the rerun resumes each from its
     own snapshot (no edit is made twice) and ends with the uninterrupted run's records."""

@@ -123,6 +123,7 @@ def _cached_client(server, tmp_path, model):
     )
 
 
+@pytest.mark.slow
 def test_unkebench_subjects_generated_by_the_endpoint_are_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
     with ChatServer(judge_like_responder) as server:

@@ -60,6 +60,7 @@ def _support_parse(text):
     return parse_support(text, 2)
 
 
+@pytest.mark.slow
 def test_client_survives_timeout_500_and_malformed_then_caches(tmp_path, caplog):
     caplog.set_level(logging.DEBUG)
     caplog.set_level(logging.INFO, logger="openai._base_client")
@@ -95,6 +96,7 @@ def test_client_survives_timeout_500_and_malformed_then_caches(tmp_path, caplog)
     assert SECRET not in caplog.text
 
 
+@pytest.mark.slow
 def test_a_judge_that_drips_one_byte_at_a_time_is_bounded_by_the_timeout(tmp_path):
     """Each byte arrives well within the read timeout, so only a deadline on the whole request
     ends it: two requests of at most 1 s each (and the openai client's backoff between them), where
@@ -117,6 +119,7 @@ def test_an_unwritable_judge_cache_names_the_fix(tmp_path):
         ChatClient(JudgeSettings(base_url=server.url, cache_path="/sys/hpse-judge/cache.sqlite"))
 
 
+@pytest.mark.slow
 def test_client_gives_up_after_max_attempts(tmp_path):
     with ChatServer(lambda p: "no verdicts here") as server:
         client = _client(server, tmp_path, max_attempts=3)
@@ -130,6 +133,7 @@ def test_client_gives_up_after_max_attempts(tmp_path):
             client.complete("Q", _support_parse)
 
 
+@pytest.mark.slow
 def test_max_attempts_bounds_the_requests_of_one_question_retries_and_reasks_together(tmp_path):
     with ChatServer(lambda p: "no verdicts here") as server:
         server.script = [

@@ -67,6 +67,7 @@ def test_mquake_case_scores_ind_is_mean_over_hops_cmp_is_any_of_three():
         mquake_case_scores(["a"], [["a"], ["b"]], ["a"], ["a"])
 
 
+@pytest.mark.slow
 def test_bleu_hand_computed_with_smoothing_for_empty_orders():
     hyp = "the cat sat on the mat".split()
     ref = "the cat is on the mat".split()
@@ -217,6 +218,7 @@ def _study_answer_sets():
     return sets
 
 
+@pytest.mark.slow
 def test_self_bleu_is_texygens_nltk_loop_and_matches_the_former_plain_python_bleu():
     study = _study_answer_sets()
     assert len(study) >= 100  # the committed UnKEBench runs are there to check against

@@ -112,6 +112,7 @@ def _lines(out):
     return [json.loads(x) for x in (Path(out) / "results.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_tiny_single_editing_run_both_benchmarks(tiny, tmp_path):
     spy = Spy()
     register_method(spy.factory())
@@ -199,6 +200,7 @@ def test_editing_prompt_override_reaches_the_requests(tiny, tmp_path):
     )  # the file's default
 
 
+@pytest.mark.slow
 def test_cases_option_runs_only_the_named_cases_and_a_later_run_fills_in(tiny, tmp_path):
     spy = Spy()
     register_method(spy.factory())
@@ -246,6 +248,7 @@ def test_cases_option_runs_only_the_named_cases_and_a_later_run_fills_in(tiny, t
         _opts(tiny, tmp_path, "mquake-uns", cases=[""])
 
 
+@pytest.mark.slow
 def test_each_invocation_that_edits_records_its_environment(tiny, tmp_path, monkeypatch):
     import transformers
 
@@ -284,6 +287,7 @@ def test_each_invocation_that_edits_records_its_environment(tiny, tmp_path, monk
     )  # not part of what must match
 
 
+@pytest.mark.slow
 def test_mmlu_every_k_measures_only_every_kth_edit_and_is_part_of_the_config(tiny, tmp_path):
     opts = dict(limit=3, mmlu_every=2, out_dir=str(tmp_path / "every"))
     summary = run_benchmark(_opts(tiny, tmp_path, "unkebench", **opts))
@@ -317,6 +321,7 @@ def test_tiny_continual_editing_blocks(tiny, tmp_path):
     assert [u for _, u in spy.calls] == [True, False, True]
 
 
+@pytest.mark.slow
 def test_rerun_same_config_resumes_different_config_is_refused(tiny, tmp_path):
     first = run_benchmark(_opts(tiny, tmp_path, "mquake-uns"))
     before = (tmp_path / "out" / "results.jsonl").read_bytes()
@@ -341,6 +346,7 @@ def _env(tmp_path):
     return env
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_without_losing_or_duplicating_cases(tiny, tmp_path, caplog):
     out = tmp_path / "run"
     cmd = [
@@ -396,6 +402,7 @@ def test_killed_run_resumes_without_losing_or_duplicating_cases(tiny, tmp_path, 
     assert results.read_bytes() == final
 
 
+@pytest.mark.slow
 def test_unkebench_with_llm_judge_endpoint_and_free_rerun(tiny, tmp_path):
     with ChatServer(judge_like_responder) as server:
         settings = JudgeSettings(
@@ -442,6 +449,7 @@ def test_unkebench_with_llm_judge_endpoint_and_free_rerun(tiny, tmp_path):
     assert written and not any(b"sk-SECRET-never-written" in p.read_bytes() for p in written)
 
 
+@pytest.mark.slow
 def test_run_compare_pairs_every_row_with_the_reference_and_times_each_edit(tiny, tmp_path, capsys):
     out = tmp_path / "cmp"
     argv = [
@@ -553,6 +561,7 @@ def test_run_compare_takes_set_and_keeps_every_row_in_its_own_folder(tmp_path, m
     ]
 
 
+@pytest.mark.slow
 def test_run_compare_table_and_plot(tiny, tmp_path, capsys):
     out = tmp_path / "cmp"
     argv = [

@@ -97,6 +97,7 @@ def reference(tiny, tmp_path_factory):
     return out, summary
 
 
+@pytest.mark.slow
 def test_checkpoints_evaluate_the_cases_edited_so_far(reference):
     out, summary = reference
     by_checkpoint = checkpoint_records(out)
@@ -111,6 +112,7 @@ def test_checkpoints_evaluate_the_cases_edited_so_far(reference):
     assert not _text(out / "sequence.jsonl") and not list((out / STATE_DIR).glob("*"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("drop_snapshot", [False, True], ids=["from-snapshot", "by-replay"])
 def test_a_sequence_stopped_midway_resumes_to_the_uninterrupted_records(
     tiny, tmp_path, monkeypatch, reference, drop_snapshot, caplog
@@ -140,6 +142,7 @@ def test_a_sequence_stopped_midway_resumes_to_the_uninterrupted_records(
     assert not _text(out / "sequence.jsonl") and not list((out / STATE_DIR).glob("*"))
 
 
+@pytest.mark.slow
 def test_a_replayed_edit_that_differs_redoes_the_block_from_there(
     tiny, tmp_path, monkeypatch, reference, caplog
 ):
@@ -162,6 +165,7 @@ def test_a_replayed_edit_that_differs_redoes_the_block_from_there(
     assert _untimed(out / "checkpoints.jsonl") == _untimed(ref_out / "checkpoints.jsonl")
 
 
+@pytest.mark.slow
 def test_a_block_without_recorded_edits_starts_over_and_redoes_its_checkpoints(
     tiny, tmp_path, monkeypatch, reference
 ):
@@ -222,6 +226,7 @@ def _questions_asked(monkeypatch, out):
     return asked
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("edits_made", [3, 4], ids=["at-a-checkpoint", "after-the-last-edit"])
 def test_an_evaluation_stopped_part_way_goes_on_from_its_next_batch(
     tiny, tmp_path, monkeypatch, reference, edits_made, caplog
@@ -250,6 +255,7 @@ def test_an_evaluation_stopped_part_way_goes_on_from_its_next_batch(
     assert not _text(out / "sequence-answers.jsonl") and not _text(out / "sequence.jsonl")
 
 
+@pytest.mark.slow
 def test_ftm_sequence_resumes_from_its_snapshot(tiny, tmp_path, monkeypatch):
     ref = run_benchmark(
         _opts(tiny, tmp_path / "ref", "ftm.yaml", limit=3, sequential=3, checkpoints=[2])
@@ -276,6 +282,7 @@ def test_checkpoint_options_are_checked_before_anything_runs(tiny, tmp_path, ref
         run_benchmark(_opts(tiny, reference[0], checkpoints=[2]))
 
 
+@pytest.mark.slow
 def test_the_continual_table_reads_a_run_at_each_checkpoint(tiny, tmp_path, reference):
     from benchmarks.continual import continual_rows
 
@@ -298,6 +305,7 @@ def test_the_continual_table_reads_a_run_at_each_checkpoint(tiny, tmp_path, refe
         continual_rows([(f"{lora_out}@2", f"{hpse_out}@2")], ["LoRA"])
 
 
+@pytest.mark.slow
 def test_a_checkpoint_longer_than_one_batch_answers_under_a_progress_bar(
     tiny, tmp_path, capsys, reference
 ):

@@ -100,6 +100,7 @@ def _passage(tmp_path):
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "sets",
     [["lr=1e9"], ["lr=1e30", "rounds=1", "inner_steps=1"]],
@@ -142,6 +143,7 @@ def test_cli_says_it_in_one_line_and_saves_nothing(tmp_path, capsys, sets):
     assert not any((tmp_path / "saved").glob("*"))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not DATA_DIR.is_dir(), reason="needs ../shared/data next to the repository")
 @pytest.mark.parametrize("sequential", [None, 3])
 def test_a_benchmark_records_the_failed_case_and_retries_it_only_when_asked(

@@ -98,6 +98,7 @@ def test_ablation_switches_change_what_they_should(gate_always_open):
         hpse_edit(model, tok, REQUESTS[:1], tiny_hparams(kl_weight=0.0, nll_weight=0.0))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("executor", ["lora", "ft_m"])
 def test_the_order_of_the_kl_and_nll_passes_leaves_the_trained_bits_unchanged(
     executor, monkeypatch

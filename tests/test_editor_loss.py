@@ -227,6 +227,7 @@ def test_the_hand_computation_catches_an_off_by_one_or_a_per_token_mean(
     assert set(_mismatches(res.rounds[0], expected)) == broken
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("executor_name", ["lora", "ft_m"])
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "gemma2"])
 def test_scored_logits_only_trains_the_same_weights_with_the_head_on_fewer_positions(

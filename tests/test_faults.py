@@ -33,6 +33,9 @@ from hpse_easyedit.errors import UsageError
 from hpse_easyedit.executors import EXECUTORS
 from tiny_models import make_tiny_model_and_tokenizer
 
+# the slow tier (`make test`, not `make test-fast`): subprocesses killed, interrupted and resumed
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 needs_data = pytest.mark.skipif(
     not DATA_DIR.is_dir(), reason="needs ../shared/data next to the repository"

@@ -229,6 +229,7 @@ def test_runner_bad_input_is_one_line_and_exit_2_before_any_edit(
     assert not (out / "results.jsonl").exists()  # no edit ran
 
 
+@pytest.mark.slow
 @needs_data
 def test_fixing_the_hparams_after_a_failed_start_reruns_into_the_same_out(
     tiny, tmp_path, caplog, capsys
@@ -400,6 +401,7 @@ def _run(args, tmp_path, **env):
     )
 
 
+@pytest.mark.slow
 @needs_data
 def test_scripts_print_one_line_and_exit_2_and_debug_shows_the_traceback(tiny, tmp_path):
     out = tmp_path / "run"
@@ -430,6 +432,7 @@ def test_scripts_print_one_line_and_exit_2_and_debug_shows_the_traceback(tiny, t
     assert debug.returncode != 0 and "Traceback" in debug.stderr and "JudgeError" in debug.stderr
 
 
+@pytest.mark.slow
 def test_module_entry_points_print_one_line_and_exit_2(tiny, tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(f"alg_name: HPSE\nmodel_name: {tiny / 'model'}\ntau: -3\n")
@@ -467,6 +470,7 @@ def _garbage_coverage(prompt):
     return judge_like_responder(prompt)
 
 
+@pytest.mark.slow
 @needs_data
 def test_unjudged_answers_are_stored_counted_shown_and_judged_by_the_next_run(
     tiny, tmp_path, monkeypatch, capsys
@@ -738,6 +742,7 @@ def test_the_projects_usage_line_edits_the_embedded_model_offline_and_restores_i
     assert set(after) == set(snapshot) and all(torch.equal(after[k], snapshot[k]) for k in snapshot)
 
 
+@pytest.mark.slow
 @needs_data
 def test_a_judge_that_dies_mid_run_loses_no_edit_and_a_refusing_one_stops_after_the_case(
     tiny, tmp_path, caplog, capsys

@@ -16,6 +16,9 @@ from benchmarks import gpu_batched, gpu_path, perf_batched, perf_measure
 from hpse_easyedit import HPSEHyperParams
 from tiny_models import make_config, make_tiny_model_and_tokenizer, make_tokenizer, tiny_hparams
 
+# the slow tier (`make test`, not `make test-fast`): op counts and timings at real widths
+pytestmark = pytest.mark.slow
+
 HPSE = Path(__file__).resolve().parents[1] / "hparams" / "HPSE"
 
 

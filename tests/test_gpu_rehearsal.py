@@ -32,6 +32,9 @@ from hpse_easyedit.planner import backbone_config
 from hpse_easyedit.rollout import batched_hybrid_rollout
 from tiny_models import make_tokenizer, same_weights, weights_snapshot
 
+# the slow tier (`make test`, not `make test-fast`): 2-layer models at 7B-9B widths
+pytestmark = pytest.mark.slow
+
 HPSE = Path(__file__).resolve().parents[1] / "hparams" / "HPSE"
 VOCAB = 512
 FILES = {"qwen2.5-7b": "qwen2", "qwen3-8b": "qwen3", "llama3.1-8b": "llama", "gemma2-9b": "gemma2"}

@@ -63,6 +63,7 @@ def _moved_share(result, snap, executor: str) -> float:
     return torch.cat([(p != before[n]).flatten() for n, p in lora.items()]).float().mean().item()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("executor", ["ft_m", "lora"])
 def test_bf16_edit_moves_and_learns_like_float32(family, executor):
@@ -154,6 +155,7 @@ def test_cpu_half_backward_gives_the_same_gradients_through_a_column_major_layou
     assert all(not m._forward_hooks for m in model)
 
 
+@pytest.mark.slow
 def test_the_half_backward_benchmark_times_both_layouts_of_the_same_product(tmp_path, capsys):
     from benchmarks.perf_half_backward import main, measure
 

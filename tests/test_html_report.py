@@ -186,6 +186,7 @@ def _records(run_dir):
     return [json.loads(x) for x in (Path(run_dir) / "results.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_runner_stores_each_rounds_rollouts_consistent_with_the_round_statistics(tiny_runs):
     recs = _records(tiny_runs / "hpse")
     assert len(recs) == 2

@@ -52,7 +52,8 @@ def _missing() -> str | None:
     return None
 
 
-pytestmark = pytest.mark.skipif(_missing() is not None, reason=_missing() or "")
+# the slow tier (`make test`, not `make test-fast`): a llama.cpp server subprocess
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(_missing() is not None, reason=_missing() or "")]
 
 
 def _free_port() -> int:

@@ -172,6 +172,7 @@ def smollm():
     return hp, model, tok
 
 
+@pytest.mark.slow
 def test_embedded_gguf_loads_as_dense_llama(smollm):
     hp, model, tok = smollm
     assert hp.model_name == EMBEDDED_MODEL
@@ -184,6 +185,7 @@ def test_embedded_gguf_loads_as_dense_llama(smollm):
     assert "Paris" in answer
 
 
+@pytest.mark.slow
 def test_short_edit_on_embedded_model_learns_and_restores_exactly(smollm):
     hp, model, tok = smollm
     questions = ["Introduce Selma Varrick.", "In which country was Selma Varrick born?"]

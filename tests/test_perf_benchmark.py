@@ -8,6 +8,9 @@ import pytest
 from benchmarks.perf import main as perf_main
 from tiny_models import make_tiny_model_and_tokenizer, tiny_hparams
 
+# the slow tier (`make test`, not `make test-fast`): the performance benchmark end to end
+pytestmark = pytest.mark.slow
+
 KEYS = {
     "rollout_tok_s",
     "generate_tok_s",

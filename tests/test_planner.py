@@ -89,6 +89,7 @@ def test_unknown_model_is_one_line_naming_the_key():
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("executor,dtype", [("lora", "float32"), ("ft_m", "bfloat16")])
 def test_the_meta_plan_counts_what_real_tensors_take(executor, dtype):
     hp = HPSEHyperParams.from_hparams("hparams/HPSE/smollm2-135m.yaml").with_overrides(
@@ -119,6 +120,7 @@ def test_the_meta_plan_counts_what_real_tensors_take(executor, dtype):
     )
 
 
+@pytest.mark.slow
 def test_the_7b_plan_and_its_knobs():
     from hpse_easyedit.planner import plan_with_knobs
 
@@ -166,6 +168,7 @@ def test_gradient_checkpointing_trains_the_same_edit():
         torch.testing.assert_close(weights[True][name], weights[False][name], rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_plan_command_prints_json_and_a_table(capsys):
     from hpse_easyedit.cli import main
 
@@ -217,6 +220,7 @@ def test_workloads_are_the_documented_lengths():
     assert dataclasses.astuple(WORKLOADS["mquake"])[:4] == ("mquake", 3, 128, 96)
 
 
+@pytest.mark.slow
 def test_the_card_overhead_reproduces_the_h100_measurement():
     """``card_gib`` (allocator pool and CUDA context around the tensors' peak) gives what the H100
     run held for its edit (docs/perf/gpu-h100-perf.json: reserved peak plus context) within 1%, and

@@ -39,6 +39,7 @@ def _hp(tiny_dir, **kw):
     return hp
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("executor,dtype", [("lora", "float32"), ("ft_m", "bfloat16")])
 def test_the_meta_plan_of_cases_counts_what_real_tensors_take(tiny_dir, executor, dtype):
     """B = 1 and 3 cases in one training pass: each phase's peak on the meta device equals the same
@@ -59,6 +60,7 @@ def test_the_meta_plan_of_cases_counts_what_real_tensors_take(tiny_dir, executor
         assert meta[3]["phase_bytes"][name] > meta[1]["phase_bytes"][name]
 
 
+@pytest.mark.slow
 def test_the_plan_of_given_cases_is_what_the_batched_engine_takes(tmp_path):
     """The real ``hpse_edit_cases`` of 3 cases of different lengths (one of two requests), under
     ``LiveBytes``, peaks where ``plan_cases`` with those cases' own prompts on the same device says
@@ -92,6 +94,7 @@ def test_the_plan_of_given_cases_is_what_the_batched_engine_takes(tmp_path):
     assert edit == pytest.approx(mem.peak, rel=0.02)
 
 
+@pytest.mark.slow
 def test_auto_cases_per_pass_is_a_gpus_on_meta_and_the_engines_elsewhere(tiny_dir):
     hp = _hp(tiny_dir)  # cases_per_pass: auto
     assert plan_cases(hp, SMALL, 2)["cases_per_pass"] == 2  # the plan is for a card: one pass
@@ -101,6 +104,7 @@ def test_auto_cases_per_pass_is_a_gpus_on_meta_and_the_engines_elsewhere(tiny_di
     assert one["phase_bytes"]["training"] < both["phase_bytes"]["training"]
 
 
+@pytest.mark.slow
 def test_the_per_case_model_predicts_plans_it_did_not_make(tiny_dir):
     """``plan_cases_at_once`` plans B = 1, 2, 4; its interpolation (B = 3) and extrapolation
     (B = 8) match ``plan_cases`` at those B, and the largest B per card is the last that fits."""
@@ -129,6 +133,7 @@ def test_a_setting_that_cannot_edit_cases_at_once_is_one_line(tiny_dir):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.slow
 def test_plan_command_with_cases_at_once(tiny_dir, tmp_path, capsys):
     from hpse_easyedit.cli import main
 

@@ -87,6 +87,7 @@ def test_in_context_answers_each_case_under_its_own_passages(tiny, tmp_path, sys
     )
 
 
+@pytest.mark.slow
 def test_in_context_continual_block_reads_every_passage_of_the_block(tiny, tmp_path, systems):
     _run(tiny, tmp_path, "IN_CONTEXT", limit=2, sequential=2)
     cases = load_mquake_uns(DATA_DIR, limit=2)

@@ -34,6 +34,9 @@ from benchmarks.runner import RunOptions, config_policy, run_benchmark
 from benchmarks.store import ConfigMismatchError, IncompleteRunError
 from tiny_models import make_tiny_model_and_tokenizer, tiny_hparams
 
+# the slow tier (`make test`, not `make test-fast`): accelerate launch subprocesses and sharded runs
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 needs_data = pytest.mark.skipif(
     not DATA_DIR.is_dir(), reason="needs ../shared/data next to the repository"

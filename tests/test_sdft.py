@@ -200,6 +200,7 @@ def _configs(model) -> list:
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["llama", "gemma2"])
 def test_an_edit_trains_only_the_adapter_and_restores_everything_bit_for_bit(family):
     pytest.importorskip("trl.experimental.sdft", reason=NO_TRL)
@@ -229,6 +230,7 @@ def test_an_edit_trains_only_the_adapter_and_restores_everything_bit_for_bit(fam
     assert tok.pad_token == pad
 
 
+@pytest.mark.slow
 def test_trl_reads_hpses_student_prompt_and_the_passage_in_its_teacher_prompt(monkeypatch):
     pytest.importorskip("trl.experimental.sdft", reason=NO_TRL)
     from hpse_easyedit.integrations import sdft_trainer
@@ -269,6 +271,7 @@ def test_trl_reads_hpses_student_prompt_and_the_passage_in_its_teacher_prompt(mo
     restore_weights(res.model, res.weights_copy)
 
 
+@pytest.mark.slow
 def test_sequential_edits_continue_in_one_adapter_and_the_first_copy_restores():
     pytest.importorskip("trl.experimental.sdft", reason=NO_TRL)
     model, tok = make_tiny_model_and_tokenizer("llama")
@@ -314,6 +317,7 @@ def test_an_over_long_request_is_refused_before_training():
     assert "raise max_length" in str(err.value) and type(model).__name__ == "LlamaForCausalLM"
 
 
+@pytest.mark.slow
 def test_the_easyedit_entry_returns_a_handle_that_restores():
     pytest.importorskip("trl.experimental.sdft", reason=NO_TRL)
     from hpse_easyedit.integrations.entries import apply_sdft_to_model
@@ -332,6 +336,7 @@ needs_data = pytest.mark.skipif(
 )
 
 
+@pytest.mark.slow
 @needs_data
 def test_the_row_runs_through_run_compare_beside_lora(tmp_path):
     pytest.importorskip("trl.experimental.sdft", reason=NO_TRL)
@@ -393,6 +398,7 @@ def test_through_easyedits_base_editor(he, workdir, tmp_path):
 
 
 # ------------------------------------------------------------------------------------------- perf
+@pytest.mark.slow
 def test_the_perf_command_times_one_sdft_edit_beside_hpses_with_the_same_budget(tmp_path, capsys):
     pytest.importorskip("trl.experimental.sdft", reason=NO_TRL)
     from benchmarks.perf import main as perf_main

@@ -82,6 +82,7 @@ def test_static_rollout_ftm():
     _same(*_rollouts(ex, tok, 5, [tok.eos_token_id]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family,executor", [(f, "lora") for f in FAMILIES] + [("gemma2", "ft_m")])
 def test_decode_step_is_one_graph_without_host_syncs(family, executor):
     ex, tok = _edited_executor(family, executor)
@@ -184,6 +185,7 @@ def test_hpse_edit_with_static_decode_draws_the_same_rollouts():
             )
 
 
+@pytest.mark.slow
 def test_an_edits_requests_decode_as_one_batch_in_each_round(monkeypatch):
     """With static_decode an HPSE round draws all requests' rollouts in one batched decode, and they
     are the rollouts the per-request dynamic path draws."""
@@ -386,6 +388,7 @@ def smollm2():
     return load_model(HPSEHyperParams.from_hparams("hparams/HPSE/smollm2-135m.yaml"))
 
 
+@pytest.mark.slow
 def test_smollm2_static_decode_gives_the_dynamic_tokens(smollm2):
     from hpse_easyedit.generation import generate_answers
     from hpse_easyedit.prompts import chat_prompt_ids, stop_token_ids

@@ -133,6 +133,7 @@ def test_bad_markers_and_roots_are_one_line_errors(tmp_path, capsys):
     assert main([str(root), "--results", str(tmp_path / "missing.md")]) == 2
 
 
+@pytest.mark.slow
 def test_results_md_agrees_with_the_committed_runs(tmp_path):
     """The real check: every marked table of docs/RESULTS.md, regenerated from docs/study (about a
     minute)."""
@@ -372,6 +373,7 @@ def test_a_summary_compares_numbers_to_rounding_and_skips_what_the_machine_decid
     ]
 
 
+@pytest.mark.slow
 def test_every_committed_summary_agrees_with_its_records():
     """Every summary.json under docs/study, recomputed from its run directory (about a minute)."""
     from benchmarks.datasets import default_data_dir

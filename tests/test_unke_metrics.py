@@ -122,6 +122,7 @@ def test_unkebench_records_and_summary_gain_the_metrics_and_keep_every_other_key
     assert after[U.KEY]["not_computed"] == {"Bert Score": "no model here"}
 
 
+@pytest.mark.slow
 def test_write_adds_one_key_to_summary_and_a_section_to_table(tmp_path, data_dir, capsys):
     run = tmp_path / "study" / "UnKE"
     shutil.copytree(RUN, run)
@@ -182,6 +183,7 @@ def test_agrees_with_easyedits_eval_akew_unstructured(he, data_dir, tmp_path, mo
             assert ours[group][name] == pytest.approx(100 * value, rel=tol), (group, name)
 
 
+@pytest.mark.slow
 def test_write_covers_each_checkpoint_and_dir_at_n_prints_one(tmp_path, data_dir, capsys):
     study = tmp_path / "study"
     run = study / "seq"
