@@ -84,6 +84,13 @@ def _padded(text: str) -> str:
     return text if " " in text else text + " "
 
 
+#: ``bleu`` and ``rouge_recall`` are pure functions of two strings, and the same answers are scored
+#: again by every table that reads a run (``benchmarks.study`` regenerates each of RESULTS.md's
+#: tables from the committed runs): a process keeps the latest scores
+SCORE_CACHE = 1 << 14
+
+
+@functools.lru_cache(maxsize=SCORE_CACHE)
 def bleu(reference: str, prediction: str) -> float:
     """nltk's ``sentence_bleu([reference], prediction)`` on the strings: character n-grams."""
     from nltk.translate.bleu_score import sentence_bleu
@@ -102,8 +109,13 @@ def _rouge() -> Any:
 
 def rouge_recall(reference: str, prediction: str) -> dict[str, float]:
     """ROUGE-1/2/L recall of ``prediction`` against ``reference`` by the ``rouge`` package."""
+    return dict(zip(ROUGE, _rouge_recall(reference, prediction)))
+
+
+@functools.lru_cache(maxsize=SCORE_CACHE)
+def _rouge_recall(reference: str, prediction: str) -> tuple[float, ...]:
     scores = _rouge().get_scores(prediction, reference)[0]
-    return {m: float(scores[m.lower()]["r"]) for m in ROUGE}
+    return tuple(float(scores[m.lower()]["r"]) for m in ROUGE)
 
 
 def cosine(encoder: Encoder, references: Sequence[str], predictions: Sequence[str]) -> list[float]:
