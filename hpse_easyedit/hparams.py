@@ -463,8 +463,11 @@ class HPSEHyperParams(ExecutorHParams):
         "step under torch.compile (CUDA graphs on CUDA: 3.5x the rollout tokens/s of the dynamic "
         "path for Qwen2.5-7B on an H100; compilation takes about a minute, and on CPU it does not "
         "pay per edit). 'auto' = 'compile' on a CUDA device, false elsewhere (the shipped 7B-9B "
-        "files). false = the growing DynamicCache with a host check per token and "
-        "model.generate for answers. Needs sdpa or eager attention.",
+        "files); on CUDA under flash_attention_2 false, and true (uncompiled) where torch.compile "
+        "finds no Triton. false = the growing DynamicCache with a host check per token and "
+        "model.generate for answers. true and 'compile' need sdpa or eager attention (refused "
+        "with flash_attention_2); 'compile' needs a working compiler (Triton on CUDA, a C++ "
+        "compiler on CPU), checked before the weights load.",
         types=(bool, str),
         choices=(True, False, "compile", "auto"),
     )
@@ -500,6 +503,18 @@ class HPSEHyperParams(ExecutorHParams):
         "top-K).",
         choices=("full", "topk"),
     )
+
+    def check(self, source: str) -> None:
+        if self.attn_implementation == "flash_attention_2" and self.static_decode in (
+            True,
+            "compile",
+        ):
+            raise HParamsError(
+                f"{source}: key 'static_decode' is {self.static_decode!r} but attn_implementation "
+                "is 'flash_attention_2', whose layers take no 4D mask, which the static decode "
+                "builds; set static_decode: auto (the dynamic decode under flash attention) or "
+                "false, or attn_implementation: sdpa"
+            )
 
 
 #: The most values (mappings, lists and scalars, each use of an alias counted again) an hparams

@@ -31,6 +31,7 @@ __all__ = [
     "ModelNotFoundError",
     "cache_dir",
     "check_against_model",
+    "check_machine",
     "check_placement",
     "download_hint",
     "embedded_gguf_path",
@@ -221,6 +222,47 @@ def _attention_kwargs(hparams: Any) -> dict:
     return {"attn_implementation": impl}
 
 
+def check_machine(hparams: Any) -> None:
+    """Refuse, in one line and before any weights load, settings this machine cannot run:
+    ``dtype: bfloat16`` on a CUDA card without bfloat16 arithmetic (compute capability below 8.0,
+    before Ampere) and ``static_decode: compile`` where ``torch.compile`` finds no compiler (Triton
+    on CUDA, a C++ compiler on CPU). ``static_decode: auto`` never fails here: it falls back to
+    what works (``static_decode.decode_mode``)."""
+    from .hparams import HParamsError
+    from .static_decode import compiler_problem
+
+    source = getattr(hparams, "_source", None) or "the hparams"
+    cards = _cuda_indices(hparams)
+    if hparams.dtype == "bfloat16" and not torch.version.hip:
+        for i in cards:
+            major, minor = torch.cuda.get_device_capability(i)
+            if major < 8:
+                raise HParamsError(
+                    f"{source}: key 'dtype' is 'bfloat16' but GPU {i} "
+                    f"({torch.cuda.get_device_name(i)}, compute capability {major}.{minor}) has no "
+                    "bfloat16 arithmetic (8.0, Ampere, or newer); set dtype: float16 (see "
+                    "docs/GPU.md, pre-Ampere cards) or float32"
+                )
+    if getattr(hparams, "static_decode", None) == "compile":
+        problem = compiler_problem("cuda" if cards else "cpu")
+        if problem is not None:
+            raise HParamsError(
+                f"{source}: key 'static_decode' is 'compile' but {problem}; or set static_decode: "
+                "true (the same decode uncompiled) or auto"
+            )
+
+
+def _cuda_indices(hparams: Any) -> list[int]:
+    """The CUDA cards the hparams place the model on (every visible one under
+    ``model_parallel``); empty on CPU."""
+    if hparams.model_parallel:
+        return list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    device = torch.device(resolve_device(hparams.device))
+    if device.type != "cuda":
+        return []
+    return [device.index if device.index is not None else torch.cuda.current_device()]
+
+
 def check_placement(model: Any) -> None:
     """Refuse a model that ``device_map`` spread partly onto CPU or disk (offloaded weights cannot
     be edited and run orders of magnitude slower), naming the fix; a model wholly on one device
@@ -377,6 +419,7 @@ def load_model(hparams: Any) -> tuple[Any, Any]:
     source = model_source(hparams.model_name)
     place, device = _device_kwargs(hparams)
     attention = _attention_kwargs(hparams)
+    check_machine(hparams)
     trust = bool(getattr(hparams, "trust_remote_code", False))
     try:
         tok = AutoTokenizer.from_pretrained(source, trust_remote_code=trust)

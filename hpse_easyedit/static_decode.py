@@ -23,6 +23,7 @@ as the decode (Gemma-2's 4096 covers ``max_length`` up to 4096)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any, Callable, Sequence
 
@@ -33,8 +34,10 @@ from .padding import pad_rows
 
 __all__ = [
     "StaticDecoder",
+    "attention_problem",
     "check_static_decode",
     "compile_step",
+    "compiler_problem",
     "decode_mode",
     "plain_greedy",
     "static_generate",
@@ -67,16 +70,25 @@ def _text_config(model: Any) -> Any:
     return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
 
 
+def attention_problem(impl: str | None) -> str | None:
+    """Why the static decode cannot run on attention implementation ``impl`` (a model config's
+    ``_attn_implementation``; None = eager), or None when it can."""
+    impl = impl or "eager"
+    if impl in MASK_4D_ATTENTION:
+        return None
+    return (
+        "static_decode needs attention that takes a 4D mask "
+        f"({', '.join(MASK_4D_ATTENTION)}), but the model runs {impl!r}; set "
+        "attn_implementation to sdpa or eager, or static_decode: false"
+    )
+
+
 def check_static_decode(model: Any, length: int) -> str | None:
     """Why ``model`` cannot decode ``length`` tokens on the static path, or None when it can."""
     config = _text_config(model)
-    impl = getattr(config, "_attn_implementation", None) or "eager"
-    if impl not in MASK_4D_ATTENTION:
-        return (
-            "static_decode needs attention that takes a 4D mask "
-            f"({', '.join(MASK_4D_ATTENTION)}), but the model runs {impl!r}; set "
-            "attn_implementation to sdpa or eager, or static_decode: false"
-        )
+    problem = attention_problem(getattr(config, "_attn_implementation", None))
+    if problem is not None:
+        return problem
     window = getattr(config, "sliding_window", None)
     types = getattr(config, "layer_types", None) or ()
     if window and "sliding_attention" in types and length > window:
@@ -87,13 +99,64 @@ def check_static_decode(model: Any, length: int) -> str | None:
     return None
 
 
+@functools.cache
+def compiler_problem(device_type: str) -> str | None:
+    """Why ``torch.compile`` (inductor) cannot build kernels for ``device_type`` on this machine, or
+    None: CUDA kernels need Triton, CPU kernels a C++ compiler. Checked once per process, without
+    compiling anything."""
+    if device_type == "cuda":
+        from torch.utils._triton import has_triton
+
+        if has_triton():
+            return None
+        return (
+            "torch.compile builds CUDA kernels with Triton, which this machine lacks (the CUDA "
+            "wheels of torch bring it: pip install triton)"
+        )
+    if device_type == "cpu":
+        try:
+            from torch._inductor.cpp_builder import get_cpp_compiler
+
+            get_cpp_compiler()
+        except Exception as err:  # noqa: BLE001 - inductor's own error for a missing compiler
+            reason = " ".join(str(err).split())[:160]
+            return (
+                "torch.compile builds CPU kernels with a C++ compiler, and none was found "
+                f"({reason}); install g++ or point CXX at one"
+            )
+    return None
+
+
 def decode_mode(setting: bool | str, model: Any) -> bool | str:
     """The decode a ``static_decode`` setting means for ``model``: ``"auto"`` is ``"compile"`` (the
-    step under CUDA graphs) on a CUDA device and the dynamic path (False) elsewhere; any other value
-    is itself."""
+    step under CUDA graphs) on a CUDA device and the dynamic path (False) elsewhere; on a CUDA
+    device whose model runs attention without a 4D mask (``flash_attention_2``) it is the dynamic
+    path too, and where no compiler works (``compiler_problem``) the static path uncompiled
+    (True). Any other value is itself."""
     if setting != "auto":
         return setting
-    return "compile" if _model_device(model).type == "cuda" else False
+    device = _model_device(model)
+    if device.type != "cuda":
+        return False
+    if attention_problem(getattr(_text_config(model), "_attn_implementation", None)):
+        _log_once(
+            logging.INFO,
+            "static_decode: auto decodes on the dynamic path: the model's attention takes no 4D "
+            "mask",
+        )
+        return False
+    problem = compiler_problem(device.type)
+    if problem is not None:
+        _log_once(
+            logging.WARNING, f"static_decode: auto decodes on the static path uncompiled: {problem}"
+        )
+        return True
+    return "compile"
+
+
+@functools.cache
+def _log_once(level: int, message: str) -> None:
+    logger.log(level, message)
 
 
 def _model_device(model: Any) -> torch.device:

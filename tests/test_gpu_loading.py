@@ -97,3 +97,90 @@ def test_offloaded_placements_are_refused_by_load_model(tiny_dir, monkeypatch, d
     assert "\n" not in str(err.value)
     with pytest.raises(HParamsError):
         check_placement(type("M", (), {"hf_device_map": device_map})())
+
+
+# ------------------------------------------------ settings that cannot work together, refused early
+@pytest.mark.parametrize("static", [True, "compile"])
+def test_flash_attention_with_the_static_decode_is_refused_in_the_file(static):
+    """The static decode builds a 4D mask, which flash attention's layers do not take: the file is
+    refused when it is read, before anything loads."""
+    with pytest.raises(
+        HParamsError,
+        match=f"key 'static_decode' is {static!r} but attn_implementation is 'flash_attention_2'"
+        ".*set static_decode: auto",
+    ) as err:
+        tiny_hparams(attn_implementation="flash_attention_2", static_decode=static)
+    assert "\n" not in str(err.value)
+    for fine in ("auto", False):
+        tiny_hparams(attn_implementation="flash_attention_2", static_decode=fine)
+
+
+def _a_card(monkeypatch, capability, name="Tesla T4"):
+    """A machine with one CUDA card of ``capability``, stood in for on this CPU host."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=None: name)
+    monkeypatch.setattr(torch.version, "hip", None)
+
+
+class _Loaded(Exception):
+    """What the stand-in ``from_pretrained`` raises: the weights would have loaded."""
+
+
+def _no_weights(monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    def refuse(*args, **kwargs):
+        raise _Loaded
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", refuse)
+
+
+def test_bfloat16_on_a_card_without_it_is_refused_before_the_weights_load(tiny_dir, monkeypatch):
+    _a_card(monkeypatch, (7, 5))
+    _no_weights(monkeypatch)
+    with pytest.raises(
+        HParamsError,
+        match=r"key 'dtype' is 'bfloat16' but GPU 0 \(Tesla T4, compute capability 7\.5\) has no "
+        r"bfloat16 arithmetic.*set dtype: float16",
+    ) as err:
+        load_model(tiny_hparams(model_name=tiny_dir, device="cuda", dtype="bfloat16"))
+    assert "\n" not in str(err.value)
+    # the same card in float16, and an Ampere card in bfloat16, go on to load the weights
+    with pytest.raises(_Loaded):
+        load_model(tiny_hparams(model_name=tiny_dir, device="cuda", dtype="float16"))
+    _a_card(monkeypatch, (8, 0), "NVIDIA A100")
+    with pytest.raises(_Loaded):
+        load_model(tiny_hparams(model_name=tiny_dir, device="cuda", dtype="bfloat16"))
+
+
+def test_compile_without_a_compiler_is_refused_before_the_weights_load(tiny_dir, monkeypatch):
+    """The real check of inductor's C++ compiler search, with the compiler it looks for made one
+    that does not exist."""
+    from torch._inductor import config
+
+    from hpse_easyedit.static_decode import compiler_problem
+
+    _no_weights(monkeypatch)
+    monkeypatch.setattr(config.cpp, "cxx", ("no-such-c++-compiler",))
+    compiler_problem.cache_clear()
+    try:
+        with pytest.raises(
+            HParamsError,
+            match="key 'static_decode' is 'compile' but torch.compile builds CPU kernels with a "
+            "C\\+\\+ compiler, and none was found.*set static_decode: true",
+        ) as err:
+            load_model(tiny_hparams(model_name=tiny_dir, static_decode="compile"))
+        assert "\n" not in str(err.value)
+        # auto never refuses: on CPU it is the dynamic decode, which needs no compiler
+        with pytest.raises(_Loaded):
+            load_model(tiny_hparams(model_name=tiny_dir, static_decode="auto"))
+    finally:
+        compiler_problem.cache_clear()
+    monkeypatch.undo()
+    assert compiler_problem("cpu") is None  # this host has one
+    with pytest.raises(_Loaded):
+        _no_weights(monkeypatch)
+        load_model(tiny_hparams(model_name=tiny_dir, static_decode="compile"))

@@ -302,6 +302,7 @@ def test_auto_compiles_on_cuda_and_stays_dynamic_elsewhere(monkeypatch):
     for setting in (False, True, "compile"):
         assert static_decode.decode_mode(setting, model) == setting
     monkeypatch.setattr(static_decode, "_model_device", lambda m: torch.device("cuda", 0))
+    monkeypatch.setattr(static_decode, "compiler_problem", lambda device_type: None)  # Triton
     assert static_decode.decode_mode("auto", model) == "compile"
 
     # a CUDA model (the device stood in for): the round's rollouts and the answers go through the
@@ -365,6 +366,25 @@ def test_half_precision_lora_decode_costs_two_kernels_per_projection():
         student = ex.model(input_ids=ids[:1]).logits.float()  # peft's float32 adapters
     moved = (student - base_logits[:1].float()).abs().max()
     assert moved > 0 and (logits[:1].float() - student).abs().max() < 0.05 * moved
+
+
+def test_auto_falls_back_to_what_works_on_cuda(monkeypatch):
+    """``static_decode: auto`` on a CUDA model never fails where the static decode cannot run: under
+    flash attention it decodes on the dynamic path, without a compiler on the static path
+    uncompiled; explicit settings stay as they are (the refusals come before loading)."""
+    from hpse_easyedit import static_decode
+
+    model, _ = make_tiny_model_and_tokenizer("llama")
+    monkeypatch.setattr(static_decode, "_model_device", lambda m: torch.device("cuda", 0))
+    monkeypatch.setattr(static_decode, "compiler_problem", lambda device_type: "no Triton")
+    assert static_decode.decode_mode("auto", model) is True
+    assert static_decode.decode_mode("compile", model) == "compile"
+    model.config._attn_implementation = "flash_attention_2"
+    assert static_decode.decode_mode("auto", model) is False
+    monkeypatch.setattr(static_decode, "compiler_problem", lambda device_type: None)
+    assert static_decode.decode_mode("auto", model) is False
+    model.config._attn_implementation = "sdpa"
+    assert static_decode.decode_mode("auto", model) == "compile"
 
 
 def test_static_decode_refuses_flash_attention_in_one_line():
