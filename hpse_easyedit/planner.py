@@ -16,8 +16,10 @@ the edit's own steps, in order:
 - ``trainable_state``: the executor (LoRA adapters, or FT-M's kept and float32 master matrices), the
   copy that restores the model, and Adam's moments after its first step;
 - ``rollout``: one request's hybrid rollout on the preallocated decode (``StaticDecoder``: the KV
-  cache of the teacher prompt plus ``max_new_tokens`` for the student and teacher rows), prefill and
-  one decode step;
+  cache of the teacher prompt, its width rounded up as ``static_decode.kept_decoder`` rounds it,
+  plus ``max_new_tokens`` for the student and teacher rows), prefill and one decode step; on the
+  static decode (``static_decode`` true, ``compile``, or ``auto`` on a card) the decoder is kept,
+  so its cache stays allocated through the phases after it;
 - ``training``: two inner steps (``training.inner_step``: the KL rows over prompt + rollout, then
   the NLL rows over prompt + passage, each forward and backward, then Adam), at the planned rollout
   length;
@@ -343,16 +345,28 @@ def _placeholder_rollouts(prompts: list, hp: Any, length: int) -> list:
     ]
 
 
-def _answers_phase(model: Any, workload: Workload) -> None:
+def _answers_phase(model: Any, workload: Workload, kept: bool) -> None:
     """The answers after an edit (``generate_answers``' batch), decoded preallocated: prefill and
     one step."""
-    from .static_decode import StaticDecoder
+    from .static_decode import StaticDecoder, kept_width
 
     rows = [[11] * workload.question_tokens] * workload.answer_rows
-    answers = StaticDecoder(model, rows, 0, workload.answer_tokens)
+    width = kept_width(rows) if kept else None
+    answers = StaticDecoder(model, rows, 0, workload.answer_tokens, width=width)
     with torch.no_grad():
         logp = answers.prefill()
         answers.step(logp.argmax(-1).view(-1, 1))
+
+
+def _keeps_decoder(hp: Any, model: Any) -> bool:
+    """Whether the edit decodes on the static path, whose decoder is kept with the model
+    (``static_decode.kept_decoder``: its cache stays allocated through the phases after the
+    rollout): ``static_decode`` true or ``compile``, or ``auto`` on a card (the meta device's plan
+    is a card's)."""
+    setting = getattr(hp, "static_decode", False)
+    if setting == "auto":
+        return model.device.type in ("meta", "cuda")
+    return bool(setting)
 
 
 def plan_edit(
@@ -366,7 +380,7 @@ def plan_edit(
     the meta run counts what real tensors take."""
     from .editor import HPSEObjective
     from .executors import make_executor
-    from .static_decode import StaticDecoder
+    from .static_decode import StaticDecoder, kept_width
     from .training import activation_checkpointing, inner_step
 
     with _planned_run(hparams, workload, layers, device) as (hp, model, mem, phases, close):
@@ -379,16 +393,21 @@ def plan_edit(
 
         mem.mark()
         start = mem.live
+        rows = [prompts[0].student_ids, prompts[0].teacher_ids]
+        kept = _keeps_decoder(hp, model)
         decoder = StaticDecoder(
             executor.model,
-            [prompts[0].student_ids, prompts[0].teacher_ids],
+            rows,
             0,
             workload.max_new_tokens,
+            width=kept_width(rows) if kept else None,
         )
         with torch.no_grad(), executor.row_switch(torch.tensor([False, True])):
             logp = decoder.prefill()
             decoder.step(logp.argmax(-1).view(2, 1)[:1].expand(2, 1))
-        del decoder, logp
+        del logp
+        if not kept:
+            decoder = None
         close("rollout", start)
 
         rollouts = _placeholder_rollouts(prompts, hp, workload.max_new_tokens)
@@ -414,8 +433,8 @@ def plan_edit(
         del optimizer
         mem.mark()
         start = mem.live
-        _answers_phase(executor.model, workload)
-        del weights_copy
+        _answers_phase(executor.model, workload, kept)
+        del weights_copy, decoder
         close("answers", start)
         peak = mem.peak
     return _report(hp, workload, weights, phases, peak, layers)
@@ -464,7 +483,7 @@ def plan_cases(
     )
     from .executors.stacked import make_stacked
     from .rollout import input_device
-    from .static_decode import StaticDecoder
+    from .static_decode import StaticDecoder, kept_width
     from .training import activation_checkpointing
 
     if cases < 1:
@@ -492,17 +511,22 @@ def plan_cases(
         start = mem.live
         requests = [(p.student_ids, p.teacher_ids) for c in live for p in c.prompts]
         n = len(requests)
+        rows = [s for s, _ in requests] + [t for _, t in requests]
+        kept = _keeps_decoder(hp, model)
         decoder = StaticDecoder(
             stacked.model,
-            [s for s, _ in requests] + [t for _, t in requests],
+            rows,
             0,
             workload.max_new_tokens,
+            width=kept_width(rows) if kept else None,
         )
         switch = stacked.row_switch_for(_rows_of(live))
         with torch.no_grad(), switch(torch.tensor([False] * n + [True] * n)):
             logp = decoder.prefill()
             decoder.step(logp.argmax(-1).view(2 * n, 1)[:n].repeat(2, 1))
-        del decoder, logp
+        del logp
+        if not kept:
+            decoder = None
         close("rollout", start)
 
         for c in live:
@@ -534,8 +558,8 @@ def plan_cases(
         stacked.close()
         mem.meta_scalar = 1
         edited = apply_case_edit(stacked.model, hp, results[0])
-        _answers_phase(edited, workload)
-        del results, starts, base_start, stacked, edited
+        _answers_phase(edited, workload, kept)
+        del results, starts, base_start, stacked, edited, decoder
         close("answers", start)
         peak = mem.peak
     plan = _report(hp, workload, weights, phases, peak, layers)

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from .fast_decode import few_row_linears
 from .losses import stepin_decision
 from .padding import pad_rows
-from .static_decode import StaticDecoder, compile_step, decode_mode
+from .static_decode import compile_step, decode_mode, kept_decoder
 
 __all__ = [
     "Rollout",
@@ -386,11 +386,10 @@ def _static_rollouts(
     max_new_tokens = rec.tokens.shape[1]
     count = len(requests)
     rows = [list(s) for s, _ in requests] + [list(t) for _, t in requests]
-    decoder = StaticDecoder(model, rows, pad_id, max_new_tokens)
-    step = compile_step(decoder) if compiled else decoder.step
     teacher_rows = torch.tensor([False] * count + [True] * count)
     teacher_tokens = [len(t) for _, t in requests]
-    with row_switch(teacher_rows):
+    with kept_decoder(model, rows, pad_id, max_new_tokens) as decoder, row_switch(teacher_rows):
+        step = decoder.compiled_step(compile_step) if compiled else decoder.step
         logp = decoder.prefill()
         for n in range(1, max_new_tokens + 1):
             token = rec.record(logp[:count], logp[count:])

@@ -17,15 +17,28 @@ and its greedy tokens are the dynamic path's (``tests/test_static_decode.py``). 
 stop tokens every ``stop_every`` tokens, the one host synchronisation of the loop, and discard the
 steps decoded past the stop.
 
+One decoder per shape, kept: ``kept_decoder`` hands out the decoder kept for the model (its base,
+under a peft wrapper) whose batch, prompt width and length match, refilled in place for the new
+rows (``StaticDecoder.refill``: the cache zeroed, the masks and positions rewritten; every address
+the same), and builds one only for a shape it has not kept (up to ``KEPT_DECODERS`` per model, the
+oldest dropped). Prompt widths are rounded up to a multiple of ``WIDTH_STEP`` (extra left padding,
+masked), so the rounds of an edit, and the edits of a run whose prompts fall in the same step,
+decode on the same tensors and replay one compiled step (one CUDA graph) instead of recording a
+new one per rollout. The kept decoders' caches stay allocated between decodes (the memory planner
+counts the rollout's through the training phase); ``release_decoders(model)`` frees them.
+
 Limits: the attention implementation must take a 4D mask (``sdpa`` or ``eager``; not
 ``flash_attention_2``), and a model with sliding-window layers must have a window at least as long
 as the decode (Gemma-2's 4096 covers ``max_length`` up to 4096)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
-from typing import Any, Callable, Sequence
+import weakref
+from collections import OrderedDict
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -39,11 +52,19 @@ __all__ = [
     "compile_step",
     "compiler_problem",
     "decode_mode",
+    "kept_decoder",
+    "kept_width",
+    "release_decoders",
     "plain_greedy",
     "static_generate",
 ]
 
 logger = logging.getLogger(__name__)
+
+#: prompt widths of a kept decoder are rounded up to a multiple of this (``kept_decoder``)
+WIDTH_STEP = 32
+#: decoders kept per model, one per shape (``kept_decoder``); the least recently used goes first
+KEPT_DECODERS = 4
 
 #: attention implementations whose layers take the 4D mask this module builds
 MASK_4D_ATTENTION = ("sdpa", "eager")
@@ -175,19 +196,19 @@ class StaticDecoder:
     log-probabilities. Nothing in ``step`` reads a device value on the host."""
 
     def __init__(
-        self, model: Any, rows: Sequence[Sequence[int]], pad_id: int, max_new_tokens: int
+        self,
+        model: Any,
+        rows: Sequence[Sequence[int]],
+        pad_id: int,
+        max_new_tokens: int,
+        *,
+        width: int | None = None,
     ) -> None:
         from transformers import StaticCache
 
-        from .rollout import cache_keyword  # imported here: rollout imports this module
-
-        self.model = model
-        # ``cache`` on transformers >= 5.24, ``past_key_values`` before: a keyword the forward does
-        # not take lands in its **kwargs unread, and the model then decodes on a DynamicCache of
-        # its own that the mask below (sized to this StaticCache) does not fit
-        self.cache_keyword = cache_keyword(model)
+        self._attach(model)
         device = _model_device(model)
-        ids, mask = pad_rows(rows, pad_id, left=True)
+        ids, mask = _left_padded(rows, pad_id, width)
         batch, width = ids.shape
         self.width, self.length = width, width + max_new_tokens
         reason = check_static_decode(model, self.length)
@@ -218,6 +239,49 @@ class StaticDecoder:
         # its inputs
         for state in (self.slot, self.positions, self.kv_ok, self.kv_index):
             torch._dynamo.mark_static_address(state)
+
+    def _attach(self, model: Any) -> None:
+        from .rollout import cache_keyword  # imported here: rollout imports this module
+
+        self.model = model
+        # ``cache`` on transformers >= 5.24, ``past_key_values`` before: a keyword the forward does
+        # not take lands in its **kwargs unread, and the model then decodes on a DynamicCache of
+        # its own that the mask below (sized to this StaticCache) does not fit
+        self.cache_keyword = cache_keyword(model)
+
+    def refill(self, model: Any, rows: Sequence[Sequence[int]], pad_id: int) -> None:
+        """Decode ``rows`` next (as many as this decoder has, none longer than its prompt width),
+        on this decoder's tensors: the cache zeroed and the prompts, masks and positions rewritten
+        in place, so every tensor keeps its address (a compiled step replays, a CUDA graph is not
+        recorded again). The tokens are a new decoder's for the same rows and width."""
+        ids, mask = _left_padded(rows, pad_id, self.width)
+        if ids.shape != self.ids.shape:
+            raise ValueError(
+                f"rows of shape {tuple(ids.shape)} do not fit a decoder of {tuple(self.ids.shape)}"
+            )
+        self._attach(model)
+        device = self.ids.device
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        self.ids.copy_(ids.to(device))
+        self.prompt_positions.copy_(positions.to(device))
+        self.kv_ok[:, 0, 0, : self.width].copy_(mask.bool().to(device))
+        self.positions.copy_(self.prompt_positions[:, -1:])
+        self.slot.fill_(self.width - 1)
+        self.cache.reset()
+
+    def compiled_step(
+        self,
+        compile: Callable[..., Callable[[torch.Tensor], torch.Tensor]] | None = None,
+        backend: str | None = None,
+    ) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``compile(self)`` (default ``compile_step``; ``compile(self, backend)`` with a backend),
+        made once per decoder, compiler and backend and kept: a refilled decoder replays it."""
+        compile = compile or compile_step
+        kept = self.__dict__.setdefault("_compiled", {})
+        key = (compile, backend)
+        if key not in kept:
+            kept[key] = compile(self) if backend is None else compile(self, backend)
+        return kept[key]
 
     def _mask(self, query_slots: torch.Tensor) -> torch.Tensor:
         """The 4D mask ``[B, 1, Q, L]`` of queries at cache slots ``query_slots`` ``[Q]``: causal,
@@ -271,6 +335,71 @@ def compile_step(
     return torch.compile(decoder.step, fullgraph=True, mode="reduce-overhead" if cuda else None)
 
 
+def _left_padded(
+    rows: Sequence[Sequence[int]], pad_id: int, width: int | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``pad_rows(rows, left=True)``, padded further on the left to ``width`` when given."""
+    ids, mask = pad_rows(rows, pad_id, left=True)
+    extra = 0 if width is None else width - ids.shape[1]
+    if extra < 0:
+        raise ValueError(f"a row of {ids.shape[1]} tokens is longer than the width {width}")
+    if extra:
+        ids = torch.cat([ids.new_full((ids.shape[0], extra), pad_id), ids], dim=1)
+        mask = torch.cat([mask.new_zeros((mask.shape[0], extra)), mask], dim=1)
+    return ids, mask
+
+
+def kept_width(rows: Sequence[Sequence[int]]) -> int:
+    """The prompt width of the kept decoder of ``rows``: the longest row, rounded up to a multiple
+    of ``WIDTH_STEP``."""
+    return -(-max(len(r) for r in rows) // WIDTH_STEP) * WIDTH_STEP
+
+
+#: per model (its base, under a peft wrapper): the kept decoders by shape, least recently used first
+_KEPT: "weakref.WeakKeyDictionary[Any, OrderedDict]" = weakref.WeakKeyDictionary()
+
+
+def _base(model: Any) -> Any:
+    from .executors.state import unwrapped
+
+    return unwrapped(model)
+
+
+@contextlib.contextmanager
+def kept_decoder(
+    model: Any, rows: Sequence[Sequence[int]], pad_id: int, max_new_tokens: int
+) -> Iterator[StaticDecoder]:
+    """A ``StaticDecoder`` for ``rows``, their prompt width rounded up to a multiple of
+    ``WIDTH_STEP``: the one kept for ``model`` with this batch, width, length, device and dtype,
+    refilled in place, or a new one kept for the next decode of that shape (see the module
+    docstring). Inside the block the decoder runs ``model``; it holds no reference to it after."""
+    width = kept_width(rows)
+    dtype = next(model.parameters()).dtype
+    key = (len(rows), width, max_new_tokens, str(_model_device(model)), dtype)
+    kept = _KEPT.setdefault(_base(model), OrderedDict())
+    decoder = kept.pop(key, None)
+    if decoder is None:
+        decoder = StaticDecoder(model, rows, pad_id, max_new_tokens, width=width)
+        while len(kept) >= KEPT_DECODERS:
+            kept.popitem(last=False)
+    else:
+        decoder.refill(model, rows, pad_id)
+    kept[key] = decoder
+    try:
+        yield decoder
+    finally:
+        decoder.model = None  # the kept decoder must not keep the model (the key) alive
+
+
+def release_decoders(model: Any) -> None:
+    """Free the decoders kept for ``model`` (their KV caches) and its decode workspace (the row
+    masks and adapter copies a decode step reads); the next decode builds them again."""
+    from .executors.state import release_workspace
+
+    _KEPT.pop(_base(model), None)
+    release_workspace(model)
+
+
 def plain_greedy(model: Any) -> str | None:
     """The generation-config field that makes ``model.generate``'s greedy tokens differ from a plain
     argmax (e.g. a repetition penalty), or None: the static path applies no logits processor."""
@@ -298,8 +427,23 @@ def static_generate(
     new tokens, a row that has stopped continues with ``pad_id``, and ``T`` ends at the step where
     the last row stopped (or at ``max_new_tokens``). The stop test runs every ``stop_every``
     tokens."""
-    decoder = StaticDecoder(model, rows, pad_id, max_new_tokens)
-    step = compile_step(decoder, compile_backend) if compiled or compile_backend else decoder.step
+    with kept_decoder(model, rows, pad_id, max_new_tokens) as decoder:
+        step = (
+            decoder.compiled_step(backend=compile_backend)
+            if compiled or compile_backend
+            else decoder.step
+        )
+        return _greedy(decoder, step, max_new_tokens, stop_ids, pad_id, stop_every)
+
+
+def _greedy(
+    decoder: StaticDecoder,
+    step: Callable[[torch.Tensor], torch.Tensor],
+    max_new_tokens: int,
+    stop_ids: Sequence[int],
+    pad_id: int,
+    stop_every: int,
+) -> torch.Tensor:
     device = decoder.kv_index.device
     batch = decoder.ids.shape[0]
     stops = torch.tensor(sorted(set(int(i) for i in stop_ids)) or [-1], device=device)

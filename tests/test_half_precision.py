@@ -106,6 +106,38 @@ def test_ftm_master_copy_is_float32_and_cast_into_the_model():
     assert not executor.weight.requires_grad and not master.requires_grad
 
 
+def test_ftm_keeps_one_copy_of_the_matrix_and_accumulates_in_place():
+    """A first FT-M edit keeps the original matrix once (the teacher's matrix is also what restores
+    the model), a later edit of the same model a copy of the matrix it starts from; a second
+    backward of the same step adds its half-precision gradient into the float32 master's gradient
+    in place, to the values of adding it out of place."""
+    from hpse_easyedit.executors import copy_back
+
+    model, _ = make_tiny_model_and_tokenizer("qwen2", init_std=0.05)
+    model = model.to(torch.bfloat16)
+    first = make_executor(model, tiny_hparams(executor="ft_m", lr=1e-3))
+    assert first._before is first._original
+    (master,) = first.trainable_parameters()
+    optimizer = first.optimizer()
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    model(input_ids=ids, labels=ids).loss.backward()
+    grad, once = master.grad, master.grad.clone()
+    other = ids[:, [1, 0, 2, 4, 3]]
+    (addend,) = torch.autograd.grad(model(input_ids=ids, labels=other).loss, first.weight)
+    model(input_ids=ids, labels=other).loss.backward()
+    assert master.grad is grad
+    assert torch.equal(master.grad, once + addend.float())
+    optimizer.step()
+    first.finish()
+    later = make_executor(model, tiny_hparams(executor="ft_m", lr=1e-3))
+    assert later._before is not later._original
+    assert torch.equal(later._before, first.weight.detach())
+    assert not torch.equal(later._before, later._original)
+    later.finish()
+    copy_back(model, first.weights_copy())
+    assert torch.equal(first.weight.detach(), first._original)
+
+
 def test_float32_ftm_trains_the_model_matrix_itself():
     model, _ = make_tiny_model_and_tokenizer("llama")
     executor = make_executor(model, tiny_hparams(executor="ft_m"))

@@ -387,6 +387,143 @@ def test_auto_falls_back_to_what_works_on_cuda(monkeypatch):
     assert static_decode.decode_mode("auto", model) == "compile"
 
 
+class Captures:
+    """A ``torch.compile`` backend that counts what a CUDA-graph backend (``reduce-overhead``)
+    would do: ``compiles``, each new graph dynamo hands over, and ``captures``, each distinct set
+    of addresses of the graph's static inputs (parameters, buffers and tensors marked static, such
+    as the KV cache) it is called with, since CUDA-graph trees capture a graph again when one of
+    those addresses changes. Runs the graph eagerly."""
+
+    def __init__(self) -> None:
+        self.compiles = 0
+        self.addresses: set = set()
+
+    @property
+    def captures(self) -> int:
+        return len(self.addresses)
+
+    def __call__(self, gm, inputs):
+        self.compiles += 1
+        static = [
+            i
+            for i, t in enumerate(inputs)
+            if isinstance(t, torch.nn.Parameter) or hasattr(t, "_dynamo_static_input_type")
+        ]
+        graph = self.compiles
+
+        def run(*args):
+            self.addresses.add((graph, *(args[i].data_ptr() for i in static)))
+            return gm.forward(*args)
+
+        return run
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "executor,dtype,sequential",
+    [("lora", "bfloat16", False), ("lora", "bfloat16", True), ("ft_m", "bfloat16", True)],
+)
+def test_one_capture_over_rounds_and_edits(monkeypatch, executor, dtype, sequential):
+    """3 edits x 3 rounds on the compiled static decode: the decoder (KV cache, masks, positions),
+    the row switch's masks and LoRA's half-precision adapter copies are kept with the model and
+    refreshed in place, so the step is compiled and captured once, in the first round of the
+    first edit, and replayed in every other round and edit of the same shape: single edits
+    restored in between (LoRA; an FT-M edit keeps the original matrix of its own edit, a new
+    tensor per single edit) and continual edits."""
+    from hpse_easyedit import rollout
+    from hpse_easyedit.editor import hpse_edit
+    from hpse_easyedit.executors import EXECUTORS, copy_back
+    from hpse_easyedit.static_decode import release_decoders
+
+    backend = Captures()
+    real = compile_step
+    monkeypatch.setattr(rollout, "compile_step", lambda d: real(d, backend=backend))
+    model, tok = make_tiny_model_and_tokenizer("llama", init_std=0.2)
+    model.to(getattr(torch, dtype))
+    release_decoders(model)
+    request = [{"subject": "AJ Lee", "target_new": "AJ Lee is a wrestler who speaks Russian."}]
+    hp = tiny_hparams(
+        executor=executor,
+        dtype=dtype,
+        rounds=3,
+        inner_steps=1,
+        static_decode="compile",
+        max_new_tokens=6,
+        lr=0.05,
+    )
+    seen = []
+    for _ in range(3):
+        result = hpse_edit(model, tok, request, hp)
+        assert all(len(ro) for ros in result.rollouts for ro in ros)
+        seen.append((backend.compiles, backend.captures))
+        if not sequential:
+            copy_back(result.model, result.weights_copy)
+            model = EXECUTORS[executor].release(result.model)
+        else:
+            model = result.model
+    assert seen == [(1, 1)] * 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("executor,want", [("lora", [(1, 1)] * 2), ("ft_m", [(1, 1), (1, 2)])])
+def test_the_batched_engine_captures_once_per_shape(monkeypatch, executor, want):
+    """Two calls of the batched engine (2 cases x 3 rounds each) on the compiled static decode:
+    the cases' stacked LoRA adapters are written into the model's decode workspace, so one capture
+    serves every round and both calls; FT-M's per-case matrices are new tensors per call, so it is
+    captured once per call (and not per round)."""
+    from hpse_easyedit import rollout
+    from hpse_easyedit.batched import hpse_edit_cases
+    from hpse_easyedit.static_decode import release_decoders
+
+    backend = Captures()
+    real = compile_step
+    monkeypatch.setattr(rollout, "compile_step", lambda d: real(d, backend=backend))
+    model, tok = make_tiny_model_and_tokenizer("llama", init_std=0.2)
+    model.to(torch.bfloat16)
+    release_decoders(model)
+    cases = [
+        [{"subject": "AJ Lee", "target_new": "AJ Lee is a wrestler who speaks Russian."}],
+        [{"subject": "Bob", "target_new": "Bob is a cat from Paris who likes fish."}],
+    ]
+    hp = tiny_hparams(
+        executor=executor,
+        dtype="bfloat16",
+        rounds=3,
+        inner_steps=1,
+        static_decode="compile",
+        max_new_tokens=6,
+    )
+    seen = []
+    for _ in range(2):
+        assert all(e.ok for e in hpse_edit_cases(model, tok, cases, hp))
+        seen.append((backend.compiles, backend.captures))
+    assert seen == want
+
+
+def test_a_kept_decoder_refilled_decodes_as_a_new_one():
+    """``static_generate`` keeps one decoder per shape: a second batch of rows in the same width
+    step decodes on the same decoder, refilled in place, and gives the tokens a new decoder gives;
+    a batch of another shape gets its own."""
+    from hpse_easyedit import static_decode
+
+    model, tok = make_tiny_model_and_tokenizer("qwen2", init_std=0.2)
+    static_decode.release_decoders(model)
+    first = [tok(STUDENT)["input_ids"], tok(TEACHER)["input_ids"]]
+    second = [tok("Who is AJ Lee?")["input_ids"], tok(TEACHER + " Again.")["input_ids"]]
+    assert static_decode.kept_width(first) == static_decode.kept_width(second)
+    args = dict(max_new_tokens=10, stop_ids=[], pad_id=tok.pad_token_id)
+    static_generate(model, first, **args)
+    (decoder,) = static_decode._KEPT[model].values()
+    kept = static_generate(model, second, **args)
+    assert list(static_decode._KEPT[model].values()) == [decoder] and decoder.model is None
+    static_decode.release_decoders(model)
+    assert static_decode._KEPT.get(model) is None
+    fresh = static_generate(model, second, **args)
+    assert torch.equal(kept, fresh)
+    static_generate(model, second[:1], **args)
+    assert len(static_decode._KEPT[model]) == 2
+
+
 def test_static_decode_refuses_flash_attention_in_one_line():
     model, tok = make_tiny_model_and_tokenizer("llama")
     model.config._attn_implementation = "flash_attention_2"

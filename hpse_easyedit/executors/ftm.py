@@ -10,7 +10,7 @@ from typing import Any, ContextManager, Iterator
 import torch
 
 from .base import Executor, copy_back, num_layers
-from .state import edit_state, unwrapped
+from .state import edit_state, kept_tensor, unwrapped
 
 __all__ = ["FTMExecutor"]
 
@@ -39,7 +39,8 @@ class FTMExecutor(Executor):
         self.param_name = f"{self.module_name}.weight"
         self.weight: torch.nn.Parameter = base.get_parameter(self.param_name)
         state = edit_state(base)
-        if state.ftm_original is None or keep_original_weight:
+        first = state.ftm_original is None or keep_original_weight
+        if first:
             state.ftm_original = (self.param_name, self.weight.detach().clone())
             state.ftm_grad_flags = {n: p.requires_grad for n, p in base.named_parameters()}
         elif state.ftm_original[0] != self.param_name:
@@ -48,7 +49,9 @@ class FTMExecutor(Executor):
                 f"{self.param_name}; restore it first or keep the same 'ftm_layer'"
             )
         self._original = state.ftm_original[1]
-        self._before = self.weight.detach().clone()
+        # the matrix before this edit (what restores it): the original itself on a first edit (the
+        # same values; neither is ever written), a copy of its current value on a later one
+        self._before = self._original if first else self.weight.detach().clone()
         for p in base.parameters():
             p.requires_grad_(False)
         self.weight.requires_grad_(True)
@@ -72,8 +75,10 @@ class FTMExecutor(Executor):
         )
 
     def _grad_to_master(self, weight: torch.Tensor) -> None:
-        grad = weight.grad.float()
-        self._master.grad = grad if self._master.grad is None else self._master.grad + grad
+        if self._master.grad is None:
+            self._master.grad = weight.grad.float()
+        else:  # a later backward of the same step: added in place (float32 += the half gradient)
+            self._master.grad.add_(weight.grad)
         weight.grad = None
 
     def _cast_master(self, *_: Any) -> None:
@@ -113,9 +118,10 @@ class FTMExecutor(Executor):
         """Rows marked True see the original matrix, the rest the edited one (one extra matmul, no
         model copy)."""
         module = unwrapped(self.model).get_submodule(self.module_name)
-        rows = teacher_rows.view(-1, 1, 1).to(
-            module.weight.device
-        )  # once, not in every captured step
+        # once per decode, not in every captured step, into a tensor kept with the model
+        rows = kept_tensor(
+            self.model, "ftm_rows", teacher_rows.view(-1, 1, 1), module.weight.device, torch.bool
+        )
 
         def original_for_teacher_rows(
             mod: torch.nn.Module, inputs: Any, output: torch.Tensor

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from .base import Executor, num_layers
-from .state import edit_state
+from .state import edit_state, kept_tensor, workspace
 
 __all__ = ["LoRAExecutor", "ADAPTER_NAME"]
 
@@ -87,9 +87,6 @@ class LoRAExecutor(Executor):
         from peft.tuners.lora import LoraLayer
 
         self._lora_layers = [m for m in self.model.modules() if isinstance(m, LoraLayer)]
-        self._half: list[torch.Tensor] | None = (
-            None  # the adapters in a half-precision model's dtype (decode)
-        )
 
     @classmethod
     def model_mismatch(cls, model: Any, hparams: Any) -> str | None:
@@ -141,7 +138,7 @@ class LoRAExecutor(Executor):
                 with _half_forwards(self._lora_layers, students, self._half_weights()):
                     yield
                 return
-            with _lean_forwards(self._lora_layers, keep):
+            with _lean_forwards(self._lora_layers, keep, self.model):
                 yield
             return
 
@@ -165,21 +162,26 @@ class LoRAExecutor(Executor):
         """Every adapter matrix (``lora_A``, ``lora_B`` per layer) cast to the base model's half
         dtype: one cast of the float32 adapters per decode (a rollout is no-grad, so they cannot
         change inside it) instead of a cast of each projection's input on every call. The copies are
-        kept (one rank-r pair per projection) and refreshed in place, so a captured decode step
-        reads the same tensors in every round."""
+        kept in the model's decode workspace (``state.workspace``: one rank-r pair per
+        projection) and refreshed in place, so a captured decode step reads the same tensors in
+        every round and in every later edit of the same adapter shapes."""
         masters = [
             w
             for layer in self._lora_layers
             for w in (layer.lora_A[ADAPTER_NAME].weight, layer.lora_B[ADAPTER_NAME].weight)
         ]
         dtype = self._lora_layers[0].base_layer.weight.dtype
-        if self._half is None:
-            self._half = [torch.empty_like(w, dtype=dtype) for w in masters]
-            for w in self._half:
+        space = workspace(self.model)
+        kept = space.get("lora_half", [])
+        if [(h.shape, h.dtype, h.device) for h in kept] != [
+            (w.shape, dtype, w.device) for w in masters
+        ]:
+            kept = space["lora_half"] = [torch.empty_like(w, dtype=dtype) for w in masters]
+            for w in kept:
                 torch._dynamo.mark_static_address(w)
         with torch.no_grad():
-            torch._foreach_copy_(self._half, masters)
-        return self._half
+            torch._foreach_copy_(kept, masters)
+        return kept
 
     def _teacher_context(self) -> ContextManager:
         if self._lora_layers and all(
@@ -261,12 +263,13 @@ def _plain_lora_linear(layer: Any) -> bool:
 
 
 @contextlib.contextmanager
-def _lean_forwards(layers: list, keep: torch.Tensor) -> Iterator[None]:
+def _lean_forwards(layers: list, keep: torch.Tensor, model: Any) -> Iterator[None]:
     """The row switch as plain tensor calls: each LoRA layer computes ``base(x) +
     (lora_B(lora_A(x)) * keep) * scaling``, the very operations (and so the very bits) of peft's
     forward under the ``lora_B`` forward hook that zeroes the teacher rows, without peft's per-call
     dispatch, the two adapter modules' calls and the hook: 210 layers per decode step of SmolLM2,
-    about 1.1x on a CPU rollout."""
+    about 1.1x on a CPU rollout. ``keep`` is cast once per device and dtype into a tensor kept with
+    ``model`` (``kept_tensor``)."""
     keep_as: dict = {}
 
     def make(layer: Any) -> Any:
@@ -283,8 +286,8 @@ def _lean_forwards(layers: list, keep: torch.Tensor) -> Iterator[None]:
             )
             mask = keep_as.get((delta.device, delta.dtype))
             if mask is None:
-                mask = keep_as[delta.device, delta.dtype] = keep.to(
-                    device=delta.device, dtype=delta.dtype
+                mask = keep_as[delta.device, delta.dtype] = kept_tensor(
+                    model, "lora_keep", keep, delta.device, delta.dtype
                 )
             return (result + (delta * mask) * scaling).to(dtype)
 

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from .ftm import FTMExecutor
 from .lora import ADAPTER_NAME, LoRAExecutor
-from .state import edit_state, unwrapped
+from .state import edit_state, kept_tensor, unwrapped
 
 __all__ = ["STACKED", "StackedExecutor", "StackedFTM", "StackedLoRA", "make_stacked"]
 
@@ -199,6 +199,14 @@ class StackedLoRA(StackedExecutor):
         else:
             out = (len(rows), torch.stack([a[c] for c in rows]), torch.stack([b[c] for c in rows]))
         if not torch.is_grad_enabled():
+            if len(set(rows)) > 1:  # a decode's stacks in the model's workspace: same addresses
+                # in every round, so a captured decode step is replayed, not captured again
+                n, sa, sb = out
+                out = (
+                    n,
+                    kept_tensor(self.model, f"stacked_a{i}", sa, sa.device, sa.dtype),
+                    kept_tensor(self.model, f"stacked_b{i}", sb, sb.device, sb.dtype),
+                )
             self._gathered[i] = out
         return out
 

@@ -15,12 +15,13 @@ adapter and matrix with it.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-__all__ = ["EditState", "edit_state", "unwrapped"]
+__all__ = ["EditState", "edit_state", "kept_tensor", "release_workspace", "unwrapped", "workspace"]
 
 _ATTRIBUTE = "_hpse_edit_state"
 
@@ -59,3 +60,40 @@ def edit_state(model: Any) -> EditState:
     if state is None:
         state = base.__dict__[_ATTRIBUTE] = EditState()
     return state
+
+
+#: per model (its base): the decode's workspace (``workspace``)
+_WORKSPACES: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+
+
+def workspace(model: Any) -> dict:
+    """The decode's workspace of ``model`` (wrapped or not): tensors a decode step reads that are
+    refreshed in place before every decode (the row switch's masks, LoRA's half-precision adapter
+    copies), so that a captured step reads the same addresses in every round and edit and is
+    replayed, not captured again. Not edit state: nothing in it outlives the decode that wrote it
+    in meaning (every decode writes what it reads first), so a restore leaves it; it lives and dies
+    with the model, and a copy of the model starts without one. ``release_workspace`` frees it."""
+    return _WORKSPACES.setdefault(unwrapped(model), {})
+
+
+def release_workspace(model: Any) -> None:
+    """Free ``model``'s decode workspace; the next decode allocates it again."""
+    _WORKSPACES.pop(unwrapped(model), None)
+
+
+def kept_tensor(
+    model: Any, name: str, value: torch.Tensor, device: Any, dtype: torch.dtype
+) -> torch.Tensor:
+    """``value`` on ``device`` in ``dtype``, written into a tensor of ``model``'s ``workspace``
+    (one per name, shape, device and dtype) in place: a decode step that reads it (the row
+    switch's masks) reads the same address in every round and edit. Called outside the captured
+    step (once per decode)."""
+    key = (name, tuple(value.shape), str(device), dtype)
+    space = workspace(model)
+    kept = space.get(key)
+    if kept is None:
+        kept = space[key] = torch.empty(value.shape, device=device, dtype=dtype)
+        torch._dynamo.mark_static_address(kept)
+    with torch.no_grad():
+        kept.copy_(value)
+    return kept
