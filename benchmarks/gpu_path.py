@@ -416,6 +416,7 @@ def gpu_figures(
     token and of an inner step goes (``kernel_profile``)."""
     from transformers import AutoModelForCausalLM
 
+    from hpse_easyedit import restore_weights
     from hpse_easyedit.editor import HPSEObjective
     from hpse_easyedit.executors import make_executor
     from hpse_easyedit.planner import backbone_config
@@ -449,15 +450,36 @@ def gpu_figures(
     prompts = [
         EditPrompts(subject="s", student_ids=student, teacher_ids=teacher, passage_ids=[5] * 157)
     ]
-    executor = make_executor(model, hp)
-    objective = HPSEObjective(executor, prompts, hp, stop_ids=[], pad_id=0)
-    sync(target)
-    t0 = time.perf_counter()
-    train_edit(executor, hp, objective, rounds=hp.rounds, inner_steps=hp.inner_steps)
-    sync(target)
-    edit_seconds = time.perf_counter() - t0
-    print(f"edit ({hp.static_decode=}): {edit_seconds:.1f} s", file=sys.stderr, flush=True)
-    profiles = _profiles(executor.model, hp, prompts, student, teacher) if profile else None
+    edits: dict[str, float] = {}
+    # the file's inner step (compile_training: auto captures it on a card): a first edit that
+    # compiles it, then one at steady state; then the eager step for comparison
+    runs = [
+        ("first", hp),
+        ("steady", hp),
+        ("eager_step", hp.with_overrides({"compile_training": False})),
+    ]
+    for name, settings in runs:
+        executor = make_executor(model, settings)
+        unedited = executor.weights_copy()
+        objective = HPSEObjective(executor, prompts, settings, stop_ids=[], pad_id=0)
+        sync(target)
+        t0 = time.perf_counter()
+        try:
+            train_edit(executor, settings, objective, rounds=hp.rounds, inner_steps=hp.inner_steps)
+            sync(target)
+            edits[name] = time.perf_counter() - t0
+        except Exception as exc:  # a failing edit must not lose the figures of the others
+            failed[f"edit_{name}"] = f"{type(exc).__name__}: {exc}"[:500]
+            continue
+        finally:
+            model = restore_weights(executor.model, unedited)
+        print(
+            f"edit {name} ({settings.static_decode=}, {objective.captured=}): {edits[name]:.1f} s",
+            file=sys.stderr,
+            flush=True,
+        )
+    edit_seconds = edits.get("steady", edits.get("first"))
+    profiles = _profiles(model, hp, prompts, student, teacher) if profile else None
     out = {
         "device": str(target),
         "layers": config.num_hidden_layers,
@@ -467,6 +489,8 @@ def gpu_figures(
         "rollout_tok_s": rollout,
         "rollout_failed": failed,
         "gpu_edit_seconds": edit_seconds,
+        "edit_seconds": edits,
+        "edit_compile_training": hp.compile_training,
         "edit_static_decode": hp.static_decode,
         "rounds": hp.rounds,
         "inner_steps": hp.inner_steps,

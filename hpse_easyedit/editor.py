@@ -12,6 +12,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
+from .captured import CapturedKL, CapturedNLL, training_mode
 from .edit_requests import RequestError, normalize_requests
 from .executors import Executor, make_executor
 from .hparams import HPSEHyperParams
@@ -169,7 +170,14 @@ class HPSEObjective:
         self.executor, self.prompts, self.hp = executor, prompts, hparams
         self.stop_ids, self.pad_id = stop_ids, pad_id
         self.device = input_device(executor.model)
-        self.nll_batch = _NLLBatch(prompts, pad_id, self.device) if hparams.nll_weight > 0 else None
+        #: the inner step's passes under torch.compile (hparams ``compile_training``)
+        self.captured = training_mode(
+            getattr(hparams, "compile_training", False),
+            executor.model,
+            getattr(hparams, "gradient_checkpointing", False),
+        )
+        nll = CapturedNLL if self.captured else _NLLBatch
+        self.nll_batch = nll(prompts, pad_id, self.device) if hparams.nll_weight > 0 else None
         self.kl_batch: _KLBatch | None = None
         # per round: that round's Rollout per request, or None (no KL term)
         self.rollouts: list = []
@@ -198,10 +206,9 @@ class HPSEObjective:
         """Train the inner steps that follow on ``rollouts`` (one per request; None: no KL term), as
         a round does after drawing them (``start_round``); the memory planner hands in rollouts of
         the planned length."""
+        kl = CapturedKL if self.captured else _KLBatch
         self.kl_batch = (
-            _KLBatch(self.prompts, rollouts, self.pad_id, self.device)
-            if rollouts is not None
-            else None
+            kl(self.prompts, rollouts, self.pad_id, self.device) if rollouts is not None else None
         )
         self.rollouts.append(rollouts)
 

@@ -471,6 +471,19 @@ class HPSEHyperParams(ExecutorHParams):
         types=(bool, str),
         choices=(True, False, "compile", "auto"),
     )
+    compile_training: bool | str = hp_field(
+        False,
+        "Inner steps with their KL and NLL passes (forward and backward) under torch.compile "
+        "(inductor: the elementwise work fused into a few kernels around the matrix products, "
+        "rows padded to 64-token steps so the rounds reuse one graph): the trained tensors equal "
+        "the eager step's within float rounding, not bit for bit; the first edit pays the "
+        "compilation. 'auto' = on for a CUDA device with Triton, off elsewhere (the shipped 7B-9B "
+        "files; off under gradient_checkpointing, which true refuses). true needs a working "
+        "compiler (a C++ compiler on CPU), checked before the weights load. Solo edits only: the "
+        "batched engine's inner step stays eager.",
+        types=(bool, str),
+        choices=(True, False, "auto"),
+    )
     cases_per_pass: int | str = hp_field(
         "auto",
         "Several cases edited at once (hpse_edit_cases, the runners' --cases-at-once): how many "
@@ -514,6 +527,12 @@ class HPSEHyperParams(ExecutorHParams):
                 "is 'flash_attention_2', whose layers take no 4D mask, which the static decode "
                 "builds; set static_decode: auto (the dynamic decode under flash attention) or "
                 "false, or attn_implementation: sdpa"
+            )
+        if self.compile_training is True and getattr(self, "gradient_checkpointing", False):
+            raise HParamsError(
+                f"{source}: key 'compile_training' is true but gradient_checkpointing is true, "
+                "whose recomputation a captured step cannot hold; set compile_training: auto (the "
+                "eager step under gradient checkpointing) or gradient_checkpointing: false"
             )
 
 

@@ -225,9 +225,10 @@ def _attention_kwargs(hparams: Any) -> dict:
 def check_machine(hparams: Any) -> None:
     """Refuse, in one line and before any weights load, settings this machine cannot run:
     ``dtype: bfloat16`` on a CUDA card without bfloat16 arithmetic (compute capability below 8.0,
-    before Ampere) and ``static_decode: compile`` where ``torch.compile`` finds no compiler (Triton
-    on CUDA, a C++ compiler on CPU). ``static_decode: auto`` never fails here: it falls back to
-    what works (``static_decode.decode_mode``)."""
+    before Ampere), and ``static_decode: compile`` or ``compile_training: true`` where
+    ``torch.compile`` finds no compiler (Triton on CUDA, a C++ compiler on CPU). ``auto`` never
+    fails here: it falls back to what works (``static_decode.decode_mode``,
+    ``captured.training_mode``)."""
     from .hparams import HParamsError
     from .static_decode import compiler_problem
 
@@ -249,6 +250,13 @@ def check_machine(hparams: Any) -> None:
             raise HParamsError(
                 f"{source}: key 'static_decode' is 'compile' but {problem}; or set static_decode: "
                 "true (the same decode uncompiled) or auto"
+            )
+    if getattr(hparams, "compile_training", None) is True:
+        problem = compiler_problem("cuda" if cards else "cpu")
+        if problem is not None:
+            raise HParamsError(
+                f"{source}: key 'compile_training' is true but {problem}; or set "
+                "compile_training: false (the eager inner step) or auto"
             )
 
 

@@ -172,7 +172,10 @@ def train_edit(
         teacher_before = executor.teacher_switches
         with (
             activation_checkpointing(student, getattr(hparams, "gradient_checkpointing", False)),
-            cpu_half_backward(student),
+            # a captured step's kernels are inductor's, which picks its own layouts
+            contextlib.nullcontext()
+            if getattr(objective, "captured", False)
+            else cpu_half_backward(student),
         ):
             steps = [inner_step(objective, student, optimizer) for _ in range(inner_steps)]
         history = []

@@ -104,3 +104,95 @@ def test_answers_under_cuda_graphs_are_generates():
         model, tok, questions, max_new_tokens=12, static_decode="auto", stop_every=3
     )
     assert got == want and any(want)
+
+
+THREE = [
+    {"subject": "AJ Lee", "target_new": "AJ Lee speaks Russian fluently and lives in Moscow."},
+    {"subject": "Ellie Kemper", "target_new": "Ellie Kemper is a citizen of Croatia."},
+    {"subject": "The Firm", "target_new": "The Firm is a novel written by John Grisham."},
+]
+
+
+def _bf16_on_the_card(tmp_path, **overrides):
+    """A tiny Qwen2 saved to ``tmp_path`` and hparams that edit it on the card as the shipped 7B-9B
+    files do: bfloat16, the compiled decode, the captured inner step; short edits."""
+    make_tiny_model_and_tokenizer("qwen2", tmp_path, init_std=0.3)
+    return tiny_hparams(
+        model_name=str(tmp_path),
+        device="cuda",
+        dtype="bfloat16",
+        rounds=2,
+        inner_steps=2,
+        max_new_tokens=8,
+        static_decode="compile",
+        compile_training=True,
+        **overrides,
+    )
+
+
+def _logits(model, tok) -> torch.Tensor:
+    ids = tok("Who is AJ Lee?", return_tensors="pt")["input_ids"].to("cuda")
+    with torch.no_grad():
+        return model(input_ids=ids).logits.float()
+
+
+@pytest.mark.parametrize("executor", ["lora", "ft_m"])
+def test_bf16_edit_on_cuda_moves_the_model_and_restores_bit_for_bit(tmp_path, executor):
+    """The shipped 7B-9B path on a card at a tiny size: bfloat16 weights, three requests in one
+    edit, the static decode compiled (CUDA graphs), the captured inner step, and then the same
+    under gradient checkpointing (where ``auto`` keeps the eager step). Each edit moves the
+    logits, the restore gives them back bit for bit, and the compiled rollout's tokens are the
+    dynamic decode's on the same card."""
+    hp = _bf16_on_the_card(tmp_path, executor=executor)
+    model, tok = load_model(hp)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    before, snapshot = _logits(model, tok), weights_snapshot(model)
+    checkpointed = hp.with_overrides({"compile_training": "auto", "gradient_checkpointing": True})
+    for settings in (hp, checkpointed):
+        edited, weights_copy = apply_hpse_to_model(model, tok, THREE, settings)
+        result = weights_copy.result
+        assert len(result.rollouts[0]) == 3 and all(len(ro) for ro in result.rollouts[0])
+        assert all(torch.isfinite(torch.tensor(r["loss_last"])) for r in result.rounds)
+        assert result.rounds[-1]["loss_last"] < result.rounds[0]["loss"]
+        assert not torch.equal(_logits(edited, tok), before)  # the edit moved the model
+        restored = restore_weights(edited, weights_copy)
+        assert same_weights(restored, snapshot) and torch.equal(_logits(restored, tok), before)
+        model = restored
+
+    ex = make_executor(model, hp)
+    student = tok("Introduce AJ Lee.")["input_ids"]
+    teacher = tok("AJ Lee speaks Russian. Who is AJ Lee?")["input_ids"]
+    kw = dict(tau=0.5, kappa=0.05, top_k=4, max_new_tokens=12, stop_ids=[tok.eos_token_id])
+    runs = [
+        batched_hybrid_rollout(
+            ex.model,
+            ex.row_switch,
+            student,
+            teacher,
+            pad_id=tok.pad_token_id,
+            static_decode=mode,
+            stop_every=3,
+            **kw,
+        ).tokens.tolist()
+        for mode in (False, "compile")
+    ]
+    assert runs[0] == runs[1] and runs[0]
+    restore_weights(ex.model, ex.weights_copy())
+
+
+def test_twenty_sequential_edits_keep_the_cards_memory_flat(tmp_path):
+    """A continual run of 20 short bfloat16 LoRA edits on the compiled decode and the captured
+    inner step: after the first few edits (compilation, the kept decoders and their graphs), the
+    card's allocated and reserved memory stop growing."""
+    hp = _bf16_on_the_card(tmp_path)
+    model, tok = load_model(hp)
+    allocated, reserved = [], []
+    for i in range(20):
+        request = [{"subject": f"Person {i}", "target_new": f"Person {i} lives in City {i}."}]
+        model, _ = apply_hpse_to_model(model, tok, request, hp)
+        torch.cuda.synchronize()
+        allocated.append(torch.cuda.memory_allocated())
+        reserved.append(torch.cuda.memory_reserved())
+    print("allocated", allocated, "reserved", reserved)
+    assert max(allocated[5:]) <= allocated[5] + 2**20  # flat within a MiB after edit 6
+    assert reserved[-10:] == [reserved[-10]] * 10

@@ -156,7 +156,16 @@ def test_bfloat16_on_a_card_without_it_is_refused_before_the_weights_load(tiny_d
         load_model(tiny_hparams(model_name=tiny_dir, device="cuda", dtype="bfloat16"))
 
 
-def test_compile_without_a_compiler_is_refused_before_the_weights_load(tiny_dir, monkeypatch):
+@pytest.mark.parametrize(
+    "key,value,named",
+    [
+        ("static_decode", "compile", "key 'static_decode' is 'compile'"),
+        ("compile_training", True, "key 'compile_training' is true"),
+    ],
+)
+def test_compile_without_a_compiler_is_refused_before_the_weights_load(
+    tiny_dir, monkeypatch, key, value, named
+):
     """The real check of inductor's C++ compiler search, with the compiler it looks for made one
     that does not exist."""
     from torch._inductor import config
@@ -169,18 +178,18 @@ def test_compile_without_a_compiler_is_refused_before_the_weights_load(tiny_dir,
     try:
         with pytest.raises(
             HParamsError,
-            match="key 'static_decode' is 'compile' but torch.compile builds CPU kernels with a "
-            "C\\+\\+ compiler, and none was found.*set static_decode: true",
+            match=f"{named} but torch.compile builds CPU kernels with a "
+            "C\\+\\+ compiler, and none was found.*set " + key,
         ) as err:
-            load_model(tiny_hparams(model_name=tiny_dir, static_decode="compile"))
+            load_model(tiny_hparams(model_name=tiny_dir, **{key: value}))
         assert "\n" not in str(err.value)
-        # auto never refuses: on CPU it is the dynamic decode, which needs no compiler
+        # auto never refuses: on CPU it is the eager path, which needs no compiler
         with pytest.raises(_Loaded):
-            load_model(tiny_hparams(model_name=tiny_dir, static_decode="auto"))
+            load_model(tiny_hparams(model_name=tiny_dir, **{key: "auto"}))
     finally:
         compiler_problem.cache_clear()
     monkeypatch.undo()
     assert compiler_problem("cpu") is None  # this host has one
     with pytest.raises(_Loaded):
         _no_weights(monkeypatch)
-        load_model(tiny_hparams(model_name=tiny_dir, static_decode="compile"))
+        load_model(tiny_hparams(model_name=tiny_dir, **{key: value}))

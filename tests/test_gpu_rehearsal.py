@@ -234,6 +234,7 @@ def test_the_gpu_script_runs_on_cpu(tmp_path, monkeypatch):
     assert figures["layers"] == 1 and figures["rollout_tokens"] == 4
     assert figures["gpu_rollout_tok_s"] > 0 and figures["gpu_edit_seconds"] > 0
     assert set(figures["rollout_tok_s"]) == {"dynamic", "static", "compiled"}
+    assert set(figures["edit_seconds"]) == {"first", "steady", "eager_step"}
     assert figures["roofline"]["gpu_bandwidth_floor_tok_s"] > 0
     profile = figures["profile"]
     assert profile["rollout_token"]["units"] == 4 and profile["inner_step"]["units"] == 2

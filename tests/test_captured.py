@@ -1,0 +1,210 @@
+"""The captured inner step (``compile_training``): its padded passes compute the eager passes'
+losses, an edit with it trains the eager edit's tensors within float rounding (traced whole, and
+with inductor's real kernels), rollouts of other lengths reuse its graphs, and ``auto`` chooses it
+only where it can run."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from hpse_easyedit import captured
+from hpse_easyedit.editor import HPSEObjective, edit_prompts, hpse_edit
+from hpse_easyedit.executors import make_executor
+from hpse_easyedit.padding import pad_token_id
+from hpse_easyedit.prompts import stop_token_ids
+from tiny_models import FAMILIES, make_tiny_model_and_tokenizer, tiny_hparams
+
+REQUESTS = [
+    {
+        "subject": "AJ Lee",
+        "target_new": "AJ Lee is a wrestler who speaks Russian fluently and lives in Moscow.",
+    },
+    {"subject": "Bob", "target_new": "Bob is a cat."},
+]
+
+
+class Compiles:
+    """A ``torch.compile`` backend that counts the graphs dynamo hands it and runs them eagerly."""
+
+    def __init__(self) -> None:
+        self.graphs = 0
+
+    def __call__(self, gm, inputs):
+        self.graphs += 1
+        return gm.forward
+
+
+@pytest.fixture
+def backend(monkeypatch):
+    """The captured passes traced whole (``fullgraph=True``) and run eagerly: the graph and the
+    padding are checked without inductor's compile time."""
+    counting = Compiles()
+    monkeypatch.setattr(captured, "BACKEND", counting)
+    monkeypatch.setattr(captured, "_COMPILED", {})
+    return counting
+
+
+def _objective(family: str, executor: str, dtype=torch.float32, **overrides):
+    model, tok = make_tiny_model_and_tokenizer(family, init_std=0.2)
+    model.to(dtype)
+    hp = tiny_hparams(executor=executor, max_new_tokens=8, **overrides)
+    prompts = edit_prompts(model, tok, REQUESTS, hp)
+    stops = stop_token_ids(model, tok)
+    ex = make_executor(model, hp)
+    return ex, HPSEObjective(ex, prompts, hp, stop_ids=stops, pad_id=pad_token_id(tok, stops))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_padded_passes_give_the_eager_losses(family):
+    """The captured batches (rows padded to 64 tokens, scored positions to 64, padding weighted 0)
+    give the eager batches' KL and NLL on the same rollouts (their eager function: no gradient)."""
+    ex, eager = _objective(family, "lora")
+    eager.start_round(ex.model)
+    _, padded = _objective(family, "lora", compile_training=True)
+    assert padded.captured and not eager.captured
+    padded.use_rollouts(eager.rollouts[-1])
+    assert padded.kl_batch.ids.shape[1] % captured.WIDTH_STEP == 0
+    assert padded.kl_batch.rows.shape[0] % captured.POSITION_STEP == 0
+    with torch.no_grad():
+        for scored_only in (True, False):
+            want = eager.kl_batch.loss(ex.model, "full", scored_only)
+            got = padded.kl_batch.loss(ex.model, "full", scored_only)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+            want = eager.nll_batch.loss(ex.model, scored_only)
+            got = padded.nll_batch.loss(ex.model, scored_only)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+        student = padded.kl_batch.loss(ex.model, "topk")
+        torch.testing.assert_close(
+            student, eager.kl_batch.loss(ex.model, "topk"), rtol=1e-5, atol=1e-4
+        )
+
+
+def _edit(model, tok, **overrides):
+    hp = tiny_hparams(max_new_tokens=8, inner_steps=3, **overrides)
+    result = hpse_edit(copy.deepcopy(model), tok, REQUESTS, hp)
+    tensors = {
+        n: p.detach().clone() for n, p in result.model.named_parameters() if "lora_" in n
+    } or {"ftm": result.model.get_parameter("model.layers.1.mlp.down_proj.weight").detach()}
+    return result, tensors
+
+
+def _close(got: dict, want: dict, rtol: float) -> None:
+    assert got.keys() == want.keys()
+    for name, tensor in want.items():
+        scale = tensor.abs().max().clamp(min=1e-12)
+        assert ((got[name] - tensor).abs().max() / scale).item() < rtol, name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family,executor", [(f, "lora") for f in FAMILIES] + [("llama", "ft_m")])
+def test_a_captured_edit_trains_the_eager_edits_tensors(backend, family, executor):
+    """Three rounds x three inner steps of two requests, traced whole: the same rollouts and
+    step-ins, the same losses and the trained tensors within float32 rounding of the eager edit's;
+    every round reuses the two graphs (KL and NLL)."""
+    model, tok = make_tiny_model_and_tokenizer(family, init_std=0.2)
+    eager, want = _edit(model, tok, executor=executor, rounds=3)
+    assert backend.graphs == 0
+    got_result, got = _edit(model, tok, executor=executor, rounds=3, compile_training=True)
+    assert backend.graphs == 2
+    for a, b in zip(eager.rollouts, got_result.rollouts):
+        for x, y in zip(a, b):
+            assert torch.equal(x.tokens, y.tokens) and torch.equal(x.stepped_in, y.stepped_in)
+    for a, b in zip(eager.rounds, got_result.rounds):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+        assert a["loss_last"] == pytest.approx(b["loss_last"], rel=1e-4)
+    _close(got, want, 1e-4)
+
+
+def _cut(rollout, n):
+    from hpse_easyedit.rollout import Rollout
+
+    return Rollout(
+        rollout.tokens[:n],
+        rollout.stepped_in[:n],
+        rollout.teacher_topk_ids[:n],
+        rollout.teacher_topk_logprobs[:n],
+    )
+
+
+@pytest.mark.slow
+def test_rollouts_of_other_lengths_reuse_the_graphs(backend):
+    """Rounds whose rollouts end at different steps (here cut to 3, 5 and 8 tokens) train through
+    the graphs the first made: the padded KL batch has the same shape."""
+    ex, objective = _objective("llama", "lora", compile_training=True)
+    objective.start_round(ex.model)
+    drawn = objective.rollouts[-1]
+    for n in (8, 3, 5):
+        objective.use_rollouts([_cut(ro, n) for ro in drawn])
+        for group in objective.step(ex.model):
+            sum(w * v for w, v in group.values()).backward()
+    assert backend.graphs == 2
+
+
+@pytest.mark.slow
+def test_a_captured_edit_with_inductors_kernels_trains_the_eager_edits_tensors(monkeypatch):
+    """The same with inductor's compiled kernels (CPU C++), LoRA on a tiny Llama: fused kernels
+    round differently, so the tensors agree within float32 rounding, not bit for bit."""
+    monkeypatch.setattr(captured, "_COMPILED", {})
+    model, tok = make_tiny_model_and_tokenizer("llama", init_std=0.2)
+    eager, want = _edit(model, tok, executor="lora", rounds=2)
+    compiled, got = _edit(model, tok, executor="lora", rounds=2, compile_training=True)
+    for a, b in zip(eager.rollouts, compiled.rollouts):
+        assert all(torch.equal(x.tokens, y.tokens) for x, y in zip(a, b))
+    _close(got, want, 1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("executor", ["lora", "ft_m"])
+def test_the_captured_half_precision_step_gives_the_eager_gradients(backend, executor):
+    """In bfloat16 one captured inner step's gradients (the LoRA adapters', FT-M's float32
+    master's) equal the eager step's within bfloat16 rounding."""
+    grads, first = {}, None
+    for mode in (False, True):
+        ex, objective = _objective("qwen2", executor, torch.bfloat16, compile_training=mode)
+        if mode:  # the eager objective's rollouts
+            objective.use_rollouts(first)
+        else:
+            objective.start_round(ex.model)
+            first = objective.rollouts[-1]
+        ex.model.train(False)
+        for group in objective.step(ex.model):
+            sum(w * v for w, v in group.values()).backward()
+        grads[mode] = [p.grad.float().clone() for p in ex.trainable_parameters()]
+    for got, want in zip(grads[True], grads[False]):
+        scale = want.abs().max().clamp(min=1e-12)
+        assert ((got - want).abs().max() / scale).item() < 2e-2
+
+
+def test_auto_captures_on_cuda_with_a_compiler_only(monkeypatch):
+    from hpse_easyedit import static_decode
+
+    model, _ = make_tiny_model_and_tokenizer("llama")
+    assert captured.training_mode("auto", model) is False
+    assert captured.training_mode(True, model) is True
+    assert captured.training_mode(False, model) is False
+    monkeypatch.setattr(static_decode, "_model_device", lambda m: torch.device("cuda", 0))
+    monkeypatch.setattr(static_decode, "compiler_problem", lambda device_type: None)
+    assert captured.training_mode("auto", model) is True
+    monkeypatch.setattr(static_decode, "compiler_problem", lambda device_type: "no Triton")
+    assert captured.training_mode("auto", model) is False
+
+
+def test_gradient_checkpointing_keeps_the_eager_step():
+    """Gradient checkpointing's recomputation cannot run inside a captured graph: ``auto`` keeps the
+    eager step under it, and true is refused in one line when the file is read."""
+    from hpse_easyedit.hparams import HParamsError
+
+    model, _ = make_tiny_model_and_tokenizer("llama")
+    assert captured.training_mode(True, model, checkpointing=True) is True
+    assert captured.training_mode("auto", model, checkpointing=True) is False
+    with pytest.raises(
+        HParamsError,
+        match="key 'compile_training' is true but gradient_checkpointing is true.*set "
+        "compile_training: auto",
+    ) as err:
+        tiny_hparams(compile_training=True, gradient_checkpointing=True)
+    assert "\n" not in str(err.value)
+    tiny_hparams(compile_training="auto", gradient_checkpointing=True)
