@@ -20,7 +20,6 @@ from hpse_easyedit.cli import (
     OneLineFormatter,
     OneLineParser,
     run_cli,
-    user_error_types,
 )
 from hpse_easyedit.errors import check_positive
 
@@ -40,7 +39,6 @@ __all__ = [
     "configure_logging",
     "is_main_process",
     "options_from_args",
-    "user_errors",
 ]
 
 log = logging.getLogger(__name__)
@@ -285,12 +283,6 @@ def benchmark_errors() -> tuple[type[BaseException], ...]:
         ResultsFileError,
         LaunchError,
     )
-
-
-def user_errors() -> tuple[type[BaseException], ...]:
-    """Exceptions that mean bad input (shown as one line by the scripts), not a bug (shown with a
-    traceback)."""
-    return user_error_types(benchmark_errors())
 
 
 def _cli(benchmark: str, argv: Sequence[str]) -> int:
