@@ -40,14 +40,15 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PYTEST) -m "not slow" $(PYTEST_ARGS) tests
 
-# The tests that depend on transformers' internals (the static decode, the 7B-9B rehearsal, CUDA,
-# EasyEdit) again in a second venv with the [easyedit] extra, whose transformers pin (< 5.24) is
+# The tests that depend on transformers' internals (the static decode, the captured step, the
+# 7B-9B rehearsal, CUDA, EasyEdit) again in a second venv with the [easyedit] extra, whose
+# transformers pin (< 5.24) is
 # the oldest one the project supports; `make test` runs the newest. The EasyEdit tests need
 # EASYEDIT_SRC (docs/EASYEDIT.md) and skip, with the reason, without it.
 VENV_EE ?= .venv-ee
 PY_EE := $(VENV_EE)/bin/python
 STAMP_EE := $(VENV_EE)/.hpse-installed
-EE_TESTS := tests/test_static_decode.py tests/test_gpu_rehearsal.py tests/test_cuda_smoke.py \
+EE_TESTS := tests/test_static_decode.py tests/test_captured.py tests/test_gpu_rehearsal.py tests/test_cuda_smoke.py \
 	$(wildcard tests/test_easyedit*.py)
 
 EE_EXTRAS := test,easyedit
