@@ -44,6 +44,9 @@ def backend(monkeypatch):
     counting = Compiles()
     monkeypatch.setattr(captured, "BACKEND", counting)
     monkeypatch.setattr(captured, "_COMPILED", {})
+    # each test's own models: dynamo's caches of the passes' code start empty (a run edits one
+    # model, whose edits share a few graphs; a process of tests would reach the recompile limit)
+    torch._dynamo.reset()
     return counting
 
 
@@ -148,6 +151,7 @@ def test_a_captured_edit_with_inductors_kernels_trains_the_eager_edits_tensors(m
     """The same with inductor's compiled kernels (CPU C++), LoRA on a tiny Llama: fused kernels
     round differently, so the tensors agree within float32 rounding, not bit for bit."""
     monkeypatch.setattr(captured, "_COMPILED", {})
+    torch._dynamo.reset()
     model, tok = make_tiny_model_and_tokenizer("llama", init_std=0.2)
     eager, want = _edit(model, tok, executor="lora", rounds=2)
     compiled, got = _edit(model, tok, executor="lora", rounds=2, compile_training=True)
@@ -208,3 +212,21 @@ def test_gradient_checkpointing_keeps_the_eager_step():
         tiny_hparams(compile_training=True, gradient_checkpointing=True)
     assert "\n" not in str(err.value)
     tiny_hparams(compile_training="auto", gradient_checkpointing=True)
+
+
+@pytest.mark.slow
+def test_a_run_of_single_edits_compiles_a_few_graphs(backend):
+    """Ten single LoRA edits of one model, each restored (a new adapter each time) with passages of
+    growing length: dynamo compiles a few graphs (it makes the changing sizes symbolic), far from
+    the recompile limit, past which a ``fullgraph`` compile would fail the run."""
+    from hpse_easyedit import apply_hpse_to_model, restore_weights
+
+    model, tok = make_tiny_model_and_tokenizer("llama", init_std=0.2)
+    hp = tiny_hparams(rounds=1, inner_steps=1, max_new_tokens=6, compile_training=True)
+    for i in range(10):
+        passage = f"Person {i} lives in City {i} and likes tea" + " very" * i + "."
+        edited, handle = apply_hpse_to_model(
+            model, tok, [{"subject": f"Person {i}", "target_new": passage}], hp
+        )
+        model = restore_weights(edited, handle)
+    assert 2 <= backend.graphs <= 6
