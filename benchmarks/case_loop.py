@@ -412,7 +412,7 @@ class SequentialLoop(CaseLoop):
             return
         done = block[:edits]
         ids = [str(self.cases[i]["case_id"]) for i in done]
-        if self.sequence.has_checkpoint(b, edits, ids):
+        if self.sequence.has_checkpoint(edits, ids):
             return
         failed = {
             str(r["case_id"]): r["failed"] for r in self.sequence.recorded(b) if "failed" in r

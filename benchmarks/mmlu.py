@@ -225,11 +225,10 @@ class MMLUProbe:
     model's accuracy once per output directory (``mmlu_before.json``), and the edited model's after
     every ``mmlu_every``-th edit (case in single mode, block in continual mode)."""
 
-    def __init__(
-        self, options: Mapping[str, Any], enabled: bool, data_dir: Path, out_dir: Path
-    ) -> None:
+    enabled = True
+
+    def __init__(self, options: Mapping[str, Any], data_dir: Path, out_dir: Path) -> None:
         self.options = options
-        self.enabled = enabled
         self.data_dir = data_dir
         self.path = out_dir / "mmlu_before.json"
         self.items: list[MMLUItem] = []
@@ -237,21 +236,20 @@ class MMLUProbe:
     def load(self) -> None:
         """The fixed subset (``mmlu_n`` questions, ``mmlu_shots`` dev examples each,
         ``mmlu_seed``)."""
-        if self.enabled:
-            o = self.options
-            self.items = load_mmlu_subset(
-                self.data_dir, o["mmlu_n"], shots=o["mmlu_shots"], seed=o["mmlu_seed"]
-            )
+        o = self.options
+        self.items = load_mmlu_subset(
+            self.data_dir, o["mmlu_n"], shots=o["mmlu_shots"], seed=o["mmlu_seed"]
+        )
 
     def lacks_before(self) -> bool:
         """True when the unedited model's accuracy is still to be measured (the model must be loaded
         for it)."""
-        return self.enabled and not self.path.is_file()
+        return not self.path.is_file()
 
     def due(self, unit: int) -> bool:
         """MMLU after the edit of this case (single) or block (sequential): every ``mmlu_every``-th
         one, from the first."""
-        return self.enabled and unit % self.options["mmlu_every"] == 0
+        return unit % self.options["mmlu_every"] == 0
 
     def measure(self, model: Any, tokenizer: Any) -> float:
         acc, _ = mmlu_accuracy(
@@ -262,8 +260,6 @@ class MMLUProbe:
     def before(self, unedited: Callable[[], tuple[Any, Any]] | None) -> float | None:
         """MMLU of the unedited model, computed once per output directory (``unedited()`` gives the
         model and its tokenizer; None: it must be recorded already, by the main process)."""
-        if not self.enabled:
-            return None
         if self.path.is_file():
             return json.loads(self.path.read_text(encoding="utf-8"))["MMLU_before"]
         if unedited is None:

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -223,13 +222,8 @@ class SequenceLog:
         self.block_state(block).unlink(missing_ok=True)
 
     # ---------------------------------------------------------------------------------- checkpoints
-    def has_checkpoint(self, block: int, checkpoint: int, case_ids: list[str]) -> bool:
+    def has_checkpoint(self, checkpoint: int, case_ids: list[str]) -> bool:
         return all(f"{checkpoint}:{cid}" in self.checkpoints.records for cid in case_ids)
-
-    def add_checkpoint(self, records: list[dict]) -> None:
-        new = {checkpoint_key(r) for r in records}
-        self.checkpoints.drop(lambda r: checkpoint_key(r) not in new)
-        self.checkpoints.append(records)
 
     # ------------------------------------------------------------------------------------- snapshot
     def block_state(self, block: int) -> Path:
@@ -278,6 +272,3 @@ class SequenceLog:
             log.warning("%s cannot be read (%s); replaying the recorded edits instead", path, err)
             return None
         return state if state.get("block") == block else None
-
-    def clear_state(self) -> None:
-        shutil.rmtree(self.state_dir, ignore_errors=True)

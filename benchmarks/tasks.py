@@ -194,7 +194,7 @@ class Task:
         """The locality check around this task's edits: MMLU for a task that ``measures_mmlu``
         (with ``mmlu_n`` > 0 questions), none otherwise."""
         if self.measures_mmlu and options["mmlu_n"] > 0:
-            return MMLUProbe(options, True, data_dir, out_dir)
+            return MMLUProbe(options, data_dir, out_dir)
         return NoProbe()
 
     def questions(self, case: Mapping[str, Any]) -> list[str]:
