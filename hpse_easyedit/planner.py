@@ -18,8 +18,8 @@ the edit's own steps, in order:
 - ``rollout``: one request's hybrid rollout on the preallocated decode (``StaticDecoder``: the KV
   cache of the teacher prompt, its width rounded up as ``static_decode.kept_decoder`` rounds it,
   plus ``max_new_tokens`` for the student and teacher rows), prefill and one decode step; on the
-  static decode (``static_decode`` true, ``compile``, or ``auto`` on a card) the decoder is kept,
-  so its cache stays allocated through the phases after it;
+  compiled decode (``static_decode: compile``, or ``auto`` on a card) the decoder is kept, so its
+  cache stays allocated through the phases after it;
 - ``training``: two inner steps (``training.inner_step``: the KL rows over prompt + rollout, then
   the NLL rows over prompt + passage, each forward and backward, then Adam), at the planned rollout
   length;
@@ -359,14 +359,14 @@ def _answers_phase(model: Any, workload: Workload, kept: bool) -> None:
 
 
 def _keeps_decoder(hp: Any, model: Any) -> bool:
-    """Whether the edit decodes on the static path, whose decoder is kept with the model
+    """Whether the edit decodes on the compiled static path, whose decoder is kept with the model
     (``static_decode.kept_decoder``: its cache stays allocated through the phases after the
-    rollout): ``static_decode`` true or ``compile``, or ``auto`` on a card (the meta device's plan
-    is a card's)."""
+    rollout): ``static_decode: compile``, or ``auto`` on a card (the meta device's plan is a
+    card's)."""
     setting = getattr(hp, "static_decode", False)
     if setting == "auto":
         return model.device.type in ("meta", "cuda")
-    return bool(setting)
+    return setting == "compile"
 
 
 def plan_edit(
@@ -700,6 +700,11 @@ def _report(
 #: smaller workload
 KNOBS = (
     ("gradient_checkpointing=true", {"gradient_checkpointing": True}, {}),
+    (
+        "gradient_checkpointing=true, static_decode=true",
+        {"gradient_checkpointing": True, "static_decode": True},
+        {},
+    ),
     ("executor=lora", {"executor": "lora"}, {}),
     ("one request per edit (batch_size=1)", {}, {"requests": 1}),
     ("shorter rollouts (max_new_tokens halved)", {}, {"max_new_tokens": None}),

@@ -388,7 +388,8 @@ def _static_rollouts(
     rows = [list(s) for s, _ in requests] + [list(t) for _, t in requests]
     teacher_rows = torch.tensor([False] * count + [True] * count)
     teacher_tokens = [len(t) for _, t in requests]
-    with kept_decoder(model, rows, pad_id, max_new_tokens) as decoder, row_switch(teacher_rows):
+    kept = kept_decoder(model, rows, pad_id, max_new_tokens, keep=compiled)
+    with kept as decoder, row_switch(teacher_rows):
         step = decoder.compiled_step(compile_step) if compiled else decoder.step
         logp = decoder.prefill()
         for n in range(1, max_new_tokens + 1):

@@ -17,15 +17,18 @@ and its greedy tokens are the dynamic path's (``tests/test_static_decode.py``). 
 stop tokens every ``stop_every`` tokens, the one host synchronisation of the loop, and discard the
 steps decoded past the stop.
 
-One decoder per shape, kept: ``kept_decoder`` hands out the decoder kept for the model (its base,
-under a peft wrapper) whose batch, prompt width and length match, refilled in place for the new
-rows (``StaticDecoder.refill``: the cache zeroed, the masks and positions rewritten; every address
-the same), and builds one only for a shape it has not kept (up to ``KEPT_DECODERS`` per model, the
-oldest dropped). Prompt widths are rounded up to a multiple of ``WIDTH_STEP`` (extra left padding,
-masked), so the rounds of an edit, and the edits of a run whose prompts fall in the same step,
-decode on the same tensors and replay one compiled step (one CUDA graph) instead of recording a
-new one per rollout. The kept decoders' caches stay allocated between decodes (the memory planner
-counts the rollout's through the training phase); ``release_decoders(model)`` frees them.
+One decoder per shape, kept, for the compiled decode: ``kept_decoder`` hands out the decoder kept
+for the model (its base, under a peft wrapper) whose batch, prompt width and length match, refilled
+in place for the new rows (``StaticDecoder.refill``: the cache zeroed, the masks and positions
+rewritten; every address the same), and builds one only for a shape it has not kept (up to
+``KEPT_DECODERS`` per model, the oldest dropped). Prompt widths are rounded up to a multiple of
+``WIDTH_STEP`` (extra left padding, masked), so the rounds of an edit, and the edits of a run whose
+prompts fall in the same step, decode on the same tensors and replay one compiled step (one CUDA
+graph) instead of recording a new one per rollout. The kept decoders' caches stay allocated between
+decodes (the memory planner counts the rollout's through the training phase);
+``release_decoders(model)`` frees them. An uncompiled static decode (``static_decode: true``)
+captures nothing, so it keeps nothing: a new decoder of the rows' own width per decode, its cache
+freed after.
 
 Limits: the attention implementation must take a 4D mask (``sdpa`` or ``eager``; not
 ``flash_attention_2``), and a model with sliding-window layers must have a window at least as long
@@ -367,12 +370,21 @@ def _base(model: Any) -> Any:
 
 @contextlib.contextmanager
 def kept_decoder(
-    model: Any, rows: Sequence[Sequence[int]], pad_id: int, max_new_tokens: int
+    model: Any,
+    rows: Sequence[Sequence[int]],
+    pad_id: int,
+    max_new_tokens: int,
+    keep: bool = True,
 ) -> Iterator[StaticDecoder]:
     """A ``StaticDecoder`` for ``rows``, their prompt width rounded up to a multiple of
     ``WIDTH_STEP``: the one kept for ``model`` with this batch, width, length, device and dtype,
     refilled in place, or a new one kept for the next decode of that shape (see the module
-    docstring). Inside the block the decoder runs ``model``; it holds no reference to it after."""
+    docstring). Inside the block the decoder runs ``model``; it holds no reference to it after.
+    ``keep=False`` (a decode that is not compiled, where no capture is to be reused): a new decoder
+    of the rows' own width, dropped after, as before decoders were kept."""
+    if not keep:
+        yield StaticDecoder(model, rows, pad_id, max_new_tokens)
+        return
     width = kept_width(rows)
     dtype = next(model.parameters()).dtype
     key = (len(rows), width, max_new_tokens, str(_model_device(model)), dtype)
@@ -427,12 +439,9 @@ def static_generate(
     new tokens, a row that has stopped continues with ``pad_id``, and ``T`` ends at the step where
     the last row stopped (or at ``max_new_tokens``). The stop test runs every ``stop_every``
     tokens."""
-    with kept_decoder(model, rows, pad_id, max_new_tokens) as decoder:
-        step = (
-            decoder.compiled_step(backend=compile_backend)
-            if compiled or compile_backend
-            else decoder.step
-        )
+    compiled = bool(compiled or compile_backend)
+    with kept_decoder(model, rows, pad_id, max_new_tokens, keep=compiled) as decoder:
+        step = decoder.compiled_step(backend=compile_backend) if compiled else decoder.step
         return _greedy(decoder, step, max_new_tokens, stop_ids, pad_id, stop_every)
 
 

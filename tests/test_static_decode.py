@@ -501,9 +501,9 @@ def test_the_batched_engine_captures_once_per_shape(monkeypatch, executor, want)
 
 
 def test_a_kept_decoder_refilled_decodes_as_a_new_one():
-    """``static_generate`` keeps one decoder per shape: a second batch of rows in the same width
-    step decodes on the same decoder, refilled in place, and gives the tokens a new decoder gives;
-    a batch of another shape gets its own."""
+    """``static_generate`` compiled keeps one decoder per shape: a second batch of rows in the same
+    width step decodes on the same decoder, refilled in place, and gives the tokens a new decoder
+    gives; a batch of another shape gets its own; the uncompiled decode keeps none."""
     from hpse_easyedit import static_decode
 
     model, tok = make_tiny_model_and_tokenizer("qwen2", init_std=0.2)
@@ -511,7 +511,7 @@ def test_a_kept_decoder_refilled_decodes_as_a_new_one():
     first = [tok(STUDENT)["input_ids"], tok(TEACHER)["input_ids"]]
     second = [tok("Who is AJ Lee?")["input_ids"], tok(TEACHER + " Again.")["input_ids"]]
     assert static_decode.kept_width(first) == static_decode.kept_width(second)
-    args = dict(max_new_tokens=10, stop_ids=[], pad_id=tok.pad_token_id)
+    args = dict(max_new_tokens=10, stop_ids=[], pad_id=tok.pad_token_id, compile_backend="eager")
     static_generate(model, first, **args)
     (decoder,) = static_decode._KEPT[model].values()
     kept = static_generate(model, second, **args)
@@ -522,6 +522,9 @@ def test_a_kept_decoder_refilled_decodes_as_a_new_one():
     assert torch.equal(kept, fresh)
     static_generate(model, second[:1], **args)
     assert len(static_decode._KEPT[model]) == 2
+    static_decode.release_decoders(model)
+    uncompiled = static_generate(model, second, **{**args, "compile_backend": None})
+    assert static_decode._KEPT.get(model) is None and torch.equal(uncompiled, fresh)
 
 
 def test_static_decode_refuses_flash_attention_in_one_line():
