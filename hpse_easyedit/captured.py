@@ -25,7 +25,6 @@ positions: the trained tensors after a captured step equal the eager step's with
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Callable, Sequence
 
 import torch
@@ -39,11 +38,10 @@ __all__ = [
     "CapturedKL",
     "CapturedNLL",
     "kl_loss",
+    "logits_window",
     "nll_loss",
     "training_mode",
 ]
-
-logger = logging.getLogger(__name__)
 
 #: a captured batch's width is rounded up to a multiple of this many tokens
 WIDTH_STEP = 64
@@ -131,8 +129,11 @@ def _compiled(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
     return _COMPILED[key]
 
 
-def _keep(model: Any, width: int, first: int, scored_only: bool) -> tuple[int, int]:
-    """``(logits_to_keep, the position the kept logits start at)``."""
+def logits_window(model: Any, width: int, first: int, scored_only: bool) -> tuple[int, int]:
+    """``(logits_to_keep, the position the kept logits start at)`` of a training forward over rows
+    of ``width`` tokens whose scored positions start at ``first``: only those with ``scored_only``
+    where the model takes ``logits_to_keep`` (``(0, 0)``, every position, otherwise). The eager
+    passes (``editor._logits_from``) and the captured ones decide here."""
     from .rollout import accepts_keyword
 
     if scored_only and first > 0 and accepts_keyword(model, "logits_to_keep"):
@@ -162,7 +163,7 @@ class CapturedNLL:
         self.first = min(len(p.student_ids) for p in prompts) - 1
 
     def loss(self, model: Any, scored_only: bool = True) -> torch.Tensor:
-        keep, first = _keep(model, self.ids.shape[1], self.first, scored_only)
+        keep, first = logits_window(model, self.ids.shape[1], self.first, scored_only)
         return self._fn()(model, self.ids, self.mask, keep, self.labels[:, first:])
 
     def _fn(self) -> Callable[..., torch.Tensor]:
@@ -208,7 +209,7 @@ class CapturedKL:
         self._positions: dict[int, torch.Tensor] = {}
 
     def loss(self, model: Any, student: str = "full", scored_only: bool = True) -> torch.Tensor:
-        keep, first = _keep(model, self.ids.shape[1], self.first, scored_only)
+        keep, first = logits_window(model, self.ids.shape[1], self.first, scored_only)
         positions = self._positions.get(first)
         if positions is None:  # once per batch, not per inner step
             positions = self._positions[first] = (self._starts - first).to(self.device)

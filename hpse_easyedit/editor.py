@@ -12,7 +12,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from .captured import CapturedKL, CapturedNLL, training_mode
+from .captured import CapturedKL, CapturedNLL, logits_window, training_mode
 from .edit_requests import RequestError, normalize_requests
 from .executors import Executor, make_executor
 from .hparams import HPSEHyperParams
@@ -20,7 +20,7 @@ from .locks import editing
 from .losses import sequence_nll, topk_forward_kl
 from .padding import next_token_labels, pad_rows, pad_token_id
 from .prompts import EditPrompts, build_edit_prompts, stop_token_ids
-from .rollout import Rollout, accepts_keyword, draw_rollouts, input_device
+from .rollout import Rollout, draw_rollouts, input_device
 from .training import EditResult, Terms, train_edit
 
 __all__ = ["HPSEObjective", "edit_prompts", "hpse_edit"]
@@ -75,11 +75,9 @@ def _logits_from(
     takes ``logits_to_keep``; otherwise every position's logits come back, starting at 0. The kept
     logits, and so the gradients, are the same values either way.
     """
-    if scored_only and first > 0 and accepts_keyword(model, "logits_to_keep"):
-        return model(
-            input_ids=ids, attention_mask=mask, logits_to_keep=ids.shape[1] - first
-        ).logits, first
-    return model(input_ids=ids, attention_mask=mask).logits, 0
+    keep, first = logits_window(model, ids.shape[1], first, scored_only)
+    kwargs = {"logits_to_keep": keep} if keep else {}
+    return model(input_ids=ids, attention_mask=mask, **kwargs).logits, first
 
 
 class _NLLBatch:
