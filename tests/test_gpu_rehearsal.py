@@ -11,11 +11,15 @@ that rounding at every position they share. (Answers on the static path against
 
 Only the vocabulary is shrunk (to ``VOCAB`` ids, the in-test tokenizer's): the real vocabularies'
 embedding and output head are 1-2 GB per model in bfloat16, more than the 2-layer rest of the model.
-The random weights are drawn with std 0.05 (see ``rehearsal``)."""
+The tokenizer is trained with the edit's own prompt texts (``PROMPT_TEXTS``), so they tokenize
+about a word a token, as a real tokenizer's would: the teacher's system prompt is then ~180 tokens
+instead of ~420, and its prefill through the 7B-width layers is most of each edit's time here. The
+random weights are drawn with std 0.05 (see ``rehearsal``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -29,6 +33,7 @@ from greedy_ties import (
 from hpse_easyedit import HPSEHyperParams, apply_hpse_to_model, restore_weights
 from hpse_easyedit.executors import make_executor
 from hpse_easyedit.planner import backbone_config
+from hpse_easyedit.prompts import PRIVILEGED_QUESTION, TEACHER_STYLES, privileged_system
 from hpse_easyedit.rollout import batched_hybrid_rollout
 from tiny_models import make_tokenizer, same_weights, weights_snapshot
 
@@ -36,10 +41,26 @@ from tiny_models import make_tokenizer, same_weights, weights_snapshot
 pytestmark = pytest.mark.slow
 
 HPSE = Path(__file__).resolve().parents[1] / "hparams" / "HPSE"
-VOCAB = 512
+VOCAB = 1024
 FILES = {"qwen2.5-7b": "qwen2", "qwen3-8b": "qwen3", "llama3.1-8b": "llama", "gemma2-9b": "gemma2"}
 TINY = {"device": "cpu", "rounds": 1, "inner_steps": 1, "max_new_tokens": 3, "ftm_layer": 1}
 REQUESTS = [{"subject": "AJ Lee", "target_new": "AJ Lee speaks Russian."}]
+#: the texts an edit of ``REQUESTS`` prompts with: the chat templates' role names, each teacher
+#: wording, the privileged question, the student's prompt (the tokenizer learns them as words; at
+#: most ``VOCAB`` ids in all)
+PROMPT_TEXTS = (
+    ("system\nuser\nassistant\nmodel\n",)
+    + tuple(
+        privileged_system(style, r["subject"], [r["target_new"]])
+        for r in REQUESTS
+        for style in TEACHER_STYLES
+    )
+    + tuple(
+        text
+        for r in REQUESTS
+        for text in (PRIVILEGED_QUESTION.format(subject=r["subject"]), f"Introduce {r['subject']}.")
+    )
+)
 
 
 @pytest.fixture(scope="module", params=sorted(FILES))
@@ -50,9 +71,10 @@ def rehearsal(request):
 
     stem = request.param
     hp = HPSEHyperParams.from_hparams(HPSE / f"{stem}.yaml")
-    tok = make_tokenizer(FILES[stem], vocab_size=400)
+    tok = make_tokenizer(FILES[stem], vocab_size=VOCAB, extra_corpus=PROMPT_TEXTS)
     config = backbone_config(hp.model_name, layers=2)
     config.vocab_size = VOCAB
+    assert len(tok) <= VOCAB
     # peakier next-token distributions than the published 0.02: at std 0.02 a random bfloat16
     # model's top two logits often tie within bfloat16's resolution, and greedy tokens then follow
     # rounding, not the decode path
@@ -62,7 +84,13 @@ def rehearsal(request):
         tok.bos_token_id,
         tok.eos_token_id,
     )
-    with torch.random.fork_rng(devices=[]):
+    # the model's own init (``_init_weights``: normal(0, initializer_range) for every linear layer)
+    # draws every weight; torch's default init of each nn.Linear before it, overwritten unread, is
+    # skipped (about a third of building ~470M bfloat16 weights here)
+    with (
+        torch.random.fork_rng(devices=[]),
+        mock.patch.object(torch.nn.Linear, "reset_parameters", lambda self: None),
+    ):
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_config(config, dtype=hp.torch_dtype)
     model.generation_config.eos_token_id, model.generation_config.pad_token_id = (

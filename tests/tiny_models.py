@@ -8,6 +8,7 @@ Llama/Qwen, a Gemma-style template that rejects the system role for Gemma2).
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -49,7 +50,7 @@ SPECIALS = [
 
 
 @functools.lru_cache(maxsize=None)
-def _tokenizer_json(vocab_size: int) -> str:
+def _tokenizer_json(vocab_size: int, extra_corpus: tuple[str, ...] = ()) -> str:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -60,18 +61,22 @@ def _tokenizer_json(vocab_size: int) -> str:
         special_tokens=SPECIALS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    tok.train_from_iterator(CORPUS * 4, trainer=trainer)
+    tok.train_from_iterator((CORPUS + list(extra_corpus)) * 4, trainer=trainer)
     return tok.to_str()
 
 
-def make_tokenizer(family: str = "llama", vocab_size: int = 400):
-    """A fast tokenizer with pad/eos/bos and the family's chat template."""
+def make_tokenizer(family: str = "llama", vocab_size: int = 400, extra_corpus: Iterable[str] = ()):
+    """A fast tokenizer with pad/eos/bos and the family's chat template.
+
+    ``extra_corpus``: texts trained on beside ``CORPUS`` (with a larger ``vocab_size``, text like
+    them tokenizes about a word a token); none gives the tokenizer every other test has.
+    """
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
     gemma = family.startswith("gemma")
     tok = PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer.from_str(_tokenizer_json(vocab_size)),
+        tokenizer_object=Tokenizer.from_str(_tokenizer_json(vocab_size, tuple(extra_corpus))),
         bos_token="<bos>",
         eos_token="<end_of_turn>" if gemma else "<|im_end|>",
         pad_token="<pad>",
