@@ -48,7 +48,8 @@ test-fast: $(STAMP)
 VENV_EE ?= .venv-ee
 PY_EE := $(VENV_EE)/bin/python
 STAMP_EE := $(VENV_EE)/.hpse-installed
-EE_TESTS := tests/test_static_decode.py tests/test_captured.py tests/test_gpu_rehearsal.py tests/test_cuda_smoke.py \
+EE_TESTS := tests/test_static_decode.py tests/test_decode_route.py tests/test_captured.py tests/test_gpu_rehearsal.py \
+	tests/test_cuda_smoke.py \
 	$(wildcard tests/test_easyedit*.py)
 
 EE_EXTRAS := test,easyedit

@@ -30,12 +30,12 @@ setup(
         "tqdm>=4.60",
         "matplotlib>=3.7",
         "packaging>=20",  # version comparisons (hpse_easyedit.loading)
-        # np.random.default_rng: the bootstrap intervals (benchmarks.paired.bootstrap_ci)
+        # np.random.default_rng: the bootstrap intervals (benchmarks.analysis.paired.bootstrap_ci)
         "numpy>=1.22",
-        "nltk>=3.8",  # SelfBLEU-4 (benchmarks.metrics.bleu): the sentence_bleu Texygen calls
+        "nltk>=3.8",  # SelfBLEU-4 (benchmarks.tasks.metrics.bleu): the sentence_bleu Texygen calls
         # names the encoding of a passage file that is not UTF-8 (hpse_easyedit.encoding)
         "charset-normalizer>=3",
-        # UnKE's own ROUGE recall (benchmarks.unke_scores), the package EasyEdit calls
+        # UnKE's own ROUGE recall (benchmarks.tasks.unke_scores), the package EasyEdit calls
         "rouge>=1.0.1",
         "jinja2>=3.0",  # the HTML report's templates (benchmarks/report/templates)
         "pydantic>=2",  # the hparams schemas (hpse_easyedit.hparams)

@@ -2,9 +2,9 @@
 # The checks and timings of the GPU path on one CUDA machine, in one go (docs/GPU.md quotes what it
 # writes): the CUDA smoke tests (float32 tokens against the CPU's; bf16 LoRA and FT-M edits with the
 # compiled decode and the captured inner step; 20 sequential edits whose allocated and reserved
-# memory must stop growing), then `benchmarks.gpu_path --device cuda` (rollout tokens/s, and the
+# memory must stop growing), then `python -m benchmarks gpu-path --device cuda` (rollout tokens/s, and the
 # file's edit first (compiling the captured step), at steady state and with the eager step),
-# `benchmarks.perf --random-config` and `benchmarks.perf_batched --random-config` (cases per hour of
+# `perf --random-config` and `perf-batched --random-config` (cases per hour of
 # B one-request edits at once) on random-weight Qwen2.5-7B (the published architecture, bf16). Each step has a
 # time limit (`<STEP>_S` seconds; 0 skips the step), so that one that hangs does not cost the others
 # their figures; the defaults (150 + 240 + 90 + 120 s, batched B = 1 and 8) fit in 10 minutes of a
@@ -46,13 +46,13 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to $OUT/NAM
     echo "== $name: exit $? after $((SECONDS - t0)) s" | tee -a "$OUT/steps.txt"
 }
 step smoke "${SMOKE_S:-150}" "$PY" -m pytest -q -p no:cacheprovider -rs tests/test_cuda_smoke.py
-step gpu_path "${GPU_PATH_S:-240}" "$PY" -m benchmarks.gpu_path --device cuda --hparams "$FILE" \
+step gpu_path "${GPU_PATH_S:-240}" "$PY" -m benchmarks gpu-path --device cuda --hparams "$FILE" \
     --out "$OUT/gpu_path.json"
-step perf "${PERF_S:-90}" "$PY" -m benchmarks.perf --hparams "$FILE" --random-config qwen2.5-7b \
+step perf "${PERF_S:-90}" "$PY" -m benchmarks perf --hparams "$FILE" --random-config qwen2.5-7b \
     "${TOKENIZER[@]}" --mmlu-n 0 --no-easyedit --sequential 1 2 --rollout-repeats 2 \
     --out "$OUT/perf.json"
 # shellcheck disable=SC2086  # BATCHED_B is a list of numbers
-step batched "${BATCHED_S:-120}" "$PY" -m benchmarks.perf_batched --hparams "$FILE" \
+step batched "${BATCHED_S:-120}" "$PY" -m benchmarks perf-batched --hparams "$FILE" \
     --random-config qwen2.5-7b "${TOKENIZER[@]}" --passage hpse_easyedit/demo_passage.txt \
     --cases-at-once ${BATCHED_B:-1 8} --out "$OUT/batched.json"
 tail -n 3 "$OUT/smoke.log"

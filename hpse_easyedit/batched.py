@@ -40,9 +40,10 @@ from .fast_decode import few_row_linears
 from .hparams import HPSEHyperParams
 from .locks import editing
 from .losses import sequence_nll, topk_forward_kl
+from .model_calls import input_device
 from .padding import next_token_labels, pad_rows, pad_token_id
 from .prompts import EditPrompts, stop_token_ids
-from .rollout import Rollout, batched_hybrid_rollouts, input_device
+from .rollout import Rollout, batched_hybrid_rollouts
 from .static_decode import decode_mode
 from .training import (
     _diverged,

@@ -12,6 +12,7 @@ from .editor import hpse_edit
 from .executors import restore_weights, resume_edit
 from .hparams import HPSEHyperParams
 from .integrations.baselines import (
+    LOCATE_THEN_EDIT,
     AnyEditHyperParams,
     LocateThenEditHParams,
     UnKEHyperParams,
@@ -91,7 +92,7 @@ for _name, _hparams in (
             preflight=check_locality_data,
         )
     )
-for _name in ("MEMIT", "AlphaEdit"):  # EasyEdit's own ALG_DICT entries, statistics computed offline
+for _name in LOCATE_THEN_EDIT:  # EasyEdit's own ALG_DICT entries, statistics computed offline
     register_method(
         MethodSpec(
             _name,

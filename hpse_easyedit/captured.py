@@ -134,7 +134,7 @@ def logits_window(model: Any, width: int, first: int, scored_only: bool) -> tupl
     of ``width`` tokens whose scored positions start at ``first``: only those with ``scored_only``
     where the model takes ``logits_to_keep`` (``(0, 0)``, every position, otherwise). The eager
     passes (``editor._logits_from``) and the captured ones decide here."""
-    from .rollout import accepts_keyword
+    from .model_calls import accepts_keyword
 
     if scored_only and first > 0 and accepts_keyword(model, "logits_to_keep"):
         return width - first, first

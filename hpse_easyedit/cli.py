@@ -6,8 +6,8 @@ Example::
         --subject "Selma Varrick" --passage-file passage.txt \\
         --ask "Where was Selma Varrick born?" --save runs/selma --set rounds=3
 
-Every entry point of the project (this one, the demo, ``run_examples/*``, ``python -m
-benchmarks.perf`` and ``.inspect_rollout``) runs its ``main`` through ``run_cli``: a user's mistake
+Every entry point of the project (this one, the demo, ``run_examples/*``, every ``python -m
+benchmarks COMMAND``) runs its ``main`` through ``run_cli``: a user's mistake
 (a bad hparams file or option, a missing file or model) is ONE line on stderr naming the field or
 file and the fix, and exit code 2; the traceback only with ``--debug`` (or ``HPSE_DEBUG=1``).
 SIGTERM and SIGHUP stop a command as Ctrl-C does: one ``interrupted:`` line saying what was kept

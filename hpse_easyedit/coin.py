@@ -57,9 +57,9 @@ from .executors import make_executor
 from .hparams import ExecutorHParams, HParamsError, hp_field
 from .locks import editing
 from .losses import sequence_nll
+from .model_calls import input_device
 from .padding import next_token_labels, pad_rows, pad_token_id
 from .prompts import chat_prompt_ids, end_of_turn_id
-from .rollout import input_device
 from .text import sentence_spans
 from .training import EditResult, Terms, train_edit
 

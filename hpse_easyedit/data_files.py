@@ -4,8 +4,8 @@ CSV reader.
 The data directory is read-only input: ``$HPSE_DATA_DIR``, else ``../shared/data`` next to the
 repository. Every benchmark file the project reads is named here, relative to that directory; the
 core package's built-in corpora (``covariance``), the UnKE/AnyEdit locality data
-(``integrations.baselines``) and the benchmark loaders (``benchmarks.datasets``) all take their
-paths from these names, and all MMLU CSV files are read by ``read_mmlu_csv``.
+(``integrations.baselines``) and the benchmark loaders (``benchmarks.tasks.datasets``) all take
+their paths from these names, and all MMLU CSV files are read by ``read_mmlu_csv``.
 """
 
 from __future__ import annotations

@@ -18,9 +18,10 @@ from .executors import Executor, make_executor
 from .hparams import HPSEHyperParams
 from .locks import editing
 from .losses import sequence_nll, topk_forward_kl
+from .model_calls import input_device
 from .padding import next_token_labels, pad_rows, pad_token_id
 from .prompts import EditPrompts, build_edit_prompts, stop_token_ids
-from .rollout import Rollout, draw_rollouts, input_device
+from .rollout import Rollout, draw_rollouts
 from .training import EditResult, Terms, train_edit
 
 __all__ = ["HPSEObjective", "edit_prompts", "hpse_edit"]

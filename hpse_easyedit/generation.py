@@ -7,9 +7,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
+from .model_calls import input_device
 from .padding import pad_rows, pad_token_id
 from .prompts import chat_prompt_ids, has_system_role, stop_token_ids
-from .rollout import input_device
 from .static_decode import decode_mode, plain_greedy, static_generate
 
 __all__ = ["generate_answers"]

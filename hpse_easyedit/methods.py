@@ -4,13 +4,13 @@ it.
 A spec says everything the rest of the project asks about a method: how its hparams file is read
 (its hparams class's ``load``), how its model is loaded, the edit the benchmark runner calls, the
 restore that undoes it, and the ``ALG_DICT`` entry EasyEdit's ``BaseEditor`` calls (with whether
-EasyEdit restores by calling ``weights_copy``). The benchmark runner (``benchmarks.methods``),
+EasyEdit restores by calling ``weights_copy``). The benchmark runner (``benchmarks.run.methods``),
 ``run_compare``, ``hpse_easyedit.easyedit.load_hparams``/``make_editor`` and ``register``
 (EasyEdit's ``ALG_DICT``, ``CALLABLE_RESTORE_ALGS`` and batchable methods) all read this one table.
 
 This module is the table only and imports no method: the project's own methods are registered by
 ``builtin_methods`` (imported with the package), the benchmark's reference rows (``UNEDITED``,
-``IN_CONTEXT``) by ``benchmarks.methods``, each by the layer it belongs to. A new method is one
+``IN_CONTEXT``) by ``benchmarks.run.methods``, each by the layer it belongs to. A new method is one
 module (its hparams class and its edit) plus one line::
 
     register_method(

@@ -40,7 +40,7 @@ executor with every case's start and Adam; one rollout of every case's student a
 two inner steps in passes of ``cases_per_pass`` cases, 'auto' being a GPU's: all in one pass; each
 case's result held while one is answered), and ``plan_cases_at_once`` turns plans at a few B into
 the memory per extra case and the largest B per card (``plan --cases-at-once``). Checked against
-the real engine's measured peak on SmolLM2 by ``benchmarks.plan_check``
+the real engine's measured peak on SmolLM2 by ``benchmarks.perf.plan_check``
 (docs/perf/plan-cases-smollm2.json)."""
 
 from __future__ import annotations
@@ -482,7 +482,7 @@ def plan_cases(
         apply_case_edit,
     )
     from .executors.stacked import make_stacked
-    from .rollout import input_device
+    from .model_calls import input_device
     from .static_decode import StaticDecoder, kept_width
     from .training import activation_checkpointing
 

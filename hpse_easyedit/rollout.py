@@ -4,13 +4,16 @@ Student and teacher each keep their own KV cache and are advanced one token at a
 response. At every position the teacher's top-K ids and log-probabilities are kept, so the M inner
 steps of a round never run the teacher again. ``hybrid=False`` gives the plain on-policy rollout
 (OPSD, the "w/o HP" ablation): the same loop with the gate switched off.
+
+The engine asks for one round's rollouts through ``draw_rollouts`` (``draw_rollout`` for one
+request); ``decode_route`` is the one place that chooses how they are decoded, from the hparams
+(``DECODE_ROUTES``): every route gives the same tokens, step-ins and teacher top-K
+(``tests/test_static_decode.py``, ``tests/test_rollout.py``), at different costs.
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
-import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Iterable, Sequence
 
@@ -19,14 +22,17 @@ import torch.nn.functional as F
 
 from .fast_decode import few_row_linears
 from .losses import stepin_decision
+from .model_calls import accepts_keyword, cache_keyword, input_device, output_cache
 from .padding import pad_rows
 from .static_decode import compile_step, decode_mode, kept_decoder
 
 __all__ = [
+    "DECODE_ROUTES",
     "Rollout",
     "accepts_keyword",
     "batched_hybrid_rollout",
     "batched_hybrid_rollouts",
+    "decode_route",
     "draw_rollout",
     "draw_rollouts",
     "hybrid_rollout",
@@ -58,55 +64,6 @@ class Rollout:
     @property
     def stepin_rate(self) -> float:
         return self.stepin_count / max(len(self), 1)
-
-
-def input_device(model: torch.nn.Module) -> torch.device:
-    """Where input ids must go: the input embedding's device (also right under
-    device_map='auto')."""
-    try:
-        return model.get_input_embeddings().weight.device
-    except (AttributeError, NotImplementedError):
-        return next(model.parameters()).device
-
-
-#: model -> the keywords its forward takes (inspected once per model; the entry goes with the model)
-_FORWARD_KEYWORDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def accepts_keyword(model: torch.nn.Module, name: str) -> bool:
-    """Whether ``model``'s forward (or, for a peft wrapper, its base model's) takes the keyword
-    ``name``."""
-    try:
-        keywords = _FORWARD_KEYWORDS.get(model)
-    except TypeError:  # an object that cannot be weakly referenced: inspected at every call
-        keywords = None
-    if keywords is None:
-        try:
-            keywords = set(inspect.signature(model.forward).parameters)
-            base = getattr(model, "get_base_model", None)
-            if base is not None:
-                keywords |= set(inspect.signature(base().forward).parameters)
-        except (TypeError, ValueError):
-            keywords = set()
-        keywords = frozenset(keywords)
-        try:
-            _FORWARD_KEYWORDS[model] = keywords
-        except TypeError:
-            pass
-    return name in keywords
-
-
-def cache_keyword(model: torch.nn.Module) -> str:
-    """The forward keyword of the KV cache: ``cache`` where the model takes it (transformers >=
-    5.24, which deprecates ``past_key_values``), else ``past_key_values``."""
-    return "cache" if accepts_keyword(model, "cache") else "past_key_values"
-
-
-def output_cache(out: Any) -> Any:
-    """The updated KV cache of a forward's output: ``out.cache`` (transformers >= 5.24) or
-    ``out.past_key_values``."""
-    cache = getattr(out, "cache", None)
-    return cache if cache is not None else out.past_key_values
 
 
 def _step(model: torch.nn.Module, ids: torch.Tensor, cache: Any) -> tuple[torch.Tensor, Any]:
@@ -496,18 +453,46 @@ def batched_hybrid_rollouts(
     )
 
 
+#: How one round's rollouts are decoded (``decode_route`` picks one from the hparams):
+DECODE_ROUTES = {
+    "two_passes": "student and teacher advanced by two cached forwards, one request at a time "
+    "(hybrid_rollout; batched_rollout: false)",
+    "row_pair": "student and teacher as two rows of ONE forward per token on a dynamic KV cache, "
+    "one request at a time (batched_hybrid_rollout; the default off CUDA)",
+    "static": "every request's student and teacher rows in ONE batch on the graph-capturable "
+    "decode: a preallocated KV cache, the stop test every decode_stop_every tokens "
+    "(batched_hybrid_rollouts; static_decode: true)",
+    "compiled": "the static route with its step under torch.compile, CUDA graphs on CUDA "
+    "(static_decode: compile, or auto on CUDA)",
+}
+
+
+def decode_route(hparams: Any, model: torch.nn.Module) -> str:
+    """The ``DECODE_ROUTES`` key ``hparams`` choose for ``model``: ``static_decode`` first
+    (resolved by ``static_decode.decode_mode``: ``auto`` compiles on CUDA only), then
+    ``batched_rollout``."""
+    mode = decode_mode(hparams.static_decode, model)
+    if mode:
+        return "compiled" if mode == "compile" else "static"
+    return "row_pair" if hparams.batched_rollout else "two_passes"
+
+
 def draw_rollout(
     executor: Any, prompts: Any, hparams: Any, *, stop_ids: Iterable[int], pad_id: int
 ) -> Rollout:
-    """One round's rollout of one request (``prompts``: its student and teacher prompt ids) as
-    ``hparams`` choose.
+    """One round's rollout of one request (``prompts``: its student and teacher prompt ids):
+    ``draw_rollouts`` of that request alone."""
+    return draw_rollouts(executor, [prompts], hparams, stop_ids=stop_ids, pad_id=pad_id)[0]
 
-    ``batched_rollout`` (default): student and teacher advance in ONE batched forward of
-    ``executor.model`` (the executor's ``row_switch``); otherwise two cached forwards, the teacher
-    through ``teacher_context``. Same tokens either way. ``rollout: on_policy`` switches the gate
-    off (the "w/o HP" ablation). ``static_decode`` (off by default): the batched rollout on the
-    graph-capturable decode (whatever ``batched_rollout`` says); ``"compile"`` also compiles its
-    step. ``fast_decode`` computes the decode steps' frozen CPU matmuls as ``W @ x^T``
+
+def draw_rollouts(
+    executor: Any, prompts: Sequence[Any], hparams: Any, *, stop_ids: Iterable[int], pad_id: int
+) -> list[Rollout]:
+    """One round's rollouts of all requests of an edit (``prompts``: each request's student and
+    teacher prompt ids), on the route ``decode_route`` picks: the static routes decode all
+    requests as ONE batch (a step's kernels serve every request's token), the others one request
+    at a time. ``rollout: on_policy`` switches the gate off (the "w/o HP" ablation).
+    ``fast_decode`` computes the decode steps' frozen CPU matmuls as ``W @ x^T``
     (``fast_decode.py``; ``auto``, the default: where this machine runs that product clearly faster
     than ``F.linear``).
     """
@@ -519,54 +504,39 @@ def draw_rollout(
         stop_ids=stop_ids,
         hybrid=hparams.rollout == "hybrid",
     )
-    student = executor.model
-    mode = decode_mode(hparams.static_decode, student)
-    with few_row_linears(student, enabled=hparams.fast_decode):
-        if hparams.batched_rollout or mode:
-            return batched_hybrid_rollout(
-                student,
+    model = executor.model
+    route = decode_route(hparams, model)
+    with few_row_linears(model, enabled=hparams.fast_decode):
+        if route in ("static", "compiled"):
+            return batched_hybrid_rollouts(
+                model,
                 executor.row_switch,
-                prompts.student_ids,
-                prompts.teacher_ids,
+                [(p.student_ids, p.teacher_ids) for p in prompts],
                 pad_id=pad_id,
-                static_decode=mode,
+                compiled=route == "compiled",
                 stop_every=hparams.decode_stop_every,
                 **gate,
             )
-        return hybrid_rollout(
-            student,
-            student,
-            prompts.student_ids,
-            prompts.teacher_ids,
-            teacher_context=executor.teacher_context,
-            **gate,
-        )
-
-
-def draw_rollouts(
-    executor: Any, prompts: Sequence[Any], hparams: Any, *, stop_ids: Iterable[int], pad_id: int
-) -> list[Rollout]:
-    """One round's rollouts of all requests of an edit (``prompts``: each request's student and
-    teacher prompt ids). With ``static_decode`` all requests decode as ONE batch
-    (``batched_hybrid_rollouts``: a step's kernels serve every request's token); otherwise one
-    ``draw_rollout`` per request, as before."""
-    mode = decode_mode(hparams.static_decode, executor.model)
-    if not mode or len(prompts) == 1:
+        if route == "row_pair":
+            return [
+                batched_hybrid_rollout(
+                    model,
+                    executor.row_switch,
+                    p.student_ids,
+                    p.teacher_ids,
+                    pad_id=pad_id,
+                    **gate,
+                )
+                for p in prompts
+            ]
         return [
-            draw_rollout(executor, p, hparams, stop_ids=stop_ids, pad_id=pad_id) for p in prompts
+            hybrid_rollout(
+                model,
+                model,
+                p.student_ids,
+                p.teacher_ids,
+                teacher_context=executor.teacher_context,
+                **gate,
+            )
+            for p in prompts
         ]
-    with few_row_linears(executor.model, enabled=hparams.fast_decode):
-        return batched_hybrid_rollouts(
-            executor.model,
-            executor.row_switch,
-            [(p.student_ids, p.teacher_ids) for p in prompts],
-            tau=hparams.tau,
-            kappa=hparams.kappa,
-            top_k=hparams.top_k,
-            max_new_tokens=hparams.max_new_tokens,
-            stop_ids=stop_ids,
-            pad_id=pad_id,
-            hybrid=hparams.rollout == "hybrid",
-            compiled=mode == "compile",
-            stop_every=hparams.decode_stop_every,
-        )

@@ -46,6 +46,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 import torch.nn.functional as F
 
+from .model_calls import cache_keyword
 from .padding import pad_rows
 
 __all__ = [
@@ -244,8 +245,6 @@ class StaticDecoder:
             torch._dynamo.mark_static_address(state)
 
     def _attach(self, model: Any) -> None:
-        from .rollout import cache_keyword  # imported here: rollout imports this module
-
         self.model = model
         # ``cache`` on transformers >= 5.24, ``past_key_values`` before: a keyword the forward does
         # not take lands in its **kwargs unread, and the model then decodes on a DynamicCache of

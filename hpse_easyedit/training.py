@@ -348,7 +348,7 @@ def cpu_half_backward(model: Any) -> Iterator[None]:
     On a CPU without native half-precision matrix units (AVX2), torch's half-precision ``mm`` of a
     row-major ``(rows, out)`` gradient by the row-major ``(out, in)`` weight, the input gradient of
     every linear, takes a scalar path 44-60x slower than the same product with the gradient
-    column-major (``python -m benchmarks.perf_half_backward``; docs/perf/cpu-half-backward.json);
+    column-major (``python -m benchmarks perf-half-backward``; docs/perf/cpu-half-backward.json);
     the forward's ``x @ W.T`` is not affected. One copy of the gradient (rows x out) per linear
     costs far less. The products are the same, rounded by another kernel: half-precision results
     may differ by 1-2 units in the last place. A no-op for float32/float64 models and on any other

@@ -19,7 +19,7 @@ sys.path.insert(
     0, str(Path(__file__).resolve().parents[1])
 )  # run from a checkout without installing
 
-from benchmarks.compare import compare_main  # noqa: E402
+from benchmarks.analysis.compare import compare_main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(compare_main())

@@ -18,7 +18,7 @@ sys.path.insert(
     0, str(Path(__file__).resolve().parents[1])
 )  # run from a checkout without installing
 
-from benchmarks.cli import cli_main  # noqa: E402
+from benchmarks.run.cli import cli_main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(cli_main("unkebench"))

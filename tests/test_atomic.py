@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from benchmarks.store import ResultFile, write_json_atomic
+from benchmarks.records.store import ResultFile, write_json_atomic
 from hpse_easyedit.atomic import replacing, writer_tmp
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from bench_helpers import DATA_DIR, isolate_judge_env
-from benchmarks.cli import cli_main
-from benchmarks.runner import RunOptions, run_benchmark
+from benchmarks.run.cli import cli_main
+from benchmarks.run.runner import RunOptions, run_benchmark
 from hpse_easyedit.errors import UsageError
 from tiny_models import make_tiny_model_and_tokenizer
 
@@ -91,7 +91,7 @@ def test_a_batched_run_writes_the_records_of_a_solo_run(tiny, tmp_path, executor
             assert a.keys() == b.keys()
             for key in a:
                 assert a[key] == pytest.approx(b[key], rel=1e-4), (case_id, key)
-    from benchmarks.twin import twin_report
+    from benchmarks.analysis.twin import twin_report
 
     twin = twin_report(tmp_path / "solo", tmp_path / "batched")
     assert twin["cases"] == 5
@@ -112,7 +112,7 @@ def test_a_batch_cut_short_is_edited_again_whole(tiny, tmp_path, monkeypatch):
     """A stop after the first record of a batch of 3: the resume edits the same 3 cases together
     (so the same rounding as one uninterrupted run) and records only the 2 missing; the run's
     records equal an uninterrupted batched run's."""
-    from benchmarks import case_loop
+    from benchmarks.run import case_loop
 
     run_benchmark(_opts(tiny, tmp_path / "whole", cases_at_once=3))
     real = case_loop.SingleLoop._finish

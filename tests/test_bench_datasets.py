@@ -5,7 +5,7 @@ import json
 import pytest
 
 from bench_helpers import DATA_DIR, DEFAULT_DATA_DIR, ChatServer, judge_like_responder
-from benchmarks.datasets import (
+from benchmarks.tasks.datasets import (
     DataError,
     default_data_dir,
     heuristic_subject,
@@ -13,7 +13,7 @@ from benchmarks.datasets import (
     load_mquake_uns,
     load_unkebench,
 )
-from benchmarks.judge import ChatClient, JudgeSettings
+from benchmarks.tasks.judge import ChatClient, JudgeSettings
 
 pytestmark = pytest.mark.skipif(
     not DATA_DIR.is_dir(), reason="needs ../shared/data next to the repository"
@@ -238,8 +238,8 @@ def _mquake_variant(tmp_path, edit):
 def test_a_repeated_case_id_is_one_line_before_anything_is_edited(tmp_path, monkeypatch, caplog):
     """The loader refuses it; the runner says it in one line before the model loads (it used to edit
     the first copy, then fail with a ValueError when recording the second)."""
-    from benchmarks.case_loop import Editing
-    from benchmarks.cli import cli_main
+    from benchmarks.run.case_loop import Editing
+    from benchmarks.run.cli import cli_main
     from tiny_models import make_tiny_model_and_tokenizer
 
     def repeat(cases):

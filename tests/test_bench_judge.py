@@ -7,7 +7,7 @@ import re
 import pytest
 
 from bench_helpers import JUDGE_ENV, ChatServer, judge_like_responder
-from benchmarks.judge import (
+from benchmarks.tasks.judge import (
     FIXED_DEMOS,
     ChatClient,
     CoverageItem,

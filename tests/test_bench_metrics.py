@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.metrics import (
+from benchmarks.tasks.metrics import (
     answer_matches,
     bleu,
     diversity,

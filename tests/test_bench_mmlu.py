@@ -6,8 +6,8 @@ import warnings
 import pytest
 import torch
 
-from benchmarks.datasets import MMLUItem
-from benchmarks.mmlu import format_mmlu_prompt, letter_scores, letter_token_ids, mmlu_accuracy
+from benchmarks.tasks.datasets import MMLUItem
+from benchmarks.tasks.mmlu import format_mmlu_prompt, letter_scores, letter_token_ids, mmlu_accuracy
 from tiny_models import make_tiny_model_and_tokenizer
 
 SHOT = ("What is 1 + 1?", ("1", "2", "3", "4"), 1)
@@ -129,7 +129,7 @@ def test_shared_prefix_gives_identical_predictions(family, batch_size):
 
 
 def test_shared_prefix_is_the_common_token_prefix():
-    from benchmarks.mmlu import _shared_prefix_len
+    from benchmarks.tasks.mmlu import _shared_prefix_len
 
     assert _shared_prefix_len([[1, 2, 3, 4], [1, 2, 5], [1, 2, 3]]) == 2
     assert _shared_prefix_len([[1, 2, 3]]) == 2  # a lone prompt keeps its last token to compute

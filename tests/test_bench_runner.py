@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from bench_helpers import DATA_DIR, ChatServer, isolate_judge_env, judge_like_responder
-from benchmarks.cli import cli_main
-from benchmarks.compare import compare_main
-from benchmarks.judge import JudgeSettings
-from benchmarks.methods import MethodSpec, get_method, register_method
-from benchmarks.runner import RunOptions, run_benchmark
-from benchmarks.store import ConfigMismatchError
+from benchmarks.analysis.compare import compare_main
+from benchmarks.records.store import ConfigMismatchError
+from benchmarks.run.cli import cli_main
+from benchmarks.run.methods import MethodSpec, get_method, register_method
+from benchmarks.run.runner import RunOptions, run_benchmark
+from benchmarks.tasks.judge import JudgeSettings
 from tiny_models import make_tiny_model_and_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -531,7 +531,7 @@ def test_run_compare_takes_set_and_keeps_every_row_in_its_own_folder(tmp_path, m
     """``--set`` as the runners take it (after a --method: that method's; before the first: every
     method's), the old ``LABEL FILE KEY=VALUE`` form still read; a label such as ``..`` used to make
     its run folder the comparison's own directory and fail late, on the second benchmark."""
-    from benchmarks import compare
+    from benchmarks.analysis import compare
 
     hp = tmp_path / "hp.yaml"
     hp.write_text("alg_name: HPSE\nmodel_name: m\n")

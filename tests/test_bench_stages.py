@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.cli import add_run_arguments
-from benchmarks.distributed import ProcessContext
-from benchmarks.judge import JudgeSettings
-from benchmarks.llm.client import JudgeRefusedError
-from benchmarks.run_dir import RunDirectory, units
-from benchmarks.run_options import RunOptions
-from benchmarks.scorer import Scorer
-from benchmarks.store import ConfigPolicy, ResultFile
-from benchmarks.summary import RunSummary
+from benchmarks.records.store import ConfigPolicy, ResultFile
+from benchmarks.run.cli import add_run_arguments
+from benchmarks.run.distributed import ProcessContext
+from benchmarks.run.options import RunOptions
+from benchmarks.run.run_dir import RunDirectory, units
+from benchmarks.run.scorer import Scorer
+from benchmarks.run.summary import RunSummary
 from benchmarks.tasks import TASKS
+from benchmarks.tasks.judge import JudgeSettings
+from benchmarks.tasks.llm.client import JudgeRefusedError
 from hpse_easyedit.atomic import write_aside
 from hpse_easyedit.errors import UsageError
 

@@ -4,9 +4,7 @@ import json
 
 import pytest
 
-from benchmarks.report import judge_note, paper_table, plot_stepin_rates
-from benchmarks.runner import stepin_rate_by_round
-from benchmarks.store import (
+from benchmarks.records.store import (
     ConfigMismatchError,
     ConfigPolicy,
     IncompleteRunError,
@@ -17,6 +15,8 @@ from benchmarks.store import (
     result_files,
     results_name,
 )
+from benchmarks.report import judge_note, paper_table, plot_stepin_rates
+from benchmarks.tasks.metrics import stepin_rate_by_round
 
 CONFIG = {"benchmark": "mquake-uns", "hparams": {"kl_weight": 1.0, "rounds": 5}}
 

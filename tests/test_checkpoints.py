@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from bench_helpers import DATA_DIR, isolate_judge_env
-from benchmarks.case_loop import Editing
-from benchmarks.runner import RunOptions, run_benchmark
-from benchmarks.sequence import STATE_DIR, checkpoint_records
-from benchmarks.store import ConfigMismatchError
+from benchmarks.records.sequence import STATE_DIR, checkpoint_records
+from benchmarks.records.store import ConfigMismatchError
+from benchmarks.run.case_loop import Editing
+from benchmarks.run.runner import RunOptions, run_benchmark
 from tiny_models import make_tiny_model_and_tokenizer
 
 pytestmark = pytest.mark.skipif(
@@ -132,7 +132,7 @@ def test_a_sequence_stopped_midway_resumes_to_the_uninterrupted_records(
             p.unlink()
     monkeypatch.undo()
     isolate_judge_env(monkeypatch, tmp_path)
-    with caplog.at_level(logging.INFO, logger="benchmarks.case_loop"):
+    with caplog.at_level(logging.INFO, logger="benchmarks.run.case_loop"):
         summary = run_benchmark(_opts(tiny, out))
     assert ("replaying 3 recorded edit(s)" in caplog.text) == drop_snapshot
     assert ("resuming after edit 3" in caplog.text) != drop_snapshot
@@ -158,7 +158,7 @@ def test_a_replayed_edit_that_differs_redoes_the_block_from_there(
     (out / "sequence.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     for p in (out / STATE_DIR).iterdir():
         p.unlink()
-    with caplog.at_level(logging.INFO, logger="benchmarks.case_loop"):
+    with caplog.at_level(logging.INFO, logger="benchmarks.run.case_loop"):
         run_benchmark(_opts(tiny, out))
     assert "edit 2 computes other values than recorded" in caplog.text
     assert _untimed(out / "results.jsonl") == _untimed(ref_out / "results.jsonl")
@@ -242,7 +242,7 @@ def test_an_evaluation_stopped_part_way_goes_on_from_its_next_batch(
     monkeypatch.undo()
     isolate_judge_env(monkeypatch, tmp_path)
     resumed = _questions_asked(monkeypatch, out)
-    with caplog.at_level(logging.INFO, logger="benchmarks.case_loop"):
+    with caplog.at_level(logging.INFO, logger="benchmarks.run.case_loop"):
         summary = run_benchmark(_opts(tiny, out, batch_size=2))
     assert "2 of " in caplog.text and "batches were answered before the stop" in caplog.text
     uninterrupted = _questions_asked(monkeypatch, full)
@@ -284,7 +284,7 @@ def test_checkpoint_options_are_checked_before_anything_runs(tiny, tmp_path, ref
 
 @pytest.mark.slow
 def test_the_continual_table_reads_a_run_at_each_checkpoint(tiny, tmp_path, reference):
-    from benchmarks.continual import continual_rows
+    from benchmarks.analysis.continual import continual_rows
 
     hpse_out, _ = reference
     lora_out = tmp_path / "lora"

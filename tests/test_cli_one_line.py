@@ -9,9 +9,9 @@ import pytest
 @pytest.mark.parametrize(
     "module",
     [
-        "benchmarks.paired",
-        "benchmarks.study",
-        "benchmarks.inspect_rollout",
+        "benchmarks.analysis.paired",
+        "benchmarks.analysis.study",
+        "benchmarks.analysis.inspect_rollout",
         "benchmarks.report.__main__",
         "benchmarks.perf",
         "hpse_easyedit.demo",

@@ -1,11 +1,11 @@
-"""benchmarks.continual: the continual-editing table and bar chart from finished --sequential
-runs."""
+"""benchmarks.analysis.continual: the continual-editing table and bar chart from finished
+--sequential runs."""
 
 import json
 
 import pytest
 
-from benchmarks.continual import continual_rows, continual_table, main
+from benchmarks.analysis.continual import continual_rows, continual_table, main
 
 
 def _run(path, T, scores):
@@ -74,7 +74,7 @@ def test_rows_hold_the_per_sequence_spread_and_the_paired_difference(tmp_path):
 def test_unke_adds_the_judge_free_metrics_their_differences_and_panels(tmp_path, monkeypatch):
     """--unke: UnKE's judge-free metrics beside the judge's, per sequence for the figure's whiskers,
     and each + HPSE row's paired difference in them; the figure gains their panels."""
-    from benchmarks import continual
+    from benchmarks.analysis import continual
 
     base = _run(tmp_path / "lora", 2, [(1.0, 0.0)] * 4)
     hpse = _run(tmp_path / "hpse", 2, [(1.0, 0.0)] * 4)
@@ -181,7 +181,8 @@ def test_first_reports_a_pair_on_its_first_cases_only(tmp_path, capsys):
 
 
 def test_recitation_adds_the_cut_differences_of_each_hpse_row(tmp_path, capsys, monkeypatch):
-    import benchmarks.paired as paired
+    import benchmarks.analysis.recitation as recitation
+    import benchmarks.analysis.runs as runs_module
 
     filler = " ".join(f"w{i}" for i in range(1, 32))  # 31 tokens: "Croatia" after it is token 32
     cases = {
@@ -210,8 +211,8 @@ def test_recitation_adds_the_cut_differences_of_each_hpse_row(tmp_path, capsys, 
             + "\n"
         )
         runs.append(str(path))
-    monkeypatch.setattr(paired, "load_cases", lambda bench, data, why: cases)
-    monkeypatch.setattr(paired, "model_token_spans", lambda name: (None, f"words of {name}"))
+    monkeypatch.setattr(runs_module, "load_cases", lambda bench, data, why: cases)
+    monkeypatch.setattr(recitation, "model_token_spans", lambda name: (None, f"words of {name}"))
     assert main([*runs, "--recitation", "--resamples", "100"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].endswith(

@@ -3,8 +3,8 @@ benchmark data needed)."""
 
 import pytest
 
-import benchmarks.datasets as bench_datasets
-import benchmarks.paths as bench_paths
+import benchmarks.tasks.datasets as bench_datasets
+import benchmarks.tasks.paths as bench_paths
 import hpse_easyedit.integrations.covariance as cov
 from hpse_easyedit import data_files as df
 

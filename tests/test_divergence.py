@@ -7,8 +7,8 @@ import json
 import pytest
 
 from bench_helpers import DATA_DIR, isolate_judge_env
-from benchmarks.case_loop import Editing
-from benchmarks.runner import RunOptions, run_benchmark
+from benchmarks.run.case_loop import Editing
+from benchmarks.run.runner import RunOptions, run_benchmark
 from hpse_easyedit import apply_hpse_to_model, hpse_edit
 from hpse_easyedit.cli import main as edit_main
 from hpse_easyedit.training import MAX_TRAINED_ABS, EditDivergedError, trained_tensors_problem

@@ -277,7 +277,7 @@ def test_shipped_memit_and_alphaedit_files_load_with_easyedits_own_classes(he):
 
 
 def test_the_benchmark_runner_takes_every_method_by_its_hparams_file(he):
-    from benchmarks.methods import method_for_file
+    from benchmarks.run.methods import method_for_file
 
     for method, name in (
         ("LoRA", "HPSE"),
@@ -302,7 +302,7 @@ def test_run_compare_refuses_statistics_it_cannot_have_before_the_first_row(
 ):
     """MEMIT on a dataset EasyEdit downloads, no statistics in stats_dir, offline: one line, exit 2,
     nothing edited."""
-    from benchmarks.compare import compare_main
+    from benchmarks.analysis.compare import compare_main
 
     make_tiny_model_and_tokenizer("llama", tmp_path=workdir / "tiny-llama")
     config = yaml.safe_load(_locate_then_edit_file("MEMIT", workdir).read_text())
@@ -352,7 +352,7 @@ def test_run_compare_refuses_statistics_it_cannot_have_before_the_first_row(
 def test_side_by_side_comparison_of_every_method_on_a_tiny_model(he, workdir, data_dir, capsys):
     """run_compare puts LoRA, LoRA+HPSE, FT-M, FT-M+HPSE, MEMIT, AlphaEdit, UnKE, AnyEdit and COIN*
     in one table."""
-    from benchmarks.compare import compare_main
+    from benchmarks.analysis.compare import compare_main
 
     model_dir = workdir / "tiny-llama"
     make_tiny_model_and_tokenizer("llama", tmp_path=model_dir)

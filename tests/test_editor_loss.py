@@ -268,7 +268,7 @@ def test_scored_logits_only_trains_the_same_weights_with_the_head_on_fewer_posit
 def test_scored_logits_only_is_a_kernel_choice_for_the_run_config():
     """Like ``fast_decode``: a committed run directory resumes with either value (same weights,
     last-bit losses)."""
-    from benchmarks.runner import config_policy, default_out_dir
+    from benchmarks.run.runner import config_policy, default_out_dir
 
     assert config_policy(tiny_hparams()).ignored(("hparams", "scored_logits_only"))
     assert default_out_dir("mquake-uns", "x.yaml", ["scored_logits_only=false"]) == default_out_dir(

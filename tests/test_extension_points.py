@@ -12,11 +12,11 @@ from typing import Any, Mapping, Sequence
 import pytest
 from datasets import Dataset
 
-from benchmarks import judge as judge_module
 from benchmarks import tasks as tasks_module
-from benchmarks.cli import cli_main
-from benchmarks.judge import FactScoreResult, Judge, register_judge
+from benchmarks.run.cli import cli_main
 from benchmarks.tasks import Option, Task, data_path
+from benchmarks.tasks import judge as judge_module
+from benchmarks.tasks.judge import FactScoreResult, Judge, register_judge
 from hpse_easyedit.executors import EXECUTORS
 from hpse_easyedit.executors.lora import LoRAExecutor
 from tiny_models import make_tiny_model_and_tokenizer

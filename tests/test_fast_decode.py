@@ -95,7 +95,7 @@ def test_fast_decode_rollout_gives_the_eager_tokens(family, executor):
 
 
 def test_fast_decode_is_a_kernel_choice_for_the_run_config():
-    from benchmarks.runner import config_policy, default_out_dir
+    from benchmarks.run.runner import config_policy, default_out_dir
 
     policy = config_policy(tiny_hparams())
     assert policy.ignored(("hparams", "fast_decode"))

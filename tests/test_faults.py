@@ -18,15 +18,15 @@ from pathlib import Path
 import pytest
 
 from bench_helpers import DATA_DIR, isolate_judge_env
-from benchmarks import mmlu as mmlu_module
-from benchmarks import run_dir as run_dir_module
-from benchmarks import store as store_module
-from benchmarks import summary as summary_module
-from benchmarks.case_loop import Editing, SequentialLoop
-from benchmarks.cli import cli_main
-from benchmarks.runner import RunOptions, run_benchmark
-from benchmarks.scorer import Scorer
-from benchmarks.summary import RunSummary
+from benchmarks.records import store as store_module
+from benchmarks.run import run_dir as run_dir_module
+from benchmarks.run import summary as summary_module
+from benchmarks.run.case_loop import Editing, SequentialLoop
+from benchmarks.run.cli import cli_main
+from benchmarks.run.runner import RunOptions, run_benchmark
+from benchmarks.run.scorer import Scorer
+from benchmarks.run.summary import RunSummary
+from benchmarks.tasks import mmlu as mmlu_module
 from hpse_easyedit import HPSEHyperParams
 from hpse_easyedit import cli as edit_cli
 from hpse_easyedit.errors import UsageError
@@ -217,13 +217,15 @@ def _full_disk_once(monkeypatch, target, attr, at):
     return calls
 
 
-def _count_calls(monkeypatch, tiny, tmp_path, target, attr, mode):
-    calls = _full_disk_once(monkeypatch, target, attr, at=0)
-    run_benchmark(_opts(tiny, tmp_path / f"count-{attr}", mode))
+def _count_calls(monkeypatch, tiny, tmp_path, points, mode):
+    """How often an uninterrupted run calls each of ``points`` ((target, attr) as
+    ``_full_disk_once`` takes them): one run, every point counted (none fails)."""
+    calls = {point: _full_disk_once(monkeypatch, *point, at=0) for point in points}
+    run_benchmark(_opts(tiny, tmp_path / "count", mode))
     monkeypatch.undo()
     isolate_judge_env(monkeypatch, tmp_path)
     monkeypatch.setenv("HPSE_DISK_FULL_WAIT", "0")
-    return calls[0]
+    return {point: n[0] for point, n in calls.items()}
 
 
 @needs_data
@@ -234,9 +236,13 @@ def test_a_full_disk_at_every_write_point_loses_no_case(
     """Every append (results, sequence, checkpoints) and every whole-file write (config, MMLU,
     summary) fails once in its own run; the run stops with one line, the finished records are saved
     whole elsewhere, and the same command finishes the run as if nothing had happened."""
-    points = {(store_module.ResultFile, "append"): 0, (None, "whole files"): 0}
-    for target, attr in points:
-        points[(target, attr)] = _count_calls(monkeypatch, tiny, tmp_path, target, attr, mode)
+    points = _count_calls(
+        monkeypatch,
+        tiny,
+        tmp_path,
+        [(store_module.ResultFile, "append"), (None, "whole files")],
+        mode,
+    )
     assert points[(store_module.ResultFile, "append")] >= 3 and points[(None, "whole files")] == 3
     tried = 0
     for (target, attr), n in points.items():

@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from bench_helpers import DATA_DIR, isolate_judge_env
-from benchmarks.cli import cli_main
-from benchmarks.compare import compare_main
+from benchmarks.analysis.compare import compare_main
+from benchmarks.run.cli import cli_main
 from hpse_easyedit.cli import main as edit_main
 from tiny_models import make_tiny_model_and_tokenizer
 
@@ -529,7 +529,7 @@ def test_unjudged_answers_are_stored_counted_shown_and_judged_by_the_next_run(
 
 def test_a_200_answer_that_is_not_json_is_retried_like_any_bad_answer(tmp_path):
     from bench_helpers import ChatServer
-    from benchmarks.judge import ChatClient, JudgeSettings, parse_support
+    from benchmarks.tasks.judge import ChatClient, JudgeSettings, parse_support
 
     with ChatServer(lambda p: "ITEM 1: <answer>1</answer>") as server:
         server.script = [

@@ -1,4 +1,5 @@
-"""The batched engine's GPU figures on CPU (``benchmarks.gpu_batched``, ``benchmarks.gpu_path
+"""The batched engine's GPU figures on CPU (``benchmarks.perf.gpu_batched``,
+``benchmarks.perf.gpu_path
 --batched``): the kernel counts of B cases at once run through the engine's own code on the meta
 device, a decode step's kernels are shared by the cases (per case they fall with B), the fused Adam
 launch rule, the H100 roofline of one case's edit, and the options' checks. A tiny Qwen2
@@ -12,7 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks import gpu_batched, gpu_path, perf_batched, perf_measure
+from benchmarks.perf import batched as perf_batched
+from benchmarks.perf import gpu_batched, gpu_path
+from benchmarks.perf import measure as perf_measure
 from hpse_easyedit import HPSEHyperParams
 from tiny_models import make_config, make_tiny_model_and_tokenizer, make_tokenizer, tiny_hparams
 

@@ -189,7 +189,7 @@ def test_cpu_half_backward_gives_the_same_gradients_through_a_column_major_layou
 
 @pytest.mark.slow
 def test_the_half_backward_benchmark_times_both_layouts_of_the_same_product(tmp_path, capsys):
-    from benchmarks.perf_half_backward import main, measure
+    from benchmarks.perf.half_backward import main, measure
 
     m = measure(rows=3, out=40, inp=24, dtype=torch.bfloat16, repeat=1)
     assert m["grad_row_major_s"] > 0 and m["grad_column_major_s"] > 0 and m["forward_s"] > 0

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from bench_helpers import DATA_DIR, isolate_judge_env
+from benchmarks.records.rollouts import pack_rollout, unpack_gaps, unpack_rollout
 from benchmarks.report.__main__ import main as report_main
 from benchmarks.report.html import rollout_html, write_html_report
-from benchmarks.rollouts import pack_rollout, unpack_gaps, unpack_rollout
-from benchmarks.runner import RunOptions, run_benchmark
+from benchmarks.run.runner import RunOptions, run_benchmark
 from tiny_models import make_tiny_model_and_tokenizer
 
 needs_data = pytest.mark.skipif(

@@ -1,11 +1,12 @@
-"""benchmarks.inspect_rollout: the first-round rollout with its step-ins marked, on a tiny model."""
+"""benchmarks.analysis.inspect_rollout: the first-round rollout with its step-ins marked, on a tiny
+model."""
 
 import json
 
 import pytest
 
 from bench_helpers import DATA_DIR
-from benchmarks.inspect_rollout import main
+from benchmarks.analysis.inspect_rollout import main
 from tiny_models import make_tiny_model_and_tokenizer
 
 pytestmark = pytest.mark.skipif(

@@ -23,9 +23,9 @@ import urllib.request
 import pytest
 
 from bench_helpers import DATA_DIR, isolate_judge_env
-from benchmarks.datasets import load_mquake_uns, load_unkebench
-from benchmarks.judge import ChatClient, JudgeError, JudgeSettings, LLMJudge
 from benchmarks.tasks import TASKS
+from benchmarks.tasks.datasets import load_mquake_uns, load_unkebench
+from benchmarks.tasks.judge import ChatClient, JudgeError, JudgeSettings, LLMJudge
 from hpse_easyedit.loading import embedded_gguf_path
 
 MODEL = "smollm2-judge"
@@ -304,7 +304,7 @@ def test_timeout_then_retry_reaches_the_real_server_and_a_hopeless_timeout_is_a_
         client = ChatClient(
             _settings(relay.url, tmp_path, timeout=8.0, max_attempts=3, max_tokens=24)
         )
-        with caplog.at_level("WARNING", logger="benchmarks.llm.client"):
+        with caplog.at_level("WARNING", logger="benchmarks.tasks.llm.client"):
             text = client.ask_text("Name one colour. Answer with one word.")
         assert text.strip()
         assert (

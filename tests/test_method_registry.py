@@ -99,7 +99,7 @@ def test_the_spec_is_found_by_the_files_alg_name_and_names_its_parts(toy):
 
 
 def test_every_hparams_file_is_read_by_one_function_with_one_error(tmp_path):
-    from benchmarks.methods import method_for_file
+    from benchmarks.run.methods import method_for_file
 
     rome = tmp_path / "rome.yaml"
     rome.write_text("alg_name: ROME\nmodel_name: m\n")
@@ -122,7 +122,7 @@ needs_data = pytest.mark.skipif(
 
 @needs_data
 def test_toy_method_through_the_benchmark_runner_single_and_continual(toy, tmp_path):
-    from benchmarks.runner import RunOptions, run_benchmark
+    from benchmarks.run.runner import RunOptions, run_benchmark
 
     path, original = toy
     opts = dict(
@@ -159,7 +159,7 @@ def test_toy_method_through_the_benchmark_runner_single_and_continual(toy, tmp_p
 
 @needs_data
 def test_toy_method_through_run_compare(toy, tmp_path, capsys):
-    from benchmarks.compare import compare_main
+    from benchmarks.analysis.compare import compare_main
 
     path, _ = toy
     out = tmp_path / "cmp"

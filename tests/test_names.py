@@ -7,8 +7,8 @@ import logging
 import pytest
 
 from bench_helpers import DATA_DIR, isolate_judge_env
-from benchmarks.cli import cli_main
-from benchmarks.methods import method_label
+from benchmarks.run.cli import cli_main
+from benchmarks.run.methods import method_label
 from hpse_easyedit import hpse_edit
 from tiny_models import make_tiny_model_and_tokenizer, tiny_hparams
 

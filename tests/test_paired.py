@@ -1,11 +1,12 @@
-"""benchmarks/paired.py: per-case paired differences of two runs, by hand-computed cases."""
+"""benchmarks/analysis/paired.py: per-case paired differences of two runs, by hand-computed
+cases."""
 
 import json
 
 import numpy as np
 import pytest
 
-from benchmarks.paired import bootstrap_ci, main, multi_report, paired_report
+from benchmarks.analysis.paired import bootstrap_ci, main, multi_report, paired_report
 
 
 def _run(path, benchmark, records, name="results.jsonl"):
@@ -149,7 +150,7 @@ def test_paired_cli_table_and_no_overwrite(tmp_path, capsys):
 def test_case_studies_on_real_mquake_case(tmp_path, capsys):
     from pathlib import Path
 
-    from benchmarks.datasets import default_data_dir, load_mquake_uns
+    from benchmarks.tasks.datasets import default_data_dir, load_mquake_uns
 
     data = Path(default_data_dir())
     if not (data / "akew" / "MQuAKE-CF.json").is_file():
@@ -308,7 +309,7 @@ def test_more_than_two_runs_one_row_each_on_the_cases_all_finished(tmp_path, cap
 def test_whole_word_aliases_rescores_stored_answers(tmp_path, capsys):
     from pathlib import Path
 
-    from benchmarks.datasets import default_data_dir, load_mquake_uns
+    from benchmarks.tasks.datasets import default_data_dir, load_mquake_uns
 
     data = Path(default_data_dir())
     if not (data / "akew" / "MQuAKE-CF.json").is_file():
@@ -361,7 +362,7 @@ def test_whole_word_aliases_rescores_stored_answers(tmp_path, capsys):
 
 # --------------------------------------------------------------------------- recitation diagnostics
 def test_cuts_by_hand():
-    from benchmarks.metrics import cut_to_tokens, first_sentence
+    from benchmarks.tasks.metrics import cut_to_tokens, first_sentence
 
     assert first_sentence("The answer is Paris. It is in France.") == "The answer is Paris."
     assert first_sentence("Paris\nFrance is big.") == "Paris" and first_sentence("  ") == ""
@@ -425,7 +426,7 @@ def _mq_reciters(tmp_path):
 
 
 def test_recitation_report_mquake_by_hand(tmp_path):
-    from benchmarks.paired import load_run, recitation_report, recitation_table
+    from benchmarks.analysis.paired import load_run, recitation_report, recitation_table
 
     a, b, cases = _mq_reciters(tmp_path)
     r = recitation_report([a, b], [load_run(a), load_run(b)], cases, tokens=32, resamples=200)
@@ -448,7 +449,7 @@ def test_recitation_report_mquake_by_hand(tmp_path):
     r31 = recitation_report([a, b], [load_run(a), load_run(b)], cases, tokens=31, resamples=200)
     assert [row["Ind"]["mean"] for row in r31["cuts"]["first 31 tokens"]] == [0.0, 0.0]
     text = recitation_table(r, ["LoRA", "HPSE"])
-    assert "| LoRA | first sentence | 100.0 (100%) | 0.0 (0%) | 50.0 (50%) | | |" in text
+    assert "| LoRA | first sentence | 100.0 (100%) | 0.0 (0%) | 50.0 (50%) |  |  |" in text
     assert (
         "| HPSE | first 32 tokens | 0.0 (0%) | 100.0 (100%) "
         "| 50.0 (50%) | -50.0 [-50.0, -50.0] | 0 / 0 / 1 |" in text
@@ -456,8 +457,8 @@ def test_recitation_report_mquake_by_hand(tmp_path):
 
 
 def test_recitation_report_unkebench_reruns_the_lexical_judge_only(tmp_path):
-    from benchmarks.metrics import diversity
-    from benchmarks.paired import load_run, recitation_report, recitation_table
+    from benchmarks.analysis.paired import load_run, recitation_report, recitation_table
+    from benchmarks.tasks.metrics import diversity
 
     case = {
         "case_id": "5",
@@ -519,7 +520,7 @@ def test_recitation_report_unkebench_reruns_the_lexical_judge_only(tmp_path):
 
 
 def test_recitation_cli_names_the_tokens_and_needs_the_data(tmp_path, capsys, monkeypatch):
-    import benchmarks.paired as paired
+    import benchmarks.analysis.paired as paired
 
     a, b, cases = _mq_reciters(tmp_path)
     for run in (a, b):
@@ -543,7 +544,7 @@ def test_recitation_cli_names_the_tokens_and_needs_the_data(tmp_path, capsys, mo
 
 
 def test_hierarchical_bootstrap_by_hand():
-    from benchmarks.paired import hierarchical_bootstrap_ci
+    from benchmarks.analysis.paired import hierarchical_bootstrap_ci
 
     # two sequences whose cases agree within each: only the choice of sequences varies, so the
     # resampled means are 0 (p 1/4), 0.5 (p 1/2) and 1 (p 1/4): the 95% interval is [0, 1]
@@ -560,7 +561,7 @@ def test_hierarchical_bootstrap_by_hand():
 def test_hierarchical_bootstrap_of_identical_sequences_is_the_per_case_one():
     """Identical sequences have no spread between them: resampling sequences, then cases, varies as
     much as resampling all the cases at once."""
-    from benchmarks.paired import hierarchical_bootstrap_ci
+    from benchmarks.analysis.paired import hierarchical_bootstrap_ci
 
     seq = [0.0, 100.0, 30.0, 70.0, 50.0, 0.0, 100.0, 20.0, 90.0, 40.0]
     lo, hi = hierarchical_bootstrap_ci([seq] * 3, resamples=20000, seed=1)
@@ -570,7 +571,11 @@ def test_hierarchical_bootstrap_of_identical_sequences_is_the_per_case_one():
 
 
 def test_hierarchical_bootstrap_refuses_one_sequence():
-    from benchmarks.paired import hierarchical_bootstrap_ci, sequence_differences, sequence_note
+    from benchmarks.analysis.paired import (
+        hierarchical_bootstrap_ci,
+        sequence_differences,
+        sequence_note,
+    )
 
     with pytest.raises(ValueError, match="1 group.*no interval between groups"):
         hierarchical_bootstrap_ci([[1.0, 2.0, 3.0]])

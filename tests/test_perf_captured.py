@@ -1,4 +1,4 @@
-"""``benchmarks.perf_captured``: the kernel calls read from inductor's generated code, and the
+"""``benchmarks.perf.captured``: the kernel calls read from inductor's generated code, and the
 benchmark end to end on SmolLM2's architecture (its graphs traced by dynamo's eager backend here,
 so only the eager count and the ops outside the graphs are real)."""
 
@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from benchmarks import perf_captured
+from benchmarks.perf import captured as perf_captured
 from hpse_easyedit import captured
 
 

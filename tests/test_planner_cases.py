@@ -168,7 +168,7 @@ def test_plan_command_with_cases_at_once(tiny_dir, tmp_path, capsys):
 
 
 def test_run_options_take_a_number_or_auto_in_one_line(tmp_path):
-    from benchmarks.run_options import RunOptions
+    from benchmarks.run.options import RunOptions
     from hpse_easyedit.errors import UsageError
 
     base = dict(benchmark="mquake-uns", hparams="x.yaml", out_dir=str(tmp_path / "out"))
@@ -187,9 +187,9 @@ def test_run_options_take_a_number_or_auto_in_one_line(tmp_path):
 
 
 def test_auto_is_the_cpu_default_bounded_by_the_cases(tmp_path):
-    from benchmarks.methods import method_for_file
-    from benchmarks.run_options import RunOptions
-    from benchmarks.runner import CPU_CASES_AT_ONCE, auto_cases_at_once
+    from benchmarks.run.methods import method_for_file
+    from benchmarks.run.options import RunOptions
+    from benchmarks.run.runner import CPU_CASES_AT_ONCE, auto_cases_at_once
 
     hparams = tmp_path / "hpse.yaml"
     hparams.write_text("alg_name: HPSE\nmodel_name: tiny\ndevice: cpu\n")
@@ -218,7 +218,7 @@ def test_auto_is_the_cpu_default_bounded_by_the_cases(tmp_path):
 
 @pytest.mark.skipif(not DATA_DIR.is_dir(), reason="needs ../shared/data next to the repository")
 def test_a_runner_resolves_auto_and_records_the_number(tmp_path, monkeypatch, caplog):
-    from benchmarks.cli import cli_main
+    from benchmarks.run.cli import cli_main
     from tiny_models import make_tiny_model_and_tokenizer
 
     isolate_judge_env(monkeypatch, tmp_path)
@@ -235,7 +235,7 @@ def test_a_runner_resolves_auto_and_records_the_number(tmp_path, monkeypatch, ca
         "--cases-at-once must be >= 1 (independent cases edited together) or auto, got 'four'"
     ]
     out = tmp_path / "run"
-    with caplog.at_level(logging.INFO, logger="benchmarks.runner"):
+    with caplog.at_level(logging.INFO, logger="benchmarks.run.runner"):
         code = cli_main(
             "mquake-uns",
             [

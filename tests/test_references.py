@@ -10,8 +10,8 @@ import yaml
 
 import hpse_easyedit
 from bench_helpers import DATA_DIR, isolate_judge_env
-from benchmarks.datasets import load_mquake_uns
-from benchmarks.runner import RunOptions, run_benchmark
+from benchmarks.run.runner import RunOptions, run_benchmark
+from benchmarks.tasks.datasets import load_mquake_uns
 from hpse_easyedit.generation import generate_answers
 from hpse_easyedit.hparams import HParamsError
 from hpse_easyedit.prompts import LLAMA_SYSTEM, chat_prompt_ids, privileged_system
@@ -115,8 +115,8 @@ def test_system_prompt_is_folded_into_the_user_turn_without_a_system_role():
 
 
 def test_reference_hparams_check_the_alg_name(tmp_path):
-    from benchmarks.methods import get_method
-    from benchmarks.references import InContextHParams
+    from benchmarks.run.methods import get_method
+    from benchmarks.run.references import InContextHParams
 
     bad = tmp_path / "ref.yaml"
     bad.write_text("alg_name: IN_CONTEXT\nmodel_name: m\nteacher_prompt_style: chatty\n")

@@ -3,7 +3,8 @@ and the option check, --help and make_judge follow."""
 
 import pytest
 
-from benchmarks.judge import (
+from benchmarks.run.runner import RunOptions
+from benchmarks.tasks.judge import (
     JUDGE_KINDS,
     JUDGES,
     JudgeSettings,
@@ -11,7 +12,6 @@ from benchmarks.judge import (
     make_judge,
     register_judge,
 )
-from benchmarks.runner import RunOptions
 
 
 class ToyJudge(LexicalJudge):
@@ -29,7 +29,7 @@ def toy_judge():
 def test_a_registered_judge_is_an_option_everywhere(toy_judge, tmp_path):
     import argparse
 
-    from benchmarks.cli import add_run_arguments
+    from benchmarks.run.cli import add_run_arguments
 
     assert isinstance(make_judge("toy", JudgeSettings(), warn=False), ToyJudge)
     RunOptions(benchmark="unkebench", hparams="x.yaml", judge="toy", out_dir=str(tmp_path / "o"))

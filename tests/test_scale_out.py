@@ -24,14 +24,14 @@ import pytest
 import torch
 
 from bench_helpers import DATA_DIR, isolate_judge_env
-from benchmarks.distributed import (
+from benchmarks.records.store import ConfigMismatchError, IncompleteRunError
+from benchmarks.run.distributed import (
     LaunchError,
     ProcessContext,
     check_launch_environment,
     gpu_group,
 )
-from benchmarks.runner import RunOptions, config_policy, run_benchmark
-from benchmarks.store import ConfigMismatchError, IncompleteRunError
+from benchmarks.run.runner import RunOptions, config_policy, run_benchmark
 from tiny_models import make_tiny_model_and_tokenizer, tiny_hparams
 
 # the slow tier (`make test`, not `make test-fast`): accelerate launch subprocesses and sharded runs
@@ -439,7 +439,7 @@ def test_config_policy_placement_and_defaults():
 
 
 def test_benchmark_scoped_overrides_of_run_compare():
-    from benchmarks.compare import overrides_for, parse_method
+    from benchmarks.analysis.compare import overrides_for, parse_method
 
     label, path, overrides = parse_method(
         ["HPSE", "x.yaml", "rounds=3", "unkebench:max_new_tokens=128", "device=cuda:1"]
@@ -481,7 +481,7 @@ def test_shards_and_gpu_groups():
 
 def test_model_parallel_process_claims_its_gpu_group_before_cuda_starts(monkeypatch):
     """The CUDA_VISIBLE_DEVICES hand-out, with torch.cuda stood in for (this machine has no GPU)."""
-    from benchmarks import distributed
+    from benchmarks.run import distributed
 
     started = []
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: bool(started))
@@ -653,8 +653,8 @@ def test_edit_through_accelerate_dispatch_hooks_matches_plain_model(
     from accelerate import dispatch_model
     from transformers import AutoModelForCausalLM
 
-    from benchmarks.datasets import MMLUItem
-    from benchmarks.mmlu import letter_scores
+    from benchmarks.tasks.datasets import MMLUItem
+    from benchmarks.tasks.mmlu import letter_scores
 
     make_tiny_model_and_tokenizer("llama", tmp_path / "m", init_std=0.2)
     hp = tiny_hparams(

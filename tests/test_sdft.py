@@ -137,7 +137,7 @@ def test_null_clip_is_accepted():
 
 
 def test_tables_name_the_row_sdft_trl():
-    from benchmarks.methods import method_label
+    from benchmarks.run.methods import method_label
 
     assert method_label("SDFT", {}) == "SDFT (TRL)"
 
@@ -157,7 +157,7 @@ def test_without_trl_the_preflight_and_the_edit_say_how_to_install_it_in_one_lin
 
 @pytest.mark.skipif(not DATA_DIR.is_dir(), reason="needs ../shared/data next to the repository")
 def test_without_trl_the_runner_says_so_before_loading_any_weights(without_trl, tmp_path, caplog):
-    from benchmarks.cli import cli_main
+    from benchmarks.run.cli import cli_main
 
     path = tmp_path / "sdft.yaml"
     # a model that does not exist: the install hint comes first, before any loading
@@ -340,7 +340,7 @@ needs_data = pytest.mark.skipif(
 @needs_data
 def test_the_row_runs_through_run_compare_beside_lora(tmp_path):
     pytest.importorskip("trl.experimental.sdft", reason=NO_TRL)
-    from benchmarks.compare import compare_main
+    from benchmarks.analysis.compare import compare_main
     from tiny_models import tiny_hparams
 
     make_tiny_model_and_tokenizer("llama", tmp_path / "m")
@@ -361,7 +361,7 @@ def test_the_row_runs_through_run_compare_beside_lora(tmp_path):
     assert len(records) == 2 and all(len(r["rounds"]) == 1 for r in records)
 
     # continual editing: the second edit continues in the first's adapter, both then answered
-    from benchmarks.runner import RunOptions, run_benchmark
+    from benchmarks.run.runner import RunOptions, run_benchmark
 
     seq = run_benchmark(
         RunOptions(

@@ -347,7 +347,7 @@ def test_half_precision_lora_decode_costs_two_kernels_per_projection():
     ids = torch.tensor([[5, 6, 7], [5, 6, 7]])
 
     def step_ops(adapters: bool) -> tuple[int, torch.Tensor]:
-        from benchmarks.gpu_path import OpCounter
+        from benchmarks.perf.gpu_path import OpCounter
 
         with torch.no_grad(), ex.row_switch(torch.tensor([False, True])):
             if not adapters:

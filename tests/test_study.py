@@ -1,4 +1,5 @@
-"""benchmarks/study.py: RESULTS.md's marked tables regenerated from run directories, and --check."""
+"""benchmarks/analysis/study.py: RESULTS.md's marked tables regenerated from run directories, and
+--check."""
 
 import json
 import re
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.study import (
+from benchmarks.analysis.study import (
     StudyError,
     check,
     find_blocks,
@@ -137,7 +138,7 @@ def test_bad_markers_and_roots_are_one_line_errors(tmp_path, capsys):
 def test_results_md_agrees_with_the_committed_runs(tmp_path):
     """The real check: every marked table of docs/RESULTS.md, regenerated from docs/study (about a
     minute)."""
-    from benchmarks.datasets import default_data_dir
+    from benchmarks.tasks.datasets import default_data_dir
 
     data = Path(default_data_dir())
     if not (data / "unkebench" / "final_data_v2.json").is_file():
@@ -192,7 +193,7 @@ def test_results_md_agrees_with_the_committed_runs(tmp_path):
 
 
 def test_runs_table_shows_the_share_of_edit_time_inside_easyedits_algorithm(tmp_path, capsys):
-    from benchmarks.study import runs_table
+    from benchmarks.analysis.study import runs_table
 
     _run(
         tmp_path / "memit",
@@ -238,7 +239,7 @@ def test_runs_table_shows_the_share_of_edit_time_inside_easyedits_algorithm(tmp_
 
 
 def test_runs_table_counts_the_answers_an_edit_changed(tmp_path, capsys):
-    from benchmarks.study import runs_table
+    from benchmarks.analysis.study import runs_table
 
     def rec(case, single, multi):
         return {
@@ -265,7 +266,7 @@ def test_runs_table_counts_the_answers_an_edit_changed(tmp_path, capsys):
 
 
 def test_runs_table_lists_a_continual_runs_mmlu_once_per_block(tmp_path, capsys):
-    from benchmarks.study import runs_table
+    from benchmarks.analysis.study import runs_table
 
     # two blocks of T = 2: MMLU is measured after each block's last edit and every record of the
     # block carries it
@@ -300,7 +301,7 @@ def _planted(path: Path, change) -> None:
 
 
 def test_check_recomputes_every_summary_and_names_a_stale_field(tmp_path, capsys):
-    from benchmarks.study import summary_problems
+    from benchmarks.analysis.study import summary_problems
 
     root = tmp_path / "study"
     run = _copy_run("gates/mq-kappa0.3-check", root)  # 3 MQuAKE-uns cases, no data needed
@@ -345,7 +346,7 @@ def test_check_recomputes_every_summary_and_names_a_stale_field(tmp_path, capsys
 
 
 def test_a_summary_compares_numbers_to_rounding_and_skips_what_the_machine_decides():
-    from benchmarks.summary import summary_differences
+    from benchmarks.analysis.summaries import summary_differences
 
     stored = {
         "Avg": 50.0,
@@ -376,8 +377,8 @@ def test_a_summary_compares_numbers_to_rounding_and_skips_what_the_machine_decid
 @pytest.mark.slow
 def test_every_committed_summary_agrees_with_its_records():
     """Every summary.json under docs/study, recomputed from its run directory (about a minute)."""
-    from benchmarks.datasets import default_data_dir
-    from benchmarks.study import summary_problems
+    from benchmarks.analysis.study import summary_problems
+    from benchmarks.tasks.datasets import default_data_dir
 
     data = Path(default_data_dir())
     if not (data / "unkebench" / "final_data_v2.json").is_file():

@@ -1,7 +1,7 @@
 """hpse_easyedit.text.sentence_spans: the one sentence splitter (COIN's chunks, the benchmarks'
 sentences)."""
 
-from benchmarks.metrics import first_sentence, split_sentences
+from benchmarks.tasks.metrics import first_sentence, split_sentences
 from hpse_easyedit.text import sentence_spans
 
 

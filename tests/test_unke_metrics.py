@@ -1,4 +1,4 @@
-"""benchmarks/unke_scores.py and unke_metrics.py: UnKE's own BLEU and ROUGE (EasyEdit's
+"""benchmarks/tasks/unke_scores.py and unke_metrics.py: UnKE's own BLEU and ROUGE (EasyEdit's
 eval_akew_unstructured).
 
 Hand-made strings check the two libraries' conventions the module keeps (character BLEU, set-based
@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks import unke_metrics as M
-from benchmarks import unke_scores as U
-from benchmarks.judge import LexicalJudge
-from benchmarks.paired import load_cases
-from benchmarks.study import find_blocks, generate
+from benchmarks.analysis import unke_metrics as M
+from benchmarks.analysis.paired import load_cases
+from benchmarks.analysis.study import find_blocks, generate
 from benchmarks.tasks import TASKS
+from benchmarks.tasks import unke_scores as U
+from benchmarks.tasks.judge import LexicalJudge
 
 REPO = Path(__file__).resolve().parents[1]
 RUN = REPO / "docs" / "study" / "compare-unkebench" / "UnKE"  # 20 stored UnKEBench records
@@ -154,7 +154,7 @@ def test_agrees_with_easyedits_eval_akew_unstructured(he, data_dir, tmp_path, mo
     MiniLM is not on this machine, so both sides embed with the same stand-in encoder."""
     from easyeditor.evaluate import evaluate_uns
 
-    from benchmarks.paired import load_cases, load_run
+    from benchmarks.analysis.paired import load_cases, load_run
 
     cases = load_cases("unkebench", data_dir, "the test")
     _, recs = load_run(RUN)

@@ -1,11 +1,11 @@
-"""benchmarks.variants: the sensitivity and ablation tables (variants of one method against a
-reference) from finished runs."""
+"""benchmarks.analysis.variants: the sensitivity and ablation tables (variants of one method against
+a reference) from finished runs."""
 
 import json
 
 import pytest
 
-from benchmarks.variants import main, variant_rows, variants_table
+from benchmarks.analysis.variants import main, variant_rows, variants_table
 
 
 def _run(path, T, scores, stepin=None):

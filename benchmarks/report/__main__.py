@@ -1,4 +1,4 @@
-"""``python -m benchmarks.report RUN [RUN ...] [--html FILE]``: the paper-layout table, or the HTML
+"""``python -m benchmarks report RUN [RUN ...] [--html FILE]``: the paper-layout table, or the HTML
 report."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str]) -> int:
     parser = OneLineParser(
-        prog="python -m benchmarks.report",
+        prog="python -m benchmarks report",
         description="The paper-layout table of benchmark runs, or with --html one self-contained "
         "HTML report: the table with intervals and paired differences, the step-in plot, every "
         "case with its answers side by side, verdicts, filters, and each round's rollout with the "

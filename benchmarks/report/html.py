@@ -1,21 +1,21 @@
 """One self-contained HTML file for one or more benchmark runs: tables, the step-in plot, every
 case.
 
-``python -m benchmarks.report RUN [RUN ...] --html FILE`` writes it
+``python -m benchmarks report RUN [RUN ...] --html FILE`` writes it
 (``benchmarks/report/__main__.py``). The file needs no network: styles, the filter script and the
 plot (a base64 PNG) are inline. It holds
 
 - the paper-layout table (``report.paper_cells``) and the case-by-case comparison of
-  ``benchmarks.paired`` (means with 95% bootstrap intervals; every run against the first: paired
-  differences with their intervals, wins / ties / losses);
+  ``benchmarks.analysis.paired`` (means with 95% bootstrap intervals; every run against the first:
+  paired differences with their intervals, wins / ties / losses);
 - the mean step-in rate per round (``report.plot_stepin_rates``);
 - every case: its passages, questions, expected answers with aliases, each run's answer side by side
   with the matched answer marked and the official verdict (MQuAKE-uns: the substring check per
   question and the record's Ind / Cmp; UnKEBench: the judge's facts and verdicts, Dmp per
-  sub-question), and, for runs that stored them (``benchmarks.rollouts``), each round's rollout per
-  request with the tokens the teacher wrote highlighted and the gate's numbers on hover;
+  sub-question), and, for runs that stored them (``benchmarks.records.rollouts``), each round's
+  rollout per request with the tokens the teacher wrote highlighted and the gate's numbers on hover;
 - filters: all cases, cases where the runs disagree, wins or losses of run B against run A (on the
-  per-case Avg, as ``benchmarks.paired`` counts them).
+  per-case Avg, as ``benchmarks.analysis.paired`` counts them).
 
 Rollout text is decoded with the tokenizer of the run's ``hparams.model_name`` (the embedded SmolLM2
 works offline); without a tokenizer the token ids are shown.
@@ -45,10 +45,11 @@ from markupsafe import Markup
 
 from hpse_easyedit.atomic import replacing
 
-from ..metrics import answer_matches
-from ..paired import ANSWER_DIVERSITY, METRICS, load_run, multi_report, paired_report
-from ..rollouts import unpack_gaps, unpack_rollout
-from ..tasks import TASKS, Question
+from ..analysis.paired import multi_report, paired_report
+from ..analysis.runs import ANSWER_DIVERSITY, METRICS, load_run
+from ..records.rollouts import unpack_gaps, unpack_rollout
+from ..tasks.metrics import answer_matches
+from ..tasks.task import TASKS, Question
 from . import judge_note, paper_cells, plot_stepin_rates
 
 __all__ = ["RunData", "load_tokenizer", "read_run", "write_html_report"]
@@ -378,7 +379,7 @@ def _load_cases(
     None, with a warning, when the file is absent (unless ``strict``: the user named ``--data``) or
     is not the file a run used: its questions would then not be the ones the run answered.
     """
-    from ..datasets import DataError, default_data_dir, file_sha256
+    from ..tasks.datasets import DataError, default_data_dir, file_sha256
 
     task = TASKS[runs[0].benchmark]
     where = Path(data_dir or default_data_dir())

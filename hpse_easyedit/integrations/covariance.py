@@ -50,8 +50,8 @@ from ..data_files import (
     mmlu_text,
     read_mmlu_csv,
 )
+from ..model_calls import input_device
 from ..padding import pad_rows, pad_token_id
-from ..rollout import input_device
 
 __all__ = [
     "BUILTIN_CORPORA",

@@ -32,6 +32,7 @@ from typing import Any, Iterator
 __all__ = [
     "ENV_VAR",
     "INSTALL_HINT",
+    "LOCATE_THEN_EDIT",
     "OPTIONAL_MODULES",
     "EasyEditNotFoundError",
     "EasyEditVersionError",
@@ -42,6 +43,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 ENV_VAR = "EASYEDIT_SRC"
+#: EasyEdit's own locate-then-edit algorithms this project runs (their ALG_DICT names)
+LOCATE_THEN_EDIT = ("MEMIT", "AlphaEdit")
 INSTALL_HINT = (
     "install EasyEdit from its GitHub source: `git clone https://github.com/zjunlp/EasyEdit "
     "/path/to/EasyEdit`, install its text-editing dependencies (`pip install higher einops "
@@ -243,7 +246,7 @@ def check_easyedit(module: types.ModuleType | None = None) -> None:
     need("easyeditor.models.rome.layer_stats", "layer_stats")
     need("easyeditor.models.alphaedit.AlphaEdit_main", "apply_AlphaEdit_to_model", "get_project")
     if alg is not None and hasattr(alg, "ALG_DICT"):
-        for name in ("MEMIT", "AlphaEdit"):
+        for name in LOCATE_THEN_EDIT:
             if name not in alg.ALG_DICT:
                 missing.append(f"ALG_DICT[{name!r}]")
         if editor is not None and getattr(editor, "ALG_DICT", None) is not alg.ALG_DICT:

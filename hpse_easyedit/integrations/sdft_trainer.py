@@ -39,7 +39,7 @@ from trl.experimental.sdft import SDFTConfig, SDFTTrainer
 
 from ..executors import Executor, copy_back
 from ..executors.state import unwrapped
-from ..rollout import input_device
+from ..model_calls import input_device
 from ..training import (
     EditDivergedError,
     EditResult,

@@ -36,7 +36,7 @@ from ..covariance import (
     load_corpus,
     stats_relpath,
 )
-from ..easyedit_import import import_easyedit
+from ..easyedit_import import LOCATE_THEN_EDIT, import_easyedit
 from .common import algorithm_timer, check_depth, easyedit_model_name, grad_flags_kept, padding_side
 from .prompts import chat_text, end_of_turn_text
 
@@ -57,7 +57,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-LOCATE_THEN_EDIT = ("MEMIT", "AlphaEdit")
 _MEMIT_MAIN = "easyeditor.models.memit.memit_main"
 _ALPHAEDIT_MAIN = "easyeditor.models.alphaedit.AlphaEdit_main"
 
