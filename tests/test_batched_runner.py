@@ -11,7 +11,6 @@ from bench_helpers import DATA_DIR, isolate_judge_env
 from benchmarks.run.cli import cli_main
 from benchmarks.run.runner import RunOptions, run_benchmark
 from hpse_easyedit.errors import UsageError
-from tiny_models import make_tiny_model_and_tokenizer
 
 pytestmark = pytest.mark.skipif(
     not DATA_DIR.is_dir(), reason="needs ../shared/data next to the repository"
@@ -31,15 +30,14 @@ TIMING = ("edit_seconds", "seconds", "rollout_seconds")
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny")
-    make_tiny_model_and_tokenizer("llama", root / "model", init_std=0.2)
-    for executor in ("lora", "ft_m"):
-        (root / f"{executor}.yaml").write_text(
-            HPARAMS.format(model=root / "model", executor=executor)
-            + ("ftm_layer: 1\n" if executor == "ft_m" else "")
-        )
-    return root
+def tiny_files(saved_tiny_model):
+    """``tiny``'s files: one hparams file per executor, on the tiny Llama at std 0.2."""
+    model = saved_tiny_model("llama", init_std=0.2)
+    return {
+        f"{executor}.yaml": HPARAMS.format(model=model, executor=executor)
+        + ("ftm_layer: 1\n" if executor == "ft_m" else "")
+        for executor in ("lora", "ft_m")
+    }
 
 
 @pytest.fixture(autouse=True)

@@ -19,7 +19,6 @@ from benchmarks.run.cli import cli_main
 from benchmarks.run.methods import MethodSpec, get_method, register_method
 from benchmarks.run.runner import RunOptions, run_benchmark
 from benchmarks.tasks.judge import JudgeSettings
-from tiny_models import make_tiny_model_and_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(
@@ -36,12 +35,11 @@ lr: 1.0e-3
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny")
-    make_tiny_model_and_tokenizer("llama", root / "model")
-    (root / "hpse.yaml").write_text(TINY_HPARAMS.format(alg="HPSE", model=root / "model"))
-    (root / "spy.yaml").write_text(TINY_HPARAMS.format(alg="SPY", model=root / "model"))
-    return root
+def tiny_files(tiny_model):
+    return {
+        "hpse.yaml": TINY_HPARAMS.format(alg="HPSE", model=tiny_model),
+        "spy.yaml": TINY_HPARAMS.format(alg="SPY", model=tiny_model),
+    }
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,6 @@ from benchmarks.records.sequence import STATE_DIR, checkpoint_records
 from benchmarks.records.store import ConfigMismatchError
 from benchmarks.run.case_loop import Editing
 from benchmarks.run.runner import RunOptions, run_benchmark
-from tiny_models import make_tiny_model_and_tokenizer
 
 pytestmark = pytest.mark.skipif(
     not DATA_DIR.is_dir(), reason="needs ../shared/data next to the repository"
@@ -29,14 +28,11 @@ lr: 1.0e-2
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny-ckpt")
-    make_tiny_model_and_tokenizer("llama", root / "model")
-    (root / "hpse.yaml").write_text(TINY.format(model=root / "model"))
-    (root / "ftm.yaml").write_text(
-        TINY.format(model=root / "model") + "executor: ft_m\nftm_layer: 1\n"
-    )
-    return root
+def tiny_files(tiny_model):
+    return {
+        "hpse.yaml": TINY.format(model=tiny_model),
+        "ftm.yaml": TINY.format(model=tiny_model) + "executor: ft_m\nftm_layer: 1\n",
+    }
 
 
 @pytest.fixture(autouse=True)

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from hpse_easyedit.edit_requests import RequestError
-from tiny_models import make_tiny_model_and_tokenizer
 
 TINY = (
     "alg_name: HPSE\nmodel_name: {model}\nrounds: 1\ninner_steps: 2\nmax_new_tokens: 4\nlr: 0.05\n"
@@ -15,14 +14,13 @@ TINY = (
 
 
 @pytest.fixture(scope="module")
-def editor(he, tmp_path_factory):
+def editor(he, tiny_model, tmp_path_factory):
     from easyeditor import BaseEditor
 
     from hpse_easyedit import HPSEHyperParams
 
     root = tmp_path_factory.mktemp("seam")
-    make_tiny_model_and_tokenizer("llama", root / "model")
-    (root / "hpse.yaml").write_text(TINY.format(model=root / "model"))
+    (root / "hpse.yaml").write_text(TINY.format(model=tiny_model))
     return BaseEditor.from_hparams(HPSEHyperParams.from_hparams(root / "hpse.yaml"))
 
 

@@ -51,11 +51,8 @@ MODES = {"single": [], "sequential": ["--sequential", "3", "--checkpoints", "1,2
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("faults")
-    make_tiny_model_and_tokenizer("llama", tmp_path=root / "model")
-    (root / "hpse.yaml").write_text(HPARAMS.format(model=root / "model"))
-    return root
+def tiny_files(tiny_model):
+    return {"hpse.yaml": HPARAMS.format(model=tiny_model)}
 
 
 @pytest.fixture(autouse=True)

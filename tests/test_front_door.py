@@ -22,7 +22,6 @@ from bench_helpers import DATA_DIR, isolate_judge_env
 from benchmarks.analysis.compare import compare_main
 from benchmarks.run.cli import cli_main
 from hpse_easyedit.cli import main as edit_main
-from tiny_models import make_tiny_model_and_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 needs_data = pytest.mark.skipif(
@@ -38,20 +37,17 @@ max_new_tokens: 4
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("front")
-    make_tiny_model_and_tokenizer("llama", root / "model")
-    (root / "hpse.yaml").write_text(TINY.format(model=root / "model"))
-    (root / "passage.txt").write_text("AJ Lee speaks Russian fluently.")
-    (root / "empty.txt").write_text("  \n")
-    (root / "a_file").write_text("not a directory")
-    (root / "broken.yaml").write_text("alg_name: HPSE\nmodel_name: [unclosed\n")
-    (root / "no_alg.yaml").write_text(f"model_name: {root / 'model'}\n")
-    (root / "rome.yaml").write_text(f"alg_name: ROME\nmodel_name: {root / 'model'}\n")
-    (root / "unke.yaml").write_text(
-        f"alg_name: UnKE\nmodel_name: {root / 'model'}\nlayers: [0]\nv_loss_layer: 1\n"
-    )
-    return root
+def tiny_files(tiny_model):
+    return {
+        "hpse.yaml": TINY.format(model=tiny_model),
+        "passage.txt": "AJ Lee speaks Russian fluently.",
+        "empty.txt": "  \n",
+        "a_file": "not a directory",
+        "broken.yaml": "alg_name: HPSE\nmodel_name: [unclosed\n",
+        "no_alg.yaml": f"model_name: {tiny_model}\n",
+        "rome.yaml": f"alg_name: ROME\nmodel_name: {tiny_model}\n",
+        "unke.yaml": f"alg_name: UnKE\nmodel_name: {tiny_model}\nlayers: [0]\nv_loss_layer: 1\n",
+    }
 
 
 @pytest.fixture(autouse=True)

@@ -10,14 +10,12 @@ import torch
 from hpse_easyedit import load_model
 from hpse_easyedit.hparams import HParamsError
 from hpse_easyedit.loading import check_placement
-from tiny_models import make_tiny_model_and_tokenizer, tiny_hparams
+from tiny_models import tiny_hparams
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-qwen2")
-    make_tiny_model_and_tokenizer("qwen2", path)
-    return str(path)
+def tiny_dir(saved_tiny_model):
+    return str(saved_tiny_model("qwen2"))
 
 
 def test_attn_implementation_auto_keeps_the_default_and_eager_is_passed_on(tiny_dir):

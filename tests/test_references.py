@@ -24,12 +24,11 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ref")
-    make_tiny_model_and_tokenizer("llama", root / "model")
-    for alg in ("UNEDITED", "IN_CONTEXT"):
-        (root / f"{alg}.yaml").write_text(f"alg_name: {alg}\nmodel_name: {root / 'model'}\n")
-    return root
+def tiny_files(tiny_model):
+    return {
+        f"{alg}.yaml": f"alg_name: {alg}\nmodel_name: {tiny_model}\n"
+        for alg in ("UNEDITED", "IN_CONTEXT")
+    }
 
 
 @pytest.fixture(autouse=True)

