@@ -117,6 +117,7 @@ def test_each_room_imports_only_the_rooms_below_it():
     assert climbs == []
 
 
+@pytest.mark.slow  # a Python subprocess importing the runner: about 6 s
 def test_a_mquake_uns_run_never_loads_the_mmlu_code():
     code = (
         "import sys; import benchmarks.run.runner, benchmarks.run.cli; "

@@ -146,7 +146,7 @@ def _parse(text):
 @pytest.fixture(scope="module")
 def tiny_runs(tiny_model, tmp_path_factory):
     """Two tiny real MQuAKE-uns runs on the same 2 cases: plain LoRA (kl_weight 0, no rollouts) and
-    HPSE."""
+    HPSE (and two more). Four runner runs end to end: the tests that read them are slow."""
     if not DATA_DIR.is_dir():
         pytest.skip("needs ../shared/data next to the repository")
     root = tmp_path_factory.mktemp("html")
@@ -220,6 +220,7 @@ def test_runner_stores_each_rounds_rollouts_consistent_with_the_round_statistics
     ]  # storing changes nothing else
 
 
+@pytest.mark.slow
 def test_html_report_has_every_case_and_step_in_spans_matching_the_stored_masks(
     tiny_runs, tiny_model, tmp_path
 ):
@@ -276,6 +277,7 @@ def test_html_report_has_every_case_and_step_in_spans_matching_the_stored_masks(
     assert 'data-tau="0.0" data-kappa="0.0"' in text  # the gates the hover text names
 
 
+@pytest.mark.slow
 def test_html_report_without_tokenizer_shows_ids_and_runs_without_rollouts_render(
     tiny_runs, tmp_path
 ):
@@ -301,6 +303,7 @@ def test_html_report_without_tokenizer_shows_ids_and_runs_without_rollouts_rende
     assert not _parse(off.read_text(encoding="utf-8")).rollouts
 
 
+@pytest.mark.slow
 def test_report_command_line(tiny_runs, tmp_path, capsys):
     out = tmp_path / "sub" / "report.html"
     assert (
@@ -365,6 +368,7 @@ def chromium_screenshot(
         return time.perf_counter() - t0
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     CHROMIUM is None, reason="headless screenshot needs Chromium: apt-get install -y chromium"
 )
@@ -391,6 +395,7 @@ def test_headless_chromium_renders_the_report(tiny_runs, tmp_path):
     assert img.std() > 20  # not a blank page
 
 
+@pytest.mark.slow
 def test_questions_come_only_from_the_data_file_the_runs_recorded(
     tiny_runs, tmp_path, monkeypatch, capsys, caplog
 ):
@@ -428,6 +433,7 @@ def test_questions_come_only_from_the_data_file_the_runs_recorded(
     assert len(_parse(text).cases) == 2
 
 
+@pytest.mark.slow
 def test_unkebench_cases_show_the_judges_facts_and_sub_question_verdicts(tiny_runs, tmp_path):
     import re
 
@@ -453,6 +459,7 @@ def test_unkebench_cases_show_the_judges_facts_and_sub_question_verdicts(tiny_ru
     )  # the judge note under the table
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     CHROMIUM is None, reason="headless Chromium needed: apt-get install -y chromium"
 )

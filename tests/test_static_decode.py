@@ -500,6 +500,7 @@ def test_the_batched_engine_captures_once_per_shape(monkeypatch, executor, want)
     assert seen == want
 
 
+@pytest.mark.slow  # three compiled decoders (dynamo, eager backend): about 6 s
 def test_a_kept_decoder_refilled_decodes_as_a_new_one():
     """``static_generate`` compiled keeps one decoder per shape: a second batch of rows in the same
     width step decodes on the same decoder, refilled in place, and gives the tokens a new decoder
