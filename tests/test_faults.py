@@ -343,20 +343,28 @@ def test_an_unwritable_out_is_one_line_before_the_model_loads(
 @needs_data
 def test_a_second_run_into_the_same_directory_stops_at_once(tiny, tmp_path):
     out = tmp_path / "run"
-    slow = [
-        *_cmd(tiny, out, "single"),
-        "--set",
-        "rounds=40",
-    ]  # the first run still edits when the second starts
+    cmd = _cmd(tiny, out, "single")
     first = subprocess.Popen(
-        slow, env=_env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        cmd, env=_env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
-    deadline = time.time() + 120
-    while not (out / "config.json").is_file() and time.time() < deadline:
-        time.sleep(0.05)
-    second = subprocess.run(slow, env=_env(tmp_path), capture_output=True, text=True, timeout=120)
-    still_editing = first.poll() is None
-    assert first.wait(timeout=600) == 0 and still_editing
+    try:
+        deadline = time.time() + 120
+        while not (out / "config.json").is_file() and time.time() < deadline:
+            time.sleep(0.05)
+        # the first run is held mid-run (stopped: it keeps its writer lock) while the second starts,
+        # however long that start takes; it then goes on and finishes its cases
+        first.send_signal(signal.SIGSTOP)
+        try:
+            second = subprocess.run(
+                cmd, env=_env(tmp_path), capture_output=True, text=True, timeout=120
+            )
+            still_editing = first.poll() is None
+        finally:
+            first.send_signal(signal.SIGCONT)
+        assert first.wait(timeout=600) == 0 and still_editing
+    finally:
+        if first.poll() is None:
+            first.kill()
     lines = [x for x in second.stderr.splitlines() if "error" in x.lower()]
     assert second.returncode == 2 and len(lines) == 1
     assert f"process {first.pid} is writing into this directory" in lines[0]
