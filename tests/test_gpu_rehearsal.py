@@ -13,8 +13,8 @@ Only the vocabulary is shrunk (to ``VOCAB`` ids, the in-test tokenizer's): the r
 embedding and output head are 1-2 GB per model in bfloat16, more than the 2-layer rest of the model.
 The tokenizer is trained with the edit's own prompt texts (``PROMPT_TEXTS``), so they tokenize
 about a word a token, as a real tokenizer's would: the teacher's prompt is then 162-168 tokens
-instead of 413-495, and its prefill through the 7B-width layers is most of each edit's time here. The
-random weights are drawn with std 0.05 (see ``rehearsal``)."""
+instead of 413-495, and its prefill through the 7B-width layers is most of each edit's time here.
+The random weights are drawn with std 0.05 (see ``rehearsal``)."""
 
 from __future__ import annotations
 
