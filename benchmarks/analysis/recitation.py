@@ -5,6 +5,7 @@ official score kept and each run's Avg difference from the first run. ``python -
 
 from __future__ import annotations
 
+import functools
 import logging
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -20,6 +21,7 @@ __all__ = ["CUTS", "model_token_spans", "recitation_report", "recitation_table"]
 CUTS = ("official", "first sentence", "first {n} tokens")
 
 
+@functools.lru_cache(maxsize=8)  # one tokenizer per model per process (study reads ~40 tables)
 def model_token_spans(model_name: str) -> tuple[Callable[[str], list[tuple[int, int]]] | None, str]:
     """``(token_spans, description)``: character spans of ``model_name``'s tokens (its tokenizer
     loaded offline through ``hpse_easyedit``'s model cache, special tokens left out), or
