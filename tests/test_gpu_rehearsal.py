@@ -193,7 +193,7 @@ def test_three_requests_decode_within_the_kernel_target():
     """Qwen2.5-7B's file, LoRA, bfloat16: the three requests of a MQuAKE-uns edit decoded as one
     batch on the static path launch at most 1,200 kernels per decoded token (counted at 2 and 3
     layers on the meta device, scaled to 28), with one stop test per ``decode_stop_every`` steps."""
-    from benchmarks.gpu_path import decode_counts
+    from benchmarks.perf.gpu_path import decode_counts
 
     hp = HPSEHyperParams.from_hparams(HPSE / "qwen2.5-7b.yaml")
     counts = decode_counts(hp, static=True, requests=3)
@@ -202,7 +202,7 @@ def test_three_requests_decode_within_the_kernel_target():
 
 
 def test_roofline_reads_every_multiplied_weight_once_per_step():
-    from benchmarks.gpu_path import H100, roofline
+    from benchmarks.perf.gpu_path import H100, roofline
 
     hp = HPSEHyperParams.from_hparams(HPSE / "qwen2.5-7b.yaml")
     config = backbone_config(hp.model_name)
@@ -221,14 +221,14 @@ def test_roofline_reads_every_multiplied_weight_once_per_step():
 
 
 def test_the_gpu_script_runs_on_cpu(tmp_path, monkeypatch):
-    """``python -m benchmarks.gpu_path --device ... --profile`` end to end on a 1-layer SmolLM2
+    """``python -m benchmarks gpu-path --device ... --profile`` end to end on a 1-layer SmolLM2
     architecture on the CPU (its compiled decode traced by dynamo's eager backend here): the figures
     a lent GPU fills in, and the profile of a rollout token and an inner step (leaf aten ops here,
     kernels on a GPU)."""
     import json
 
     import hpse_easyedit.rollout as rollout_module
-    from benchmarks import gpu_path
+    from benchmarks.perf import gpu_path
     from hpse_easyedit.static_decode import compile_step
 
     monkeypatch.setattr(
