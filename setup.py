@@ -13,13 +13,13 @@ setup(
     ),
     package_data={
         "hpse_easyedit": ["demo_passage.txt", "backbones/*.json"],
-        "benchmarks": ["report/templates/*"],
+        "benchmarks": ["report/templates/*", "perf/easyedit_lora.yaml"],
     },
     install_requires=[
         "torch>=2.1",
         # CI runs the newest (make test) and the [easyedit] extra's < 5.24 (make test-easyedit-env:
         # the decode, 7B-9B rehearsal, CUDA and EasyEdit tests); the KV cache's forward keyword is
-        # ``cache`` from 5.24, ``past_key_values`` before (hpse_easyedit.rollout.cache_keyword)
+        # ``cache`` from 5.24, ``past_key_values`` before (hpse_easyedit.model_calls.cache_keyword)
         "transformers>=4.45",
         "peft>=0.12",
         "pyyaml>=6",
