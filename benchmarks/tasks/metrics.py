@@ -15,6 +15,7 @@ checkable by hand.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -148,6 +149,13 @@ def self_bleu(texts: Sequence[str], max_n: int = 4) -> float | None:
     than two texts."""
     if len(texts) < 2:
         return None
+    return _self_bleu(tuple(texts), max_n)
+
+
+#: a pure function of the texts, and every table that reads a run scores its answers again
+#: (``benchmarks.analysis.study`` regenerates RESULTS.md's tables): a process keeps the scores
+@functools.lru_cache(maxsize=1 << 15)
+def _self_bleu(texts: tuple[str, ...], max_n: int) -> float:
     toks = [word_tokens(t) for t in texts]
     return sum(bleu(toks[i], toks[:i] + toks[i + 1 :], max_n) for i in range(len(toks))) / len(toks)
 
