@@ -1,6 +1,6 @@
 """The planner against a measured edit: SmolLM2 (the shipped hparams/HPSE/smollm2-135m.yaml), the
 demo passage, one round of two inner steps, PyTorch's CPU allocator peak from torch.profiler memory
-events (benchmarks.gpu_path.planner_check). Run from the repository root:
+events (benchmarks.perf.gpu_path.planner_check). Run from the repository root:
 
     OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python docs/perf/gpu-plan/planner_check.py >
     docs/perf/gpu-plan/smollm2-check.json"""
@@ -10,7 +10,7 @@ import logging
 import sys
 from pathlib import Path
 
-from benchmarks.gpu_path import planner_check
+from benchmarks.perf.gpu_path import planner_check
 from hpse_easyedit import HPSEHyperParams, load_model
 
 logging.basicConfig(level=logging.WARNING)
