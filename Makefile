@@ -60,11 +60,12 @@ test-easyedit-env: $(STAMP_EE)
 	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(PY_EE) -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal \
 		$(PYTEST_ARGS) $(EE_TESTS)
 
-# ruff with ruff.toml's rules (line length 100) and its layout: reports, changes nothing
+# ruff with ruff.toml's rules (line length 100) and its layout: reports, changes nothing; no cache,
+# so a stale .ruff_cache cannot pass a file that a clean checkout fails
 # (`ruff format .` and `ruff check --fix .` apply what they can)
 lint: $(STAMP)
-	$(PY) -m ruff check .
-	$(PY) -m ruff format --check .
+	$(PY) -m ruff check --no-cache .
+	$(PY) -m ruff format --check --no-cache .
 
 clean-venv:
 	rm -rf $(VENV) $(VENV_EE)
