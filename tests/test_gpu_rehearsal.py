@@ -12,9 +12,12 @@ that rounding at every position they share. (Answers on the static path against
 Only the vocabulary is shrunk (to ``VOCAB`` ids, the in-test tokenizer's): the real vocabularies'
 embedding and output head are 1-2 GB per model in bfloat16, more than the 2-layer rest of the model.
 The tokenizer is trained with the edit's own prompt texts (``PROMPT_TEXTS``), so they tokenize
-about a word a token, as a real tokenizer's would: the teacher's prompt is then 162-168 tokens
-instead of 413-495, and its prefill through the 7B-width layers is most of each edit's time here.
-The random weights are drawn with std 0.05 (see ``rehearsal``)."""
+about a word a token, as a real tokenizer's would, except the teacher's system texts with their
+rules and the privileged question (``SYSTEM_TEXTS``), each one token: the teacher's prompt is then
+13-15 tokens instead of 162-168 (413-495 with a byte-level tokenizer of few merges). Its prefill
+through the 7B-width layers in bfloat16, which this CPU multiplies at about a quarter of its float32
+rate, was most of each edit's time (34 of 43 s); shapes, dtypes and code paths are the same at any
+prompt length. The random weights are drawn with std 0.05 (see ``rehearsal``)."""
 
 from __future__ import annotations
 
@@ -61,6 +64,14 @@ PROMPT_TEXTS = (
         for text in (PRIVILEGED_QUESTION.format(subject=r["subject"]), f"Introduce {r['subject']}.")
     )
 )
+#: the teacher's system texts that carry rules (every style but ``plain``, the passage alone) and
+#: the privileged question, each added to the tokenizer as one token
+SYSTEM_TEXTS = tuple(
+    privileged_system(style, r["subject"], [r["target_new"]])
+    for r in REQUESTS
+    for style in TEACHER_STYLES
+    if style != "plain"
+) + tuple(PRIVILEGED_QUESTION.format(subject=r["subject"]) for r in REQUESTS)
 
 
 @pytest.fixture(scope="module", params=sorted(FILES))
@@ -71,7 +82,10 @@ def rehearsal(request):
 
     stem = request.param
     hp = HPSEHyperParams.from_hparams(HPSE / f"{stem}.yaml")
-    tok = make_tokenizer(FILES[stem], vocab_size=VOCAB, extra_corpus=PROMPT_TEXTS)
+    tok = make_tokenizer(
+        FILES[stem], vocab_size=VOCAB - len(SYSTEM_TEXTS), extra_corpus=PROMPT_TEXTS
+    )
+    tok.add_tokens(list(SYSTEM_TEXTS))
     config = backbone_config(hp.model_name, layers=2)
     config.vocab_size = VOCAB
     assert len(tok) <= VOCAB
