@@ -251,3 +251,34 @@ def test_the_batched_decode_step_compiles_whole(monkeypatch, executor):
         assert compiled.ok and plain.ok
         for a, b in zip(compiled.rollouts[0], plain.rollouts[0]):
             assert torch.equal(a.tokens, b.tokens)
+
+
+def test_stacked_ft_m_keeps_the_matrix_once_and_adds_a_steps_gradients_in_place():
+    """In half precision, a first FT-M edit of several cases keeps the unedited matrix once (the
+    teacher rows' weight is the start every case copies and what the model is restored from), and
+    a case's later pass of a step adds its gradient into the float32 master's in place."""
+    from hpse_easyedit.executors.stacked import StackedFTM, make_stacked
+
+    tok = make_tokenizer("llama")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(make_config("llama", tok))
+    model = model.to(torch.bfloat16).eval()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    ex = make_stacked(model, tiny_hparams(executor="ft_m", dtype="bfloat16"), 2)
+    try:
+        assert ex._original is ex._start and ex._masters is not None
+        copy, master = ex._copies[1], ex._masters[1]
+        hook = StackedFTM._grad_to(master)
+        gen = torch.Generator().manual_seed(0)
+        grads = [torch.randn(copy.shape, generator=gen).to(torch.bfloat16) for _ in range(2)]
+        copy.grad = grads[0].clone()
+        hook(copy)
+        first = master.grad
+        copy.grad = grads[1].clone()
+        hook(copy)
+        assert copy.grad is None and master.grad is first and master.grad.dtype == torch.float32
+        assert torch.equal(master.grad, grads[0].float() + grads[1].float())
+    finally:
+        ex.close()
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())

@@ -267,10 +267,10 @@ class StackedFTM(StackedExecutor):
                 f"this model was already edited with FT-M at {state.ftm_original[0]}, not "
                 f"{self.module_name}.weight; restore it first or keep the same 'ftm_layer'"
             )
-        self._original = (
-            state.ftm_original[1] if state.ftm_original is not None else weight.detach().clone()
-        )
         self._start = weight.detach().clone()
+        # on a first edit the original is the start: one copy of the matrix, not two (neither is
+        # written to; ``close`` restores from ``_start``)
+        self._original = state.ftm_original[1] if state.ftm_original is not None else self._start
         self._flags = {n: p.requires_grad for n, p in model.named_parameters()}
         for p in model.parameters():
             p.requires_grad_(False)
@@ -306,8 +306,10 @@ class StackedFTM(StackedExecutor):
         """A copy's gradient, accumulated in float32 into its master (as the solo FT-M does)."""
 
         def hook(copy: torch.Tensor) -> None:
-            grad = copy.grad.float()
-            master.grad = grad if master.grad is None else master.grad + grad
+            if master.grad is None:
+                master.grad = copy.grad.float()
+            else:  # a later pass of the same step: added in place (float32 += the half gradient)
+                master.grad.add_(copy.grad)
             copy.grad = None
 
         return hook
