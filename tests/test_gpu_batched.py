@@ -8,6 +8,7 @@ take minutes here."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -112,7 +113,13 @@ def test_gpu_path_batched_options_checked(argv):
 
 
 @pytest.mark.parametrize(
-    "argv", [["--tokenizer", "somewhere"], ["--layers", "2"], ["--passage", "no/such/file.txt"]]
+    "argv",
+    [
+        ["--tokenizer", "somewhere"],
+        ["--layers", "2"],
+        ["--passage", "no/such/file.txt"],
+        ["--cases", "2", "--cases-at-once", "1", "4"],
+    ],
 )
 def test_perf_batched_source_options_checked(argv, tmp_path):
     with pytest.raises(SystemExit) as exit_:
@@ -138,7 +145,12 @@ def test_perf_batched_child_edits_a_random_config_with_one_passage_per_case(monk
     source["passage"] = str(passage)
     out = perf_batched._child("qwen2.5-7b.yaml", ["rounds=1"], 2, None, source)
     assert seen == [("qwen2.5-7b.yaml", ["rounds=1"], "qwen2.5-7b", None, 1)]
-    assert out["cases"] == 2 and out["failed"] == 0 and out["rollout_tokens"] > 0
+    assert out["cases"] == out["cases_at_once"] == 2 and out["failed"] == 0
+    assert out["rollout_tokens"] > 0
+    # --cases 3 at B = 2: the same three cases, two at a time (a batch of 2, then one of 1)
+    three = perf_batched._child("qwen2.5-7b.yaml", ["rounds=1"], 2, None, source, total=3)
+    assert three["cases"] == 3 and three["cases_at_once"] == 2 and three["failed"] == 0
+    assert three["rollout_tokens"] > out["rollout_tokens"]
 
 
 def test_perf_batched_hands_the_source_options_to_each_child(monkeypatch):
@@ -146,11 +158,17 @@ def test_perf_batched_hands_the_source_options_to_each_child(monkeypatch):
 
     class Done:
         returncode, stderr = 0, ""
-        stdout = '{"seconds": 2.0, "rollout_seconds": 1.0, "peak_bytes": 10, "memory": "rss"}\n'
+
+        def __init__(self, cases):
+            self.stdout = json.dumps(
+                {"cases": cases, "seconds": 2.0, "rollout_seconds": 1.0, "peak_bytes": 10}
+                | {"memory": "rss"}
+            )
 
     def run(cmd, **_):
         commands.append(cmd)
-        return Done()
+        flag = "--cases" if "--cases" in cmd else "--child"  # the child's cases: N, else B
+        return Done(int(cmd[cmd.index(flag) + 1]))
 
     monkeypatch.setattr(perf_batched.subprocess, "run", run)
     source = {"random_config": "qwen2.5-7b", "tokenizer": None, "layers": None, "passage": "p.txt"}
@@ -159,5 +177,10 @@ def test_perf_batched_hands_the_source_options_to_each_child(monkeypatch):
     for cmd in commands:
         assert cmd[cmd.index("--random-config") + 1] == "qwen2.5-7b"
         assert cmd[cmd.index("--passage") + 1] == "p.txt"
-        assert "--tokenizer" not in cmd and "--layers" not in cmd
+        assert "--tokenizer" not in cmd and "--layers" not in cmd and "--cases" not in cmd
     assert report["cases_per_hour"] == {"1": 1800.0, "2": 3600.0}
+    # --cases 4: every B edits the same four cases; cases per hour count them
+    commands.clear()
+    report = perf_batched.measure_batched("f.yaml", [1, 2], source=source, cases=4)
+    assert all(c[c.index("--cases") + 1] == "4" for c in commands) and len(commands) == 2
+    assert report["cases_per_hour"] == {"1": 7200.0, "2": 7200.0}

@@ -1,5 +1,5 @@
-"""benchmarks/perf.py end to end on a tiny model: every figure present, teacher never runs in inner
-steps."""
+"""``python -m benchmarks perf`` end to end on a tiny model: every figure present, teacher never
+runs in inner steps."""
 
 import json
 
@@ -44,8 +44,32 @@ def _mmlu_dir(root):
     return root
 
 
+def _fake_batched_runs(hparams, sizes, overrides, data_dir, source, cases):
+    """In place of ``measure_batched``'s fresh processes (``tests/test_gpu_batched.py`` runs them):
+    the report of made-up runs, and the arguments ``benchmarks perf`` passed."""
+    from benchmarks.perf.batched import batched_report
+
+    runs = {
+        b: {
+            "cases": cases,
+            "seconds": 10.0 + 5.0 * b,
+            "rollout_seconds": 4.0 + b,
+            "inner_step_seconds": 6.0 + 4.0 * b,
+            "peak_bytes": (100 + 10 * b) * 2**20,
+            "memory": "rss",
+        }
+        for b in sizes
+    }
+    report = batched_report(runs)
+    report["passed"] = [hparams, list(sizes), list(overrides), data_dir, source, cases]
+    return report
+
+
 def test_perf_report_on_tiny_model(tmp_path, capsys, monkeypatch):
+    from benchmarks.perf import editors
+
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")
+    monkeypatch.setattr(editors, "measure_batched", _fake_batched_runs)
     make_tiny_model_and_tokenizer("llama", tmp_path=tmp_path / "m")
     hp_path = tmp_path / "hp.yaml"
     tiny_hparams(model_name=str(tmp_path / "m")).to_yaml(hp_path)
@@ -67,10 +91,28 @@ def test_perf_report_on_tiny_model(tmp_path, capsys, monkeypatch):
         "--no-easyedit",
         "--decode-hparams",
         "hparams/HPSE/smollm2-135m.yaml",
+        "--cases-at-once",
+        "1",
+        "2",
+        "--batched-cases",
+        "4",
+        "--data",
+        str(tmp_path / "data"),
     ]
     assert perf_main(args) == 0
     report = json.loads(out.read_text())
     assert KEYS <= set(report)
+    # --cases-at-once: the batched figures in the same report, measured on the same hparams file
+    assert report["passed"] == [
+        str(hp_path),
+        [1, 2],
+        [],
+        str(tmp_path / "data"),
+        {"random_config": None, "tokenizer": None, "layers": None},
+        4,
+    ]
+    assert set(report["cases_per_hour"]) == set(report["batched_peak_rss"]) == {"1", "2"}
+    assert report["batched_speedup"] == pytest.approx((4 / 20) / (4 / 15))
     # the GPU path counted without a GPU (meta device): the static decode step is one graph with no
     # host sync
     gpu = report["gpu_path"]
@@ -132,6 +174,7 @@ def test_perf_report_on_tiny_model(tmp_path, capsys, monkeypatch):
         and "of which HPSE rollouts" in text
     )
     assert "rollout fast_decode speed-up" in text and "inner step in matmuls" in text
+    assert "best B = 2: 0.75x the cases per hour of B = 1" in text
     with pytest.raises(SystemExit):
         perf_main(args)  # never overwrites a report
 

@@ -3,11 +3,14 @@
 For each B in ``--cases-at-once`` a fresh process loads the model, edits the first B MQuAKE-uns
 development cases in ONE ``hpse_edit_cases`` call (after an untimed warm-up edit) and reports the
 edit's wall time split into rollouts and inner steps, and its peak RSS (the kernel's mark reset
-after loading) or, on a GPU, the peak allocated memory. Cases per hour at B is ``B / seconds *
-3600``; ``batched_speedup`` is the best B's over B = 1's; the memory per extra case is ``(peak(B) -
+after loading) or, on a GPU, the peak allocated memory. With ``--cases N`` every B edits the same
+first N cases, B at a time (one call per batch): the cases differ in length, so only then do the
+B's compare like with like. Cases per hour at B is ``cases / seconds * 3600``;
+``batched_speedup`` is the best B's over B = 1's; the memory per extra case is ``(peak(B) -
 peak(1)) / (B - 1)`` beside the solo peak.
 
-    python -m benchmarks perf-batched --cases-at-once 1 4 8 16 --out runs/perf/batched.json
+    python -m benchmarks perf-batched --cases 16 --cases-at-once 1 4 8 16 \\
+        --out runs/perf/batched.json
     # on a GPU: a random-weight model of a real architecture, one request (a passage) per case
     python -m benchmarks perf-batched --hparams hparams/HPSE/qwen2.5-7b.yaml \\
         --random-config qwen2.5-7b --passage hpse_easyedit/demo_passage.txt \\
@@ -50,10 +53,12 @@ def _child(
     cases: int,
     data_dir: str | None,
     source: dict | None = None,
+    total: int | None = None,
 ) -> dict:
-    """One B in this process: load, warm up, edit B cases at once; the figures of that edit.
-    ``source`` (``SOURCE_FLAGS``' keys): a random-weight model of a shipped architecture instead of
-    the file's model, and one request with a passage file per case instead of MQuAKE-uns cases."""
+    """One B (``cases``) in this process: load, warm up, edit ``total`` cases (default B), B at a
+    time; the figures of those edits. ``source`` (``SOURCE_FLAGS``' keys): a random-weight model of
+    a shipped architecture instead of the file's model, and one request with a passage file per
+    case instead of MQuAKE-uns cases."""
     import torch
 
     from hpse_easyedit.batched import hpse_edit_cases
@@ -64,6 +69,7 @@ def _child(
     from .measure import _load, _requests
 
     source = source or {}
+    total = total or cases
     if source.get("random_config"):
         random = [source.get(k) for k in ("random_config", "tokenizer", "layers")]
         hp, model, tok = _load(hparams, overrides, *random)
@@ -71,32 +77,34 @@ def _child(
         hp = load_hparams(hparams, list(overrides))
         model, tok = method_for_file(hparams).load_model(hp)
     if source.get("passage"):
-        requests = [_requests(Path(source["passage"]).read_text().strip()) for _ in range(cases)]
+        requests = [_requests(Path(source["passage"]).read_text().strip()) for _ in range(total)]
     else:
-        rows = load_mquake_uns(data_dir, limit=max(cases, 1))
-        requests = [[dict(r) for r in rows[i]["requests"]] for i in range(cases)]
+        rows = load_mquake_uns(data_dir, limit=max(total, 1))
+        requests = [[dict(r) for r in rows[i]["requests"]] for i in range(total)]
     gpu = next(model.parameters()).device.type == "cuda"
     # on a GPU the warm-up has the timed edit's shapes (every case, the full rollout length), so
     # that the compiled decode's CUDA graphs are captured before the clock starts
     warm = hp.with_overrides(
         ["rounds=1", "inner_steps=1"] if gpu else ["rounds=1", "inner_steps=1", "max_new_tokens=4"]
     )
-    hpse_edit_cases(model, tok, requests if gpu else requests[:1], warm)
+    hpse_edit_cases(model, tok, requests[:cases] if gpu else requests[:1], warm)
     base = torch.cuda.memory_allocated() if gpu else rss_bytes()
     if gpu:
         torch.cuda.reset_peak_memory_stats()
     else:
         reset_peak_rss()
-    t0 = time.perf_counter()
-    edits = hpse_edit_cases(model, tok, requests, hp)
+    t0, edits, rollout = time.perf_counter(), [], 0.0
+    for start in range(0, total, cases):  # B at a time: one call per batch
+        batch = hpse_edit_cases(model, tok, requests[start : start + cases], hp)
+        edits += batch
+        rollout += sum(r["rollout_seconds"] for r in batch[0].rounds)  # the batch's, shared
     if gpu:
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
     peak = torch.cuda.max_memory_allocated() if gpu else peak_rss_since_reset()
-    rounds = edits[0].rounds
-    rollout = sum(r["rollout_seconds"] for r in rounds)
     return {
-        "cases": cases,
+        "cases": total,
+        "cases_at_once": cases,
         "seconds": seconds,
         "rollout_seconds": rollout,
         "inner_step_seconds": seconds - rollout,
@@ -115,13 +123,17 @@ def measure_batched(
     overrides: Sequence[str] = (),
     data_dir: str | None = None,
     source: dict | None = None,
+    cases: int | None = None,
 ) -> dict:
     """Each B of ``sizes`` in its own process (clean peak memory); the figures of each. ``source``:
-    as ``_child`` takes it."""
+    as ``_child`` takes it; ``cases``: the same first ``cases`` cases at every B (B at a time)
+    instead of the first B."""
     runs = {}
     for b in sizes:
         cmd = [sys.executable, "-m", "benchmarks.perf.batched", "--child", str(b)]
         cmd += ["--hparams", hparams] + [f"--set={o}" for o in overrides]
+        if cases:
+            cmd += ["--cases", str(cases)]
         if data_dir:
             cmd += ["--data", data_dir]
         for key, value in (source or {}).items():
@@ -131,8 +143,10 @@ def measure_batched(
         if out.returncode != 0:
             raise RuntimeError(f"cases at once {b}: {out.stderr.strip().splitlines()[-1:]}")
         runs[b] = json.loads(out.stdout.strip().splitlines()[-1])
+        n = runs[b]["cases"]
         print(
-            f"B = {b}: {runs[b]['seconds']:.1f} s ({b / runs[b]['seconds'] * 3600:.0f} cases/h)",
+            f"B = {b}: {n} cases in {runs[b]['seconds']:.1f} s "
+            f"({n / runs[b]['seconds'] * 3600:.0f} cases/h)",
             file=sys.stderr,
         )
     return batched_report(runs)
@@ -141,7 +155,7 @@ def measure_batched(
 def batched_report(runs: dict) -> dict:
     """The JSON keys of ``benchmarks.perf``: ``cases_per_hour``, ``batched_speedup``,
     ``batched_peak_rss`` (or ``batched_peak_cuda``), per-extra-case memory, and each run."""
-    cph = {b: b / r["seconds"] * 3600 for b, r in runs.items()}
+    cph = {b: r["cases"] / r["seconds"] * 3600 for b, r in runs.items()}
     key = (
         "batched_peak_rss" if next(iter(runs.values()))["memory"] == "rss" else "batched_peak_cuda"
     )
@@ -166,10 +180,11 @@ def batched_report(runs: dict) -> dict:
 def table(report: dict) -> str:
     """The report as a Markdown table."""
     lines = md_table(
-        ["B", "edit s", "rollouts s", "inner steps s", "cases/h", "peak MB"],
+        ["B", "cases", "edit s", "rollouts s", "inner steps s", "cases/h", "peak MB"],
         (
             [
                 b,
+                r["cases"],
                 f"{r['seconds']:.1f}",
                 f"{r['rollout_seconds']:.1f}",
                 f"{r['inner_step_seconds']:.1f}",
@@ -178,7 +193,7 @@ def table(report: dict) -> str:
             ]
             for b, r in report["batched_runs"].items()
         ),
-        "llllll",
+        "lllllll",
     )
     if "batched_speedup" in report:
         lines.append(
@@ -195,6 +210,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--cases-at-once", type=int, nargs="+", default=[1, 4, 8, 16])
+    parser.add_argument(
+        "--cases",
+        type=int,
+        metavar="N",
+        help="edit the same first N cases at every B, B at a time (one call per batch), so that "
+        "every B's cases per hour are of the same cases (default: the first B cases at each B, "
+        "one call)",
+    )
     parser.add_argument("--data", help="data directory (default: the benchmarks' one)")
     parser.add_argument(
         "--random-config",
@@ -222,7 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     source = {key: getattr(args, key) for key in SOURCE_FLAGS}
     if args.child is not None:
-        print(json.dumps(_child(args.hparams, args.set, args.child, args.data, source)))
+        print(json.dumps(_child(args.hparams, args.set, args.child, args.data, source, args.cases)))
         return 0
     if args.out and Path(args.out).exists():
         parser.error(f"--out {args.out} exists; choose a new file")
@@ -230,7 +253,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--tokenizer and --layers need --random-config")
     if args.passage and not Path(args.passage).is_file():
         parser.error(f"--passage {args.passage}: no such file")
-    report = measure_batched(args.hparams, args.cases_at_once, args.set, args.data, source)
+    if args.cases is not None and args.cases < max(args.cases_at_once):
+        parser.error(f"--cases {args.cases} is fewer than the largest --cases-at-once")
+    report = measure_batched(
+        args.hparams, args.cases_at_once, args.set, args.data, source, args.cases
+    )
     report["command"] = " ".join(
         ["python", "-m", "benchmarks", "perf-batched", *(argv or sys.argv[1:])]
     )

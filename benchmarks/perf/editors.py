@@ -16,6 +16,8 @@ Reports, for one hparams file and model:
     with the kernel's mark reset on a CPU, in the run's process and again with each edit in a fresh
     process), and after 1, 10, 50, 100 sequential edits (must stay flat);
   - teacher forward tokens per edit and teacher passes during inner steps (must be 0);
+  - with ``--cases-at-once``: cases per hour of LoRA + HPSE single editing with B cases edited at
+    once, the rollout/inner-step split and the peak memory per B (``benchmarks.perf.batched``);
   - where one inner step's time goes: ``torch.profiler`` self time by operator, the matmuls' share
     of it and their rate against the dense-matmul floor (``train.profile``).
 It prints a table and writes JSON; the flat keys at its top (``rollout_tok_s`` ... ``dtype``) are
@@ -42,6 +44,8 @@ from typing import Sequence
 from hpse_easyedit.cli import OneLineParser  # argparse errors: one line, exit 2
 from hpse_easyedit.planner import shipped_backbones
 
+from .batched import SOURCE_FLAGS, measure_batched
+from .batched import table as batched_table
 from .measure import DEFAULT_PASSAGE, REPO, measure
 from .tables import headline, table
 
@@ -170,6 +174,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         "figure moves with what the allocator kept from earlier work)",
     )
     parser.add_argument(
+        "--cases-at-once",
+        type=int,
+        nargs="+",
+        metavar="B",
+        help="also measure cases per hour of LoRA + HPSE single editing with B cases edited at "
+        "once (e.g. 1 4 8 16; each B in a fresh process on the first B MQuAKE-uns development "
+        "cases, benchmarks.perf.batched): keys cases_per_hour, batched_speedup, "
+        "batched_peak_rss, the rollout/inner-step split per B",
+    )
+    parser.add_argument(
+        "--batched-cases",
+        type=int,
+        metavar="N",
+        help="with --cases-at-once: edit the same first N cases at every B, B at a time, so the "
+        "B's compare like with like (default: the first B cases at each B)",
+    )
+    parser.add_argument(
+        "--data", help="with --cases-at-once: the data directory (default: the benchmarks' one)"
+    )
+    parser.add_argument(
         "--quick",
         action="store_true",
         help=f"same keys in minutes: --set {' --set '.join(QUICK['overrides'])}, one rollout "
@@ -187,12 +211,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.easyedit_lora_steps = args.easyedit_lora_steps or QUICK["easyedit_lora_steps"]
     if args.out and Path(args.out).exists():
         parser.error(f"--out {args.out} exists; choose a new file")
+    if args.batched_cases is not None and (
+        not args.cases_at_once or args.batched_cases < max(args.cases_at_once)
+    ):
+        parser.error("--batched-cases needs --cases-at-once, none larger than it")
     report = measure(args)
+    if args.cases_at_once:
+        report.update(
+            measure_batched(
+                args.hparams,
+                args.cases_at_once,
+                args.set,
+                args.data,
+                {key: getattr(args, key) for key in SOURCE_FLAGS if key != "passage"},
+                args.batched_cases,
+            )
+        )
     report.update(headline(report))
     report["command"] = " ".join(
         [os.path.basename(sys.executable), "-m", "benchmarks", "perf", *(argv or sys.argv[1:])]
     )
     print(table(report))
+    if args.cases_at_once:
+        print(batched_table(report))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=1))
