@@ -15,6 +15,28 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 REPO = Path(__file__).resolve().parents[1]
 
+#: the modules whose tests take longest (``--durations=0`` on the 2-core host), longest first, run
+#: before the others: pytest-xdist's worksteal gives each worker a contiguous share of the collected
+#: tests and an idle worker steals from the end of another's queue, so long tests collected last
+#: would leave a core idle at the end of ``make test``
+RUN_FIRST = (
+    "test_gpu_rehearsal.py",
+    "test_faults.py",
+    "test_study.py",
+    "test_scale_out.py",
+    "test_captured.py",
+    "test_static_decode.py",
+    "test_perf_benchmark.py",
+    "test_batched.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """``RUN_FIRST``'s modules first, in that order; every module's tests stay together and in
+    their order (a stable sort), so module-scoped fixtures are built once as before."""
+    rank = {name: i for i, name in enumerate(RUN_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(RUN_FIRST)))
+
 
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
