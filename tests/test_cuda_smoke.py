@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from greedy_ties import assert_same_greedy, hybrid_margin, recorded_rollouts, rollout_decisions
 from hpse_easyedit import apply_hpse_to_model, load_model, restore_weights
 from hpse_easyedit.executors import make_executor
 from hpse_easyedit.rollout import batched_hybrid_rollout
@@ -142,7 +143,7 @@ def test_bf16_edit_on_cuda_moves_the_model_and_restores_bit_for_bit(tmp_path, ex
     edit, the static decode compiled (CUDA graphs), the captured inner step, and then the same
     under gradient checkpointing (where ``auto`` keeps the eager step). Each edit moves the
     logits, the restore gives them back bit for bit, and the compiled rollout's tokens are the
-    dynamic decode's on the same card."""
+    dynamic decode's on the same card up to a tie within bfloat16's rounding."""
     hp = _bf16_on_the_card(tmp_path, executor=executor)
     model, tok = load_model(hp)
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
@@ -163,20 +164,30 @@ def test_bf16_edit_on_cuda_moves_the_model_and_restores_bit_for_bit(tmp_path, ex
     student = tok("Introduce AJ Lee.")["input_ids"]
     teacher = tok("AJ Lee speaks Russian. Who is AJ Lee?")["input_ids"]
     kw = dict(tau=0.5, kappa=0.05, top_k=4, max_new_tokens=12, stop_ids=[tok.eos_token_id])
-    runs = [
-        batched_hybrid_rollout(
-            ex.model,
-            ex.row_switch,
-            student,
-            teacher,
-            pad_id=tok.pad_token_id,
-            static_decode=mode,
-            stop_every=3,
-            **kw,
-        ).tokens.tolist()
-        for mode in (False, "compile")
-    ]
-    assert runs[0] == runs[1] and runs[0]
+    with recorded_rollouts() as logprobs:
+        runs = [
+            batched_hybrid_rollout(
+                ex.model,
+                ex.row_switch,
+                student,
+                teacher,
+                pad_id=tok.pad_token_id,
+                static_decode=mode,
+                stop_every=3,
+                **kw,
+            )
+            for mode in (False, "compile")
+        ]
+    # bfloat16: the compiled kernels round otherwise than the eager ones, so tokens are compared up
+    # to a tie within bfloat16's rounding and log-probs within it (tests/greedy_ties.py)
+    assert runs[0].tokens.tolist()
+    assert_same_greedy(
+        rollout_decisions(runs[0]),
+        rollout_decisions(runs[1]),
+        *logprobs,
+        dtype=torch.bfloat16,
+        margin=hybrid_margin(kw["tau"], kw["kappa"]),
+    )
     restore_weights(ex.model, ex.weights_copy())
 
 
