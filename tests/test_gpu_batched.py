@@ -161,8 +161,13 @@ def test_perf_batched_hands_the_source_options_to_each_child(monkeypatch):
 
         def __init__(self, cases):
             self.stdout = json.dumps(
-                {"cases": cases, "seconds": 2.0, "rollout_seconds": 1.0, "peak_bytes": 10}
-                | {"memory": "rss"}
+                {
+                    "cases": cases,
+                    "seconds": 2.0,
+                    "rollout_seconds": 1.0,
+                    "peak_bytes": 10,
+                    "memory": "rss",
+                }
             )
 
     def run(cmd, **_):

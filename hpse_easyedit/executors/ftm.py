@@ -12,7 +12,18 @@ import torch
 from .base import Executor, copy_back, num_layers
 from .state import edit_state, kept_tensor, unwrapped
 
-__all__ = ["FTMExecutor"]
+__all__ = ["FTMExecutor", "grad_to_master"]
+
+
+def grad_to_master(master: torch.Tensor, weight: torch.Tensor) -> None:
+    """``weight``'s half-precision gradient moved into its float32 ``master``'s: the first backward
+    of a step makes the master's gradient, a later one of the same step adds in place (float32 +=
+    the half gradient, no new tensor); ``weight.grad`` is cleared."""
+    if master.grad is None:
+        master.grad = weight.grad.float()
+    else:
+        master.grad.add_(weight.grad)
+    weight.grad = None
 
 
 class FTMExecutor(Executor):
@@ -75,11 +86,7 @@ class FTMExecutor(Executor):
         )
 
     def _grad_to_master(self, weight: torch.Tensor) -> None:
-        if self._master.grad is None:
-            self._master.grad = weight.grad.float()
-        else:  # a later backward of the same step: added in place (float32 += the half gradient)
-            self._master.grad.add_(weight.grad)
-        weight.grad = None
+        grad_to_master(self._master, weight)
 
     def _cast_master(self, *_: Any) -> None:
         with torch.no_grad():

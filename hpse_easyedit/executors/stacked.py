@@ -19,12 +19,13 @@ optimiser over every case's tensors is B independent optimisers.
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Any, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from .ftm import FTMExecutor
+from .ftm import FTMExecutor, grad_to_master
 from .lora import ADAPTER_NAME, LoRAExecutor
 from .state import edit_state, kept_tensor, unwrapped
 
@@ -303,16 +304,9 @@ class StackedFTM(StackedExecutor):
 
     @staticmethod
     def _grad_to(master: torch.Tensor) -> Any:
-        """A copy's gradient, accumulated in float32 into its master (as the solo FT-M does)."""
-
-        def hook(copy: torch.Tensor) -> None:
-            if master.grad is None:
-                master.grad = copy.grad.float()
-            else:  # a later pass of the same step: added in place (float32 += the half gradient)
-                master.grad.add_(copy.grad)
-            copy.grad = None
-
-        return hook
+        """A copy's gradient, accumulated in float32 into its master (the solo FT-M's
+        ``grad_to_master``)."""
+        return functools.partial(grad_to_master, master)
 
     def after_step(self) -> None:
         if self._masters is not None:
