@@ -69,6 +69,8 @@ logger = logging.getLogger(__name__)
 WIDTH_STEP = 32
 #: decoders kept per model, one per shape (``kept_decoder``); the least recently used goes first
 KEPT_DECODERS = 4
+#: how many compiled decode-step graphs one process may hold (dynamo's default is 8 per function)
+DECODE_GRAPHS = 64
 
 #: attention implementations whose layers take the 4D mask this module builds
 MASK_4D_ATTENTION = ("sdpa", "eager")
@@ -332,9 +334,21 @@ def compile_step(
     on CUDA, inductor elsewhere; ``backend`` overrides the compiler (the tests trace with
     ``"eager"``)."""
     if backend is not None:
-        return torch.compile(decoder.step, fullgraph=True, backend=backend)
-    cuda = decoder.kv_index.device.type == "cuda"
-    return torch.compile(decoder.step, fullgraph=True, mode="reduce-overhead" if cuda else None)
+        compiled = torch.compile(decoder.step, fullgraph=True, backend=backend)
+    else:
+        cuda = decoder.kv_index.device.type == "cuda"
+        compiled = torch.compile(
+            decoder.step, fullgraph=True, mode="reduce-overhead" if cuda else None
+        )
+
+    def step(tokens: torch.Tensor) -> torch.Tensor:
+        # every decoder's ``step`` is one code object to dynamo, which keeps at most
+        # ``recompile_limit`` (8) graphs per code object and, under ``fullgraph``, fails past it: a
+        # process that decodes several models or many kept shapes (tests, a study) needs more
+        with torch._dynamo.config.patch(recompile_limit=DECODE_GRAPHS):
+            return compiled(tokens)
+
+    return step
 
 
 def _left_padded(

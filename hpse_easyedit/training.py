@@ -324,6 +324,10 @@ def activation_checkpointing(model: Any, enabled: bool) -> Iterator[None]:
     if not enabled or not getattr(base, "supports_gradient_checkpointing", False):
         yield
         return
+    # transformers also hooks the input embeddings to make their output require grad, and takes
+    # that hook off again only for its own PEFT integration: left on, the next rollout's compiled
+    # decode step meets ``requires_grad_`` and cannot be captured
+    had_input_hook = _has_input_grad_hook(base)
     base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     # transformers checkpoints a layer only in training mode; an edit trains in the mode the model
     # came in (eval, so no dropout): only the checkpointed layers' own flags are set, their
@@ -338,6 +342,16 @@ def activation_checkpointing(model: Any, enabled: bool) -> Iterator[None]:
         for m, mode in zip(layers, modes):
             m.training = mode
         base.gradient_checkpointing_disable()
+        if not had_input_hook and _has_input_grad_hook(base):
+            base.disable_input_require_grads()
+
+
+def _has_input_grad_hook(model: Any) -> bool:
+    """Whether transformers' ``enable_input_require_grads`` hook is on ``model``'s embeddings (one
+    attribute before 5.x, a list after)."""
+    return bool(getattr(model, "_require_grads_hooks", None)) or hasattr(
+        model, "_require_grads_hook"
+    )
 
 
 @contextlib.contextmanager

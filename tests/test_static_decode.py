@@ -101,6 +101,22 @@ def test_decode_step_is_one_graph_without_host_syncs(family, executor):
         assert compiled(tokens).shape == (2, len(tok))
 
 
+def test_a_process_compiles_more_decode_graphs_than_dynamos_limit(monkeypatch):
+    """Every decoder's ``step`` is one code object to dynamo, which keeps ``recompile_limit``
+    graphs of it (8 by default) and, under ``fullgraph``, fails past them: a process that decodes
+    several models (the CUDA smoke tests: four families, plain and under LoRA) needs more. Here the
+    limit is 1 and three families' decoders compile."""
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        for family in FAMILIES[:3]:
+            model, tok = make_tiny_model_and_tokenizer(family)
+            decoder = StaticDecoder(model, [[5, 6, 7], [8, 9]], tok.pad_token_id, 4)
+            tokens = decoder.prefill().argmax(-1).view(2, 1)
+            assert compile_step(decoder, backend="eager")(tokens).shape == (2, len(tok))
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_the_model_decodes_on_the_decoders_static_cache(family):
     """The forward gets the decoder's ``StaticCache`` under the keyword it takes (``cache`` from
