@@ -12,36 +12,42 @@ the rooms to its left. Each room's ``__init__`` says what it owns.
 (``_moved``).
 """
 
+from importlib import import_module
+
 from ._moved import install as _install_old_paths
 
 _install_old_paths()
 
-from .records.store import ConfigMismatchError, IncompleteRunError  # noqa: E402
-from .report import paper_table, plot_stepin_rates  # noqa: E402
-from .run.distributed import ProcessContext, process_context  # noqa: E402
-from .run.methods import MethodSpec, get_method, register_method  # noqa: E402
-from .run.runner import RunOptions, run_benchmark  # noqa: E402
-from .tasks.datasets import DataError, load_mmlu_subset, load_mquake_uns, load_unkebench  # noqa: E402
-from .tasks.judge import JudgeSettings, LexicalJudge, LLMJudge, make_judge  # noqa: E402
+#: the package's names and the room each comes from, imported on first use, so that a command
+#: that needs one room (``perf`` on a machine without ``datasets``, say) imports only that room
+_EXPORTS = {
+    "ConfigMismatchError": "records.store",
+    "IncompleteRunError": "records.store",
+    "paper_table": "report",
+    "plot_stepin_rates": "report",
+    "ProcessContext": "run.distributed",
+    "process_context": "run.distributed",
+    "MethodSpec": "run.methods",
+    "get_method": "run.methods",
+    "register_method": "run.methods",
+    "RunOptions": "run.runner",
+    "run_benchmark": "run.runner",
+    "DataError": "tasks.datasets",
+    "load_mmlu_subset": "tasks.datasets",
+    "load_mquake_uns": "tasks.datasets",
+    "load_unkebench": "tasks.datasets",
+    "JudgeSettings": "tasks.judge",
+    "LexicalJudge": "tasks.judge",
+    "LLMJudge": "tasks.judge",
+    "make_judge": "tasks.judge",
+}
 
-__all__ = [
-    "ConfigMismatchError",
-    "DataError",
-    "IncompleteRunError",
-    "MethodSpec",
-    "JudgeSettings",
-    "LLMJudge",
-    "LexicalJudge",
-    "ProcessContext",
-    "RunOptions",
-    "get_method",
-    "load_mmlu_subset",
-    "load_mquake_uns",
-    "load_unkebench",
-    "make_judge",
-    "paper_table",
-    "plot_stepin_rates",
-    "process_context",
-    "register_method",
-    "run_benchmark",
-]
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value

@@ -21,9 +21,7 @@ import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
-
-from datasets import Dataset
+from typing import TYPE_CHECKING, Any, Callable
 
 from hpse_easyedit.data_files import (
     MMLU_DIR,
@@ -39,6 +37,11 @@ from hpse_easyedit.data_files import (
 from hpse_easyedit.errors import choice_text
 
 from .paths import default_cache_dir, default_data_dir
+
+# ``datasets`` is imported where a loader builds one: a command that reads no data (``perf`` on a
+# machine without the package) imports this module too
+if TYPE_CHECKING:
+    from datasets import Dataset
 
 __all__ = [
     "SUBJECT_MODES",
@@ -399,6 +402,8 @@ def load_unkebench(
             rows["mmlu_questions"].append(list(r["mmlu_questions"]))
             rows["mmlu_choices"].append([list(map(str, c)) for c in r["mmlu_choices"]])
             rows["mmlu_answer"].append([int(a) for a in r["mmlu_answer"]])
+    from datasets import Dataset
+
     return Dataset.from_dict(rows)
 
 
@@ -520,6 +525,8 @@ def load_mquake_uns(
         )
         rows["multi_hop_questions"].append(list(c["questions"]))
         rows["multi_hop_answers"].append([c["new_answer"], *c.get("new_answer_alias", [])])
+    from datasets import Dataset
+
     return Dataset.from_dict(rows)
 
 
