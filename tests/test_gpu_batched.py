@@ -104,12 +104,17 @@ def test_batched_counts_refuse_ftm(hparams):
         ["--batched", "0"],
         ["--batched", "2", "--device", "cuda"],
         ["--batched", "2", "--layers", "2"],
+        ["--repeats", "0"],
+        ["--out", "EXISTING"],  # a file of an earlier run is not overwritten
     ],
 )
-def test_gpu_path_batched_options_checked(argv):
+def test_gpu_path_batched_options_checked(argv, tmp_path):
+    earlier = tmp_path / "gpu.json"
+    earlier.write_text("{}")
     with pytest.raises(SystemExit) as exit_:
-        gpu_path.main(argv)
+        gpu_path.main([str(earlier) if a == "EXISTING" else a for a in argv])
     assert exit_.value.code == 2
+    assert earlier.read_text() == "{}"
 
 
 @pytest.mark.parametrize(

@@ -250,6 +250,17 @@ def test_the_gpu_script_runs_on_cpu(tmp_path, monkeypatch):
     )
     monkeypatch.setattr(gpu_path, "ROLLOUT", 4)
     out = tmp_path / "gpu.json"
+    # what the file holds after each part: a step stopped at its time limit keeps them
+    written, measure = [], gpu_path.gpu_figures
+
+    def keeping(*args, partial, **kwargs):
+        def seen(figures):
+            partial(figures)
+            written.append(json.loads(out.read_text())["smollm2-135m"])
+
+        return measure(*args, partial=seen, **kwargs)
+
+    monkeypatch.setattr(gpu_path, "gpu_figures", keeping)
     assert (
         gpu_path.main(
             [
@@ -273,6 +284,9 @@ def test_the_gpu_script_runs_on_cpu(tmp_path, monkeypatch):
         == 0
     )
     figures = json.loads(out.read_text())["smollm2-135m"]
+    assert [len(w["edit_seconds"]) for w in written] == [0, 1, 2, 3]
+    assert all(w["partial"] and w["rollout_tok_s"] and w["roofline"] for w in written)
+    assert "partial" not in figures
     assert figures["layers"] == 1 and figures["rollout_tokens"] == 4
     assert figures["gpu_rollout_tok_s"] > 0 and figures["gpu_edit_seconds"] > 0
     assert set(figures["rollout_tok_s"]) == {"dynamic", "static", "compiled"}

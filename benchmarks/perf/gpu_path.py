@@ -406,6 +406,7 @@ def gpu_figures(
     vocab: int | None = None,
     repeats: int = 3,
     profile: bool = False,
+    partial: Callable[[dict], None] | None = None,
 ) -> dict:
     """What only a GPU measures, on a random-weight model of ``hparams``' backbone (its published
     config, built straight on ``device`` in the file's dtype; ``layers``/``vocab`` cut it for a dry
@@ -414,7 +415,8 @@ def gpu_figures(
     first run that compiles), the seconds of one single-request edit with the file's rounds and
     inner steps (the edit's own loop, ``training.train_edit``, on the compiled static decode), and
     the peak reserved memory plus the CUDA context; with ``profile``, where the time of a rollout
-    token and of an inner step goes (``kernel_profile``)."""
+    token and of an inner step goes (``kernel_profile``). ``partial`` is called with the figures so
+    far after the rollouts and after each edit (a step stopped at its time limit keeps them)."""
     from transformers import AutoModelForCausalLM
 
     from hpse_easyedit import restore_weights
@@ -448,10 +450,27 @@ def gpu_figures(
     executor.finish()
     model = executor.model
     hp = hp.with_overrides({"static_decode": "compile" if "compiled" in rollout else True})
+    edits: dict[str, float] = {}
+    out = {
+        "device": str(target),
+        "layers": config.num_hidden_layers,
+        "vocab": config.vocab_size,
+        "rollout_tokens": ROLLOUT,
+        "gpu_rollout_tok_s": max(rollout.values(), default=None),
+        "rollout_tok_s": rollout,
+        "rollout_failed": failed,
+        "gpu_edit_seconds": None,
+        "edit_seconds": edits,
+        "edit_compile_training": hp.compile_training,
+        "edit_static_decode": hp.static_decode,
+        "rounds": hp.rounds,
+        "inner_steps": hp.inner_steps,
+    }
+    if partial is not None:
+        partial(out)
     prompts = [
         EditPrompts(subject="s", student_ids=student, teacher_ids=teacher, passage_ids=[5] * 157)
     ]
-    edits: dict[str, float] = {}
     # the file's inner step (compile_training: auto captures it on a card): a first edit that
     # compiles it, then one at steady state; then the eager step for comparison
     runs = [
@@ -479,24 +498,11 @@ def gpu_figures(
             file=sys.stderr,
             flush=True,
         )
-    edit_seconds = edits.get("steady", edits.get("first"))
-    profiles = _profiles(model, hp, prompts, student, teacher) if profile else None
-    out = {
-        "device": str(target),
-        "layers": config.num_hidden_layers,
-        "vocab": config.vocab_size,
-        "rollout_tokens": ROLLOUT,
-        "gpu_rollout_tok_s": max(rollout.values(), default=None),
-        "rollout_tok_s": rollout,
-        "rollout_failed": failed,
-        "gpu_edit_seconds": edit_seconds,
-        "edit_seconds": edits,
-        "edit_compile_training": hp.compile_training,
-        "edit_static_decode": hp.static_decode,
-        "rounds": hp.rounds,
-        "inner_steps": hp.inner_steps,
-        **({"profile": profiles} if profiles is not None else {}),
-    }
+        out["gpu_edit_seconds"] = edits.get("steady", edits.get("first"))
+        if partial is not None:
+            partial(out)
+    if profile:
+        out["profile"] = _profiles(model, hp, prompts, student, teacher)
     if target.type == "cuda":
         free, total = torch.cuda.mem_get_info(target)
         context = total - free - torch.cuda.memory_reserved(target)
@@ -749,10 +755,20 @@ def main(argv: list[str] | None = None) -> int:
         "at once, with the H100 roofline of one case's edit (LoRA files; "
         "benchmarks.perf.gpu_batched)",
     )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="with --device: timed rollouts per decode mode, after one that warms up (default 3)",
+    )
     parser.add_argument("--out", help="write the JSON here (default: stdout)")
     args = parser.parse_args(argv)
     if args.batched and (args.device != "cpu" or args.layers is not None):
         parser.error("--batched counts on CPU: leave out --device and --layers")
+    if args.out and Path(args.out).exists():
+        parser.error(f"--out {args.out} exists; choose a new file")
+    if args.repeats < 1:
+        parser.error("--repeats: at least 1 timed rollout")
     if args.batched and min(args.batched) < 1:
         parser.error("--batched: numbers of cases at once are at least 1")
     from hpse_easyedit import HPSEHyperParams
@@ -764,6 +780,14 @@ def main(argv: list[str] | None = None) -> int:
         else [p for p in sorted(root.glob("*.yaml")) if not p.stem.startswith("smollm2")]
     )
     report: dict[str, Any] = {"torch": torch.__version__}
+
+    def write(report: dict) -> None:
+        text = json.dumps(report, indent=1)
+        if args.out:
+            Path(args.out).write_text(text + "\n")
+        else:
+            sys.stdout.write(text + "\n")
+
     for path in paths:
         if args.device == "cpu" and args.layers is None:
             report[path.stem] = _cpu_figures(path, args.compiled)
@@ -771,21 +795,25 @@ def main(argv: list[str] | None = None) -> int:
                 report[path.stem].update(_batched_figures(path, args.batched))
         else:
             hp = HPSEHyperParams.from_hparams(path).with_overrides(list(args.set))
+            floor = roofline(hp)
+
+            def partial(figures: dict, stem: str = path.stem, floor: dict = floor) -> None:
+                if args.out:  # the figures so far, in case the step is stopped
+                    write({**report, stem: {**figures, "roofline": floor, "partial": True}})
+
             report[path.stem] = {
                 **gpu_figures(
                     hp,
                     device=args.device,
                     layers=args.layers,
                     vocab=args.vocab,
+                    repeats=args.repeats,
                     profile=args.profile,
+                    partial=partial,
                 ),
-                "roofline": roofline(hp),
+                "roofline": floor,
             }
-    text = json.dumps(report, indent=1)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
-    else:
-        sys.stdout.write(text + "\n")
+    write(report)
     return 0
 
 
