@@ -6,6 +6,8 @@ only where it can run."""
 from __future__ import annotations
 
 import copy
+from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -230,3 +232,76 @@ def test_a_run_of_single_edits_compiles_a_few_graphs(backend):
         )
         model = restore_weights(edited, handle)
     assert 2 <= backend.graphs <= 6
+
+
+HPSE_FILES = Path(__file__).resolve().parents[1] / "hparams" / "HPSE"
+#: the shipped 7B-9B files and the tiny family whose tokenizer (and chat template) stands in
+BACKBONES = {
+    "qwen2.5-7b": "qwen2",
+    "qwen3-8b": "qwen3",
+    "llama3.1-8b": "llama",
+    "gemma2-9b": "gemma2",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stem", sorted(BACKBONES))
+def test_the_captured_step_at_7b_widths_gives_the_eager_gradients(backend, stem):
+    """The published 7B-9B architectures (their configs: widths, heads, rope scaling, Gemma-2's
+    soft-capping and sliding window) cut to one layer and a small vocabulary, the shipped file's
+    LoRA: the KL and NLL passes trace as one graph each (``fullgraph``) and one inner step's adapter
+    gradients equal the eager step's within float32 rounding. Float32, so the check is the graph's
+    and the padding's, not bfloat16's rounding (CPU bfloat16 products at these widths are slow)."""
+    from transformers import AutoModelForCausalLM
+
+    from hpse_easyedit import HPSEHyperParams
+    from hpse_easyedit.planner import backbone_config
+    from tiny_models import make_tokenizer
+
+    shipped = HPSEHyperParams.from_hparams(HPSE_FILES / f"{stem}.yaml")
+    tok = make_tokenizer(BACKBONES[stem])
+    config = backbone_config(shipped.model_name, layers=1)
+    config.vocab_size = len(tok)
+    config.pad_token_id, config.bos_token_id, config.eos_token_id = (
+        tok.pad_token_id,
+        tok.bos_token_id,
+        tok.eos_token_id,
+    )
+    # the model's own init draws every weight; torch's default init of each linear before it,
+    # overwritten unread, is skipped
+    with mock.patch.object(torch.nn.Linear, "reset_parameters", lambda self: None):
+        torch.manual_seed(0)
+        pristine = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    grads, first = {}, None
+    for mode in (False, True):
+        model = copy.deepcopy(pristine)  # the executor's adapter goes into the model it is given
+        torch.manual_seed(0)  # the same adapter for both steps
+        hp = shipped.with_overrides(
+            {
+                "model_name": stem,
+                "device": "cpu",
+                "dtype": "float32",
+                "max_new_tokens": 6,
+                # the passage alone as the teacher's system text: a short teacher prompt for the
+                # in-test tokenizer (the KL pass trains on the student's rows either way)
+                "teacher_prompt_style": "plain",
+            }
+        ).with_overrides({"compile_training": mode})
+        prompts = edit_prompts(model, tok, REQUESTS[:1], hp)
+        stops = stop_token_ids(model, tok)
+        ex = make_executor(model, hp)
+        objective = HPSEObjective(ex, prompts, hp, stop_ids=stops, pad_id=pad_token_id(tok, stops))
+        if mode:  # the eager objective's rollout
+            objective.use_rollouts(first)
+        else:
+            objective.start_round(ex.model)
+            first = objective.rollouts[-1]
+        ex.model.train(False)
+        for group in objective.step(ex.model):
+            sum(w * v for w, v in group.values()).backward()
+        grads[mode] = [p.grad.clone() for p in ex.trainable_parameters()]
+    assert backend.graphs == 2  # the KL pass and the NLL pass, each whole
+    assert len(grads[True]) == len(grads[False]) > 0
+    for got, want in zip(grads[True], grads[False]):
+        scale = want.abs().max().clamp(min=1e-12)
+        assert ((got - want).abs().max() / scale).item() < 1e-4
