@@ -209,6 +209,28 @@ def test_what_edits_leave_behind_is_one_state_object_the_restore_empties(executo
     assert state == EditState()  # restored: nothing of the edit is kept
 
 
+def test_ftm_reuses_its_kept_original_only_while_the_values_are_the_same():
+    """Single FT-M edits restored in between share one copy of the original matrix (the compiled
+    decode then reads it at one address); once the matrix changes by other means, the next edit
+    copies it anew, and the earlier edit's restore handle keeps the values it had."""
+    model, tok = make_tiny_model_and_tokenizer("llama")
+    hp = tiny_hparams(executor="ft_m", rounds=1, inner_steps=1)
+    name = hp.ftm_module_template.format(hp.ftm_layer) + ".weight"
+    edited, first = apply_hpse_to_model(model, tok, REQUESTS[:1], hp)
+    kept, values = first[name], first[name].clone()
+    model = first()
+    edited, second = apply_hpse_to_model(model, tok, REQUESTS[:1], hp)
+    assert second[name] is kept  # the same values: the same tensor
+    model = second()
+    with torch.no_grad():
+        model.get_parameter(name).add_(1.0)  # changed outside an edit
+    changed = model.get_parameter(name).detach().clone()
+    edited, third = apply_hpse_to_model(model, tok, REQUESTS[:1], hp)
+    assert third[name] is not kept and torch.equal(third[name], changed)
+    assert torch.equal(kept, values)  # the earlier handles' tensor was not written
+    assert torch.equal(third().get_parameter(name), changed)
+
+
 def test_the_pad_id_is_the_tokenizers_else_the_smallest_stop_id_else_0():
     from types import SimpleNamespace
 

@@ -437,15 +437,19 @@ class Captures:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "executor,dtype,sequential",
-    [("lora", "bfloat16", False), ("lora", "bfloat16", True), ("ft_m", "bfloat16", True)],
+    [
+        ("lora", "bfloat16", False),
+        ("lora", "bfloat16", True),
+        ("ft_m", "bfloat16", False),
+        ("ft_m", "bfloat16", True),
+    ],
 )
 def test_one_capture_over_rounds_and_edits(monkeypatch, executor, dtype, sequential):
     """3 edits x 3 rounds on the compiled static decode: the decoder (KV cache, masks, positions),
-    the row switch's masks and LoRA's half-precision adapter copies are kept with the model and
-    refreshed in place, so the step is compiled and captured once, in the first round of the
-    first edit, and replayed in every other round and edit of the same shape: single edits
-    restored in between (LoRA; an FT-M edit keeps the original matrix of its own edit, a new
-    tensor per single edit) and continual edits."""
+    the row switch's masks, LoRA's half-precision adapter copies and FT-M's original matrix are
+    kept with the model and refreshed in place, so the step is compiled and captured once, in the
+    first round of the first edit, and replayed in every other round and edit of the same shape:
+    single edits restored in between and continual edits."""
     from hpse_easyedit import rollout
     from hpse_easyedit.editor import hpse_edit
     from hpse_easyedit.executors import EXECUTORS, copy_back

@@ -10,7 +10,7 @@ from typing import Any, ContextManager, Iterator
 import torch
 
 from .base import Executor, copy_back, num_layers
-from .state import edit_state, kept_tensor, unwrapped
+from .state import edit_state, kept_tensor, unwrapped, workspace
 
 __all__ = ["FTMExecutor", "grad_to_master"]
 
@@ -24,6 +24,27 @@ def grad_to_master(master: torch.Tensor, weight: torch.Tensor) -> None:
     else:
         master.grad.add_(weight.grad)
     weight.grad = None
+
+
+def _kept_original(base: Any, name: str) -> torch.Tensor:
+    """A first edit's copy of the original matrix ``name``: the one the model's decode workspace
+    kept from an earlier edit when it holds the same values (single edits restored in between), so
+    the row switch reads it at the same address and a captured decode step is replayed rather than
+    captured again; a new copy, kept there, otherwise. A tensor whose values differ is never
+    written: an earlier edit's restore handle may hold it."""
+    weight = base.get_parameter(name).detach()
+    space = workspace(base)
+    key = ("ftm_original", name)
+    kept = space.get(key)
+    if (
+        kept is not None
+        and (kept.shape, kept.dtype, kept.device) == (weight.shape, weight.dtype, weight.device)
+        and torch.equal(kept, weight)
+    ):
+        return kept
+    kept = space[key] = weight.clone()
+    torch._dynamo.mark_static_address(kept)
+    return kept
 
 
 class FTMExecutor(Executor):
@@ -52,7 +73,7 @@ class FTMExecutor(Executor):
         state = edit_state(base)
         first = state.ftm_original is None or keep_original_weight
         if first:
-            state.ftm_original = (self.param_name, self.weight.detach().clone())
+            state.ftm_original = (self.param_name, _kept_original(base, self.param_name))
             state.ftm_grad_flags = {n: p.requires_grad for n, p in base.named_parameters()}
         elif state.ftm_original[0] != self.param_name:
             raise ValueError(

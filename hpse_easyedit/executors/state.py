@@ -69,10 +69,11 @@ _WORKSPACES: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary(
 def workspace(model: Any) -> dict:
     """The decode's workspace of ``model`` (wrapped or not): tensors a decode step reads that are
     refreshed in place before every decode (the row switch's masks, LoRA's half-precision adapter
-    copies), so that a captured step reads the same addresses in every round and edit and is
-    replayed, not captured again. Not edit state: nothing in it outlives the decode that wrote it
-    in meaning (every decode writes what it reads first), so a restore leaves it; it lives and dies
-    with the model, and a copy of the model starts without one. ``release_workspace`` frees it."""
+    copies), or reused while their values hold (FT-M's copy of the original matrix, ``ftm.py``), so
+    that a captured step reads the same addresses in every round and edit and is replayed, not
+    captured again. Not edit state: what an edit needs from it, the edit holds itself, so a restore
+    leaves it; it lives and dies with the model, and a copy of the model starts without one.
+    ``release_workspace`` frees it."""
     return _WORKSPACES.setdefault(unwrapped(model), {})
 
 
