@@ -101,14 +101,15 @@ def test_decode_step_is_one_graph_without_host_syncs(family, executor):
         assert compiled(tokens).shape == (2, len(tok))
 
 
-def test_a_process_compiles_more_decode_graphs_than_dynamos_limit(monkeypatch):
+def test_a_process_compiles_more_decode_graphs_than_dynamos_limit():
     """Every decoder's ``step`` is one code object to dynamo, which keeps ``recompile_limit``
     graphs of it (8 by default) and, under ``fullgraph``, fails past them: a process that decodes
     several models (the CUDA smoke tests: four families, plain and under LoRA) needs more. Here the
     limit is 1 and three families' decoders compile."""
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    # dynamo's own patch, not pytest's monkeypatch: undoing a config field with the latter deletes
+    # it (pytest 9.2), and dynamo then refuses the field
     torch._dynamo.reset()
-    with torch.no_grad():
+    with torch.no_grad(), torch._dynamo.config.patch(recompile_limit=1):
         for family in FAMILIES[:3]:
             model, tok = make_tiny_model_and_tokenizer(family)
             decoder = StaticDecoder(model, [[5, 6, 7], [8, 9]], tok.pad_token_id, 4)
