@@ -104,18 +104,72 @@ def bleu(reference: str, prediction: str) -> float:
 def _rouge() -> Any:
     from rouge import Rouge
 
-    return Rouge()
+    return Rouge(metrics=["rouge-1", "rouge-2"])
 
 
 def rouge_recall(reference: str, prediction: str) -> dict[str, float]:
-    """ROUGE-1/2/L recall of ``prediction`` against ``reference`` by the ``rouge`` package."""
+    """ROUGE-1/2/L recall of ``prediction`` against ``reference`` as the ``rouge`` package's
+    ``Rouge().get_scores`` gives them (ROUGE-L by ``_rouge_l_recall``, the same arithmetic)."""
     return dict(zip(ROUGE, _rouge_recall(reference, prediction)))
 
 
 @functools.lru_cache(maxsize=SCORE_CACHE)
 def _rouge_recall(reference: str, prediction: str) -> tuple[float, ...]:
-    scores = _rouge().get_scores(prediction, reference)[0]
-    return tuple(float(scores[m.lower()]["r"]) for m in ROUGE)
+    scores = _rouge().get_scores(prediction, reference)[0]  # raises on an empty text, as rouge does
+    return (
+        float(scores["rouge-1"]["r"]),
+        float(scores["rouge-2"]["r"]),
+        _rouge_l_recall(_sentences(reference), _sentences(prediction)),
+    )
+
+
+def _sentences(text: str) -> list[str]:
+    """The ``rouge`` package's sentences of ``text``: cut at every ``.``, whitespace collapsed."""
+    return [" ".join(part.split()) for part in text.split(".") if len(part) > 0]
+
+
+def _rouge_l_recall(reference: list[str], prediction: list[str]) -> float:
+    """The ``rouge`` package's summary-level ROUGE-L recall (``rouge_l_summary_level``, exclusive
+    n-grams): the words on the union of each reference sentence's LCS with each predicted sentence,
+    over the distinct reference words. The package builds each LCS table as a dict of ``(i, j)``
+    keys (most of the time RESULTS.md's regeneration spent); this is the same table in lists and
+    the same path back through it, so the same words and the same float."""
+    distinct = len({w for sentence in reference for w in sentence.split(" ")})
+    union: set[str] = set()
+    for ref in reference:
+        ref_words = ref.split(" ")
+        for sentence in prediction:
+            union |= _lcs_words(ref_words, sentence.split(" "))
+    return len(union) / distinct
+
+
+def _lcs_words(x: list[str], y: list[str]) -> set[str]:
+    """The words of ``x`` on the longest common subsequence that ``rouge_score._recon_lcs`` walks
+    back: a match goes diagonally, otherwise up where the cell above is strictly larger, else
+    left."""
+    n, m = len(x), len(y)
+    table = [[0] * (m + 1)]
+    for i in range(1, n + 1):
+        xi, above = x[i - 1], table[i - 1]
+        row = [0] * (m + 1)
+        for j in range(1, m + 1):
+            if xi == y[j - 1]:
+                row[j] = above[j - 1] + 1
+            else:
+                up, left = above[j], row[j - 1]
+                row[j] = up if up > left else left
+        table.append(row)
+    words: set[str] = set()
+    i, j = n, m
+    while i and j:
+        if x[i - 1] == y[j - 1]:
+            words.add(x[i - 1])
+            i, j = i - 1, j - 1
+        elif table[i - 1][j] > table[i][j - 1]:
+            i -= 1
+        else:
+            j -= 1
+    return words
 
 
 def cosine(encoder: Encoder, references: Sequence[str], predictions: Sequence[str]) -> list[float]:
