@@ -10,6 +10,13 @@ products, and the step's Adam stays the executor's (one fused kernel on CUDA). A
 gradient (the loss after the last step, which the divergence check reads) runs the same function
 eagerly: no second graph to compile for it.
 
+Where an edit has both terms, the step runs them as one pass (``joint_losses``,
+``CapturedJoint``): the KL rows and the NLL rows stacked into one batch, one forward and one
+backward giving both losses, so every matrix product of a layer runs once per step instead of
+once per term and no gradient is added up between passes (at 7B widths 56 products per layer
+instead of 112, docs/GPU.md). Its
+activations are the two passes' together, where the eager step's peak is the larger pass's.
+
 So that the compiled functions see few shapes, the rows are padded to steps: a batch's width is
 rounded up to a multiple of ``WIDTH_STEP`` tokens (right padding, masked; under causal attention a
 real position never sees a later one, so its logits are the unpadded batch's up to the kernels'
@@ -25,7 +32,8 @@ positions: the trained tensors after a captured step equal the eager step's with
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+import contextlib
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -35,12 +43,15 @@ from .padding import IGNORE, next_token_labels, pad_rows
 __all__ = [
     "POSITION_STEP",
     "WIDTH_STEP",
+    "CapturedJoint",
     "CapturedKL",
     "CapturedNLL",
+    "joint_losses",
     "kl_loss",
     "logits_window",
     "nll_loss",
     "training_mode",
+    "uncompiled",
 ]
 
 #: a captured batch's width is rounded up to a multiple of this many tokens
@@ -93,6 +104,18 @@ def kl_loss(
     one), and the summed top-K forward KL with each position weighted by ``weight`` (0 for
     padding)."""
     logits = _forward(model, ids, mask, keep)
+    return _picked_kl(logits, rows, positions, weight, topk_ids, topk_logprobs, student)
+
+
+def _picked_kl(
+    logits: torch.Tensor,
+    rows: torch.Tensor,
+    positions: torch.Tensor,
+    weight: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_logprobs: torch.Tensor,
+    student: str,
+) -> torch.Tensor:
     picked = logits[rows, positions]
     return topk_forward_kl(
         picked,
@@ -112,15 +135,53 @@ def nll_loss(
     return sequence_nll(logits, labels.to(logits.device))
 
 
+def joint_losses(
+    model: Any,
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    keep: int,
+    split: int,
+    rows: torch.Tensor,
+    positions: torch.Tensor,
+    weight: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_logprobs: torch.Tensor,
+    student: str,
+    labels: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both passes in one forward: the first ``split`` rows are the KL pass's (``kl_loss``'s
+    ``rows``, ``positions`` and ``weight`` index them), the rest the NLL pass's (``nll_loss``'s
+    ``labels``); returns ``(kl, nll)``."""
+    logits = _forward(model, ids, mask, keep)
+    kl = _picked_kl(logits, rows, positions, weight, topk_ids, topk_logprobs, student)
+    return kl, sequence_nll(logits[split:], labels.to(logits.device))
+
+
 #: the ``torch.compile`` backend of the captured passes (None: inductor); the tests trace with
 #: ``"eager"`` where they check the graph, not the kernels
 BACKEND: str | None = None
 
 _COMPILED: dict[Any, Callable[..., torch.Tensor]] = {}
+_UNCOMPILED = False
+
+
+@contextlib.contextmanager
+def uncompiled() -> Iterator[None]:
+    """Inside: the captured passes run their functions eagerly (the padded, stacked rows as a
+    captured step has them, without compiling): the memory planner's run on the meta device."""
+    global _UNCOMPILED
+    before, _UNCOMPILED = _UNCOMPILED, True
+    try:
+        yield
+    finally:
+        _UNCOMPILED = before
 
 
 def _compiled(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    """``fn`` under ``torch.compile(fullgraph=True)``, made once per process and ``BACKEND``."""
+    """``fn`` under ``torch.compile(fullgraph=True)``, made once per process and ``BACKEND`` (``fn``
+    itself inside ``uncompiled``)."""
+    if _UNCOMPILED:
+        return fn
     backend = BACKEND
     key = (fn, backend)
     if key not in _COMPILED:
@@ -210,21 +271,65 @@ class CapturedKL:
 
     def loss(self, model: Any, student: str = "full", scored_only: bool = True) -> torch.Tensor:
         keep, first = logits_window(model, self.ids.shape[1], self.first, scored_only)
-        positions = self._positions.get(first)
-        if positions is None:  # once per batch, not per inner step
-            positions = self._positions[first] = (self._starts - first).to(self.device)
         return self._fn()(
             model,
             self.ids,
             self.mask,
             keep,
             self.rows,
-            positions,
+            self.positions(first),
             self.weight,
             self.topk_ids,
             self.topk_lp,
             student,
         )
 
+    def positions(self, first: int) -> torch.Tensor:
+        """The scored positions counted from the kept logits' first, ``first`` (made once per batch
+        and window, not per inner step)."""
+        positions = self._positions.get(first)
+        if positions is None:
+            positions = self._positions[first] = (self._starts - first).to(self.device)
+        return positions
+
     def _fn(self) -> Callable[..., torch.Tensor]:
         return _compiled(kl_loss) if torch.is_grad_enabled() else kl_loss
+
+
+class CapturedJoint:
+    """A ``CapturedKL``'s rows and a ``CapturedNLL``'s stacked into one batch (both right-padded to
+    the wider of the two, a multiple of ``WIDTH_STEP``): ``losses`` is ``joint_losses`` compiled,
+    both terms from one forward."""
+
+    def __init__(self, kl: CapturedKL, nll: CapturedNLL, pad_id: int) -> None:
+        width = max(kl.ids.shape[1], nll.ids.shape[1])
+
+        def widen(t: torch.Tensor, fill: int) -> torch.Tensor:
+            return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=fill)
+
+        self.kl, self.nll = kl, nll
+        self.ids = torch.cat([widen(kl.ids, pad_id), widen(nll.ids, pad_id)])
+        self.mask = torch.cat([widen(kl.mask, 0), widen(nll.mask, 0)])
+        self.labels = widen(nll.labels, IGNORE)
+        self.split = kl.ids.shape[0]
+        self.first = min(kl.first, nll.first)
+
+    def losses(
+        self, model: Any, student: str = "full", scored_only: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        keep, first = logits_window(model, self.ids.shape[1], self.first, scored_only)
+        fn = _compiled(joint_losses) if torch.is_grad_enabled() else joint_losses
+        return fn(
+            model,
+            self.ids,
+            self.mask,
+            keep,
+            self.split,
+            self.kl.rows,
+            self.kl.positions(first),
+            self.kl.weight,
+            self.kl.topk_ids,
+            self.kl.topk_lp,
+            student,
+            self.labels[:, first:],
+        )

@@ -12,7 +12,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from .captured import CapturedKL, CapturedNLL, logits_window, training_mode
+from .captured import CapturedJoint, CapturedKL, CapturedNLL, logits_window, training_mode
 from .edit_requests import RequestError, normalize_requests
 from .executors import Executor, make_executor
 from .hparams import HPSEHyperParams
@@ -151,7 +151,9 @@ class HPSEObjective:
     activation memory peaks at the larger of the two rather than their sum. The KL pass (prompt and
     rollout, the larger one) runs first, so the NLL pass after it fits into the memory it freed.
     Each gradient entry is one sum of the two passes' contributions, which commutes: the order
-    leaves the trained bits as they were (tests/test_editor.py).
+    leaves the trained bits as they were (tests/test_editor.py). A captured step
+    (``compile_training``) runs both terms as one pass over the stacked rows instead
+    (``captured.CapturedJoint``): half the matrix products, both passes' activations at once.
     """
 
     name = "HPSE"
@@ -165,19 +167,27 @@ class HPSEObjective:
         *,
         stop_ids: Sequence[int],
         pad_id: int,
+        captured: bool | None = None,
     ) -> None:
         self.executor, self.prompts, self.hp = executor, prompts, hparams
         self.stop_ids, self.pad_id = stop_ids, pad_id
         self.device = input_device(executor.model)
-        #: the inner step's passes under torch.compile (hparams ``compile_training``)
-        self.captured = training_mode(
-            getattr(hparams, "compile_training", False),
-            executor.model,
-            getattr(hparams, "gradient_checkpointing", False),
+        #: the inner step's passes under torch.compile (hparams ``compile_training``; ``captured``
+        #: decides instead where given, as the memory planner does for a card)
+        self.captured = (
+            training_mode(
+                getattr(hparams, "compile_training", False),
+                executor.model,
+                getattr(hparams, "gradient_checkpointing", False),
+            )
+            if captured is None
+            else captured
         )
         nll = CapturedNLL if self.captured else _NLLBatch
         self.nll_batch = nll(prompts, pad_id, self.device) if hparams.nll_weight > 0 else None
         self.kl_batch: _KLBatch | None = None
+        #: the captured step's one pass over both terms' rows (both terms on, ``captured`` only)
+        self.joint: CapturedJoint | None = None
         # per round: that round's Rollout per request, or None (no KL term)
         self.rollouts: list = []
         self.teacher_forward_tokens = 0
@@ -209,10 +219,19 @@ class HPSEObjective:
         self.kl_batch = (
             kl(self.prompts, rollouts, self.pad_id, self.device) if rollouts is not None else None
         )
+        self.joint = (
+            CapturedJoint(self.kl_batch, self.nll_batch, self.pad_id)
+            if self.captured and self.kl_batch is not None and self.nll_batch is not None
+            else None
+        )
         self.rollouts.append(rollouts)
 
     def step(self, student: Any) -> Iterator[Terms]:
         n = len(self.prompts)
+        if self.joint is not None:
+            kl, nll = self.joint.losses(student, self.hp.kl_student, self.hp.scored_logits_only)
+            yield {"kl": (self.hp.kl_weight, kl / n), "nll": (self.hp.nll_weight, nll / n)}
+            return
         if self.kl_batch is not None:
             kl = self.kl_batch.loss(student, self.hp.kl_student, self.hp.scored_logits_only)
             yield {"kl": (self.hp.kl_weight, kl / n)}

@@ -473,9 +473,11 @@ class HPSEHyperParams(ExecutorHParams):
     )
     compile_training: bool | str = hp_field(
         False,
-        "Inner steps with their KL and NLL passes (forward and backward) under torch.compile "
-        "(inductor: the elementwise work fused into a few kernels around the matrix products, "
-        "rows padded to 64-token steps so the rounds reuse one graph): the trained tensors equal "
+        "Inner steps under torch.compile, the KL and NLL terms' rows stacked in one forward and "
+        "backward (inductor: the elementwise work fused into a few kernels around the matrix "
+        "products, each product once per step; rows padded to 64-token steps so the rounds reuse "
+        "one graph; both terms' activations at once, where the eager step holds the larger "
+        "pass's: python -m hpse_easyedit plan shows it): the trained tensors equal "
         "the eager step's within float rounding, not bit for bit; the first edit pays the "
         "compilation. 'auto' = on for a CUDA device with Triton, off elsewhere (the shipped 7B-9B "
         "files; off under gradient_checkpointing, which true refuses). true needs a working "

@@ -22,7 +22,9 @@ the edit's own steps, in order:
   cache stays allocated through the phases after it;
 - ``training``: two inner steps (``training.inner_step``: the KL rows over prompt + rollout, then
   the NLL rows over prompt + passage, each forward and backward, then Adam), at the planned rollout
-  length;
+  length; where the step is captured (``compile_training: true``, or ``auto`` on a card), both
+  terms' rows in one pass as the captured step stacks them (``captured.CapturedJoint``), run
+  eagerly (inductor keeps fewer activations than the eager graph: an upper bound);
 - ``answers``: greedy answers after the edit (``generate_answers``' batch of questions, prompt plus
   the benchmark's answer length), prefill and one decode step.
 
@@ -369,6 +371,18 @@ def _keeps_decoder(hp: Any, model: Any) -> bool:
     return setting == "compile"
 
 
+def _captures_step(hp: Any, model: Any) -> bool:
+    """Whether the edit's inner step is captured (``compile_training``), whose one pass over both
+    terms' stacked rows (``captured.CapturedJoint``) holds both passes' activations at once: true,
+    or ``auto`` on a card (the meta device's plan is a card's) without gradient checkpointing."""
+    setting = getattr(hp, "compile_training", False)
+    if setting == "auto":
+        return model.device.type in ("meta", "cuda") and not getattr(
+            hp, "gradient_checkpointing", False
+        )
+    return bool(setting)
+
+
 def plan_edit(
     hparams: Any, workload: Workload, *, layers: int | None = None, device: str = "meta"
 ) -> dict:
@@ -378,6 +392,7 @@ def plan_edit(
     Runs the edit's own code on the ``meta`` device: nothing is allocated and no weights are needed.
     ``device="cpu"`` runs the same steps on real random weights, which is how the tests check that
     the meta run counts what real tensors take."""
+    from .captured import uncompiled
     from .editor import HPSEObjective
     from .executors import make_executor
     from .static_decode import StaticDecoder, kept_width
@@ -411,12 +426,17 @@ def plan_edit(
         close("rollout", start)
 
         rollouts = _placeholder_rollouts(prompts, hp, workload.max_new_tokens)
-        objective = HPSEObjective(executor, prompts, hp, stop_ids=[0], pad_id=0)
+        objective = HPSEObjective(
+            executor, prompts, hp, stop_ids=[0], pad_id=0, captured=_captures_step(hp, model)
+        )
         objective.use_rollouts(rollouts if hp.kl_weight > 0 else None)
         mem.mark()
         start = mem.live
         executor.model.train(hp.lora_dropout > 0)
-        with activation_checkpointing(executor.model, hp.gradient_checkpointing):
+        with (
+            activation_checkpointing(executor.model, hp.gradient_checkpointing),
+            uncompiled(),  # the captured step's rows, planned eagerly
+        ):
             for _ in range(2):
                 inner_step(objective, executor.model, optimizer)
         optimizer.zero_grad(set_to_none=True)
@@ -699,6 +719,9 @@ def _report(
 #: what a user can change when an edit does not fit, in the order tried: hparams overrides or a
 #: smaller workload
 KNOBS = (
+    # the eager step's two passes, the larger one's activations at a time (the captured step
+    # stacks both terms' rows in one pass)
+    ("compile_training=false", {"compile_training": False}, {}),
     ("gradient_checkpointing=true", {"gradient_checkpointing": True}, {}),
     (
         "gradient_checkpointing=true, static_decode=true",

@@ -78,9 +78,13 @@ def test_the_padded_passes_give_the_eager_losses(family):
             want = eager.kl_batch.loss(ex.model, "full", scored_only)
             got = padded.kl_batch.loss(ex.model, "full", scored_only)
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
-            want = eager.nll_batch.loss(ex.model, scored_only)
+            want_nll = eager.nll_batch.loss(ex.model, scored_only)
             got = padded.nll_batch.loss(ex.model, scored_only)
-            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+            torch.testing.assert_close(got, want_nll, rtol=1e-5, atol=1e-4)
+            # the captured step's one pass over both terms' stacked rows gives both losses
+            kl, nll = padded.joint.losses(ex.model, "full", scored_only)
+            torch.testing.assert_close(kl, want, rtol=1e-5, atol=1e-4)
+            torch.testing.assert_close(nll, want_nll, rtol=1e-5, atol=1e-4)
         student = padded.kl_batch.loss(ex.model, "topk")
         torch.testing.assert_close(
             student, eager.kl_batch.loss(ex.model, "topk"), rtol=1e-5, atol=1e-4
@@ -124,12 +128,12 @@ def _close(got: dict, want: dict, rtol: float) -> None:
 def test_a_captured_edit_trains_the_eager_edits_tensors(backend, family, executor):
     """Three rounds x three inner steps of two requests, traced whole: the same rollouts and
     step-ins, the same losses and the trained tensors within float32 rounding of the eager edit's;
-    every round reuses the two graphs (KL and NLL)."""
+    every round reuses the one graph of both terms' pass (``CapturedJoint``)."""
     model, tok = make_tiny_model_and_tokenizer(family, init_std=0.2)
     eager, want = _edit(model, tok, executor=executor, rounds=3)
     assert backend.graphs == 0
     got_result, got = _edit(model, tok, executor=executor, rounds=3, compile_training=True)
-    assert backend.graphs == 2
+    assert backend.graphs == 1
     for a, b in zip(eager.rollouts, got_result.rollouts):
         for x, y in zip(a, b):
             assert torch.equal(x.tokens, y.tokens) and torch.equal(x.stepped_in, y.stepped_in)
@@ -153,7 +157,7 @@ def _cut(rollout, n):
 @pytest.mark.slow
 def test_rollouts_of_other_lengths_reuse_the_graphs(backend):
     """Rounds whose rollouts end at different steps (here cut to 3, 5 and 8 tokens) train through
-    the graphs the first made: the padded KL batch has the same shape."""
+    the graph the first made: the padded batch has the same shape."""
     ex, objective = _objective("llama", "lora", compile_training=True)
     objective.start_round(ex.model)
     drawn = objective.rollouts[-1]
@@ -161,7 +165,7 @@ def test_rollouts_of_other_lengths_reuse_the_graphs(backend):
         objective.use_rollouts([_cut(ro, n) for ro in drawn])
         for group in objective.step(ex.model):
             sum(w * v for w, v in group.values()).backward()
-    assert backend.graphs == 2
+    assert backend.graphs == 1
 
 
 @pytest.mark.slow
@@ -237,7 +241,7 @@ def test_a_run_of_single_edits_compiles_a_few_graphs(backend):
             model, tok, [{"subject": f"Person {i}", "target_new": passage}], hp
         )
         model = restore_weights(edited, handle)
-    assert 2 <= backend.graphs <= 6
+    assert 1 <= backend.graphs <= 6
 
 
 HPSE_FILES = Path(__file__).resolve().parents[1] / "hparams" / "HPSE"
@@ -255,9 +259,10 @@ BACKBONES = {
 def test_the_captured_step_at_7b_widths_gives_the_eager_gradients(backend, stem):
     """The published 7B-9B architectures (their configs: widths, heads, rope scaling, Gemma-2's
     soft-capping and sliding window) cut to one layer and a small vocabulary, the shipped file's
-    LoRA: the KL and NLL passes trace as one graph each (``fullgraph``) and one inner step's adapter
-    gradients equal the eager step's within float32 rounding. Float32, so the check is the graph's
-    and the padding's, not bfloat16's rounding (CPU bfloat16 products at these widths are slow)."""
+    LoRA: the one pass over both terms' rows traces as one graph (``fullgraph``) and one inner
+    step's adapter gradients equal the eager step's within float32 rounding. Float32, so the check
+    is the graph's and the padding's, not bfloat16's rounding (CPU bfloat16 products at these widths
+    are slow)."""
     from transformers import AutoModelForCausalLM
 
     from hpse_easyedit import HPSEHyperParams
@@ -298,6 +303,6 @@ def test_the_captured_step_at_7b_widths_gives_the_eager_gradients(backend, stem)
         ex = make_executor(model, hp)
         objective = HPSEObjective(ex, prompts, hp, stop_ids=stops, pad_id=pad_token_id(tok, stops))
         grads[mode], first = _step_gradients(objective, first)
-    assert backend.graphs == 2  # the KL pass and the NLL pass, each whole
+    assert backend.graphs == 1  # both terms' pass, whole
     assert len(grads[True]) > 0
     _close(grads[True], grads[False], 1e-4)

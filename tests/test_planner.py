@@ -90,10 +90,14 @@ def test_unknown_model_is_one_line_naming_the_key():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("executor,dtype", [("lora", "float32"), ("ft_m", "bfloat16")])
-def test_the_meta_plan_counts_what_real_tensors_take(executor, dtype):
+@pytest.mark.parametrize(
+    "executor,dtype,captured",
+    [("lora", "float32", False), ("ft_m", "bfloat16", False), ("lora", "float32", True)],
+)
+def test_the_meta_plan_counts_what_real_tensors_take(executor, dtype, captured):
+    """(With ``compile_training: true`` both plans run the captured step's stacked rows eagerly.)"""
     hp = HPSEHyperParams.from_hparams("hparams/HPSE/smollm2-135m.yaml").with_overrides(
-        {"executor": executor, "dtype": dtype, "ftm_layer": 1}
+        {"executor": executor, "dtype": dtype, "ftm_layer": 1, "compile_training": captured}
     )
     meta = plan_edit(hp, SMALL, layers=2)
     real = plan_edit(hp, SMALL, layers=2, device="cpu")
@@ -143,6 +147,11 @@ def test_the_7b_plan_and_its_knobs():
         checkpointed["phases"]["training"]["own_gib"] < 0.8 * six["phases"]["training"]["own_gib"]
     )
     assert checkpointed["phases"]["rollout"] == six["phases"]["rollout"]
+    # on a card the file's compile_training: auto captures the step, whose one pass over both
+    # terms' stacked rows holds more activations than the eager step's larger pass
+    eager = plan_edit(hp.with_overrides({"compile_training": False}), WORKLOADS["mquake"], layers=6)
+    assert six["phases"]["training"]["own_gib"] > eager["phases"]["training"]["own_gib"]
+    assert eager["phases"]["rollout"] == six["phases"]["rollout"]
 
 
 def test_gradient_checkpointing_trains_the_same_edit():

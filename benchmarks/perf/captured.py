@@ -3,17 +3,18 @@ real widths: counted on this CPU, extrapolated to the backbone's depth.
 
 The backbone of the hparams file (Qwen2.5-7B for ``hparams/HPSE/qwen2.5-7b.yaml``: its published
 config, random weights in the file's dtype, the vocabulary cut to ``--vocab`` ids as the GPU
-rehearsal cuts it) is built at 1 and 2 layers. On each, one inner step (the KL pass over prompt +
-rollout, the NLL pass over prompt + passage, each forward and backward, then Adam) of a LoRA (or
+rehearsal cuts it) is built at 1 and 2 layers. On each, one inner step (the KL term over prompt +
+rollout and the NLL term over prompt + passage, forward and backward, then Adam) of a LoRA (or
 FT-M) edit at UnKEBench's lengths is counted:
 
 - eager: every aten op that runs a kernel (views excluded), with the counter of the GPU path's op
   counts (``gpu_path.OpCounter``, a ``TorchDispatchMode``), Adam counted as the kernels of a CUDA
   card's fused Adam (``gpu_batched.fused_adam_kernels``; on CPU torch's Adam runs a dozen ops per
   tensor);
-- captured: the kernels inductor's generated code calls in the step's four graphs (forward and
-  backward of both passes: its fused kernels, the matrix products it hands to the library, any
-  aten op it falls back to), read from the code (``torch._inductor.utils.run_and_get_code``), plus
+- captured: the kernels inductor's generated code calls in the step's graphs (forward and
+  backward of the one pass over both terms' stacked rows, ``captured.CapturedJoint``: its fused
+  kernels, the matrix products it hands to the library, any aten op it falls back to), read from
+  the code (``torch._inductor.utils.run_and_get_code``), plus
   the ops outside the graphs (the loss weights, the gradients' accumulation, Adam and
   ``zero_grad``), counted by the same counter on the step with its graphs replaced by their
   outputs.
@@ -153,7 +154,7 @@ def count_step(
 
 def _outside_graphs(objective: Any, executor: Any, optimizer: Any) -> int:
     """The ops of a captured inner step outside its graphs: the same step with each pass's graph
-    replaced by an autograd function that hands back the graph's loss and gradients as they are
+    replaced by an autograd function that hands back the graph's losses and gradients as they are
     (no kernels), counted by ``OpCounter``."""
     from benchmarks.perf.gpu_batched import _FusedAdamCount
     from benchmarks.perf.gpu_path import OpCounter
@@ -161,59 +162,53 @@ def _outside_graphs(objective: Any, executor: Any, optimizer: Any) -> int:
 
     params = executor.trainable_parameters()
     recorded: list = []
-    for group in objective.step(executor.model):  # the graphs' outputs, once
-        for w, v in group.values():
-            grads = torch.autograd.grad(w * v, params, allow_unused=True)
-            recorded.append((v.detach(), [g if g is None else g.detach() for g in grads]))
+    for group in objective.step(executor.model):  # each pass's outputs and gradients, once
+        loss = sum(w * v for w, v in group.values())
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        terms = {name: (w, v.detach()) for name, (w, v) in group.items()}
+        recorded.append((terms, [g if g is None else g.detach() for g in grads]))
 
-    stand = _Standin(objective, recorded, _Replay, params)
+    stand = _Standin(recorded, params)
     with OpCounter() as count:
         inner_step(stand, executor.model, _FusedAdamCount(params, count))
     return count.ops - stand.replay_ops
 
 
 class _Replay(torch.autograd.Function):
-    """A pass's recorded loss and gradients handed back as a graph would hand them: the loss as a
-    new tensor, each gradient as a new tensor the gradient's accumulation may take over (a copy;
-    the copies are the stand-in's own ops, counted in ``_Standin.replay_ops`` and subtracted)."""
+    """A pass's recorded losses and gradients handed back as its graph would hand them: each loss
+    as a new tensor, each gradient as a new tensor the gradient's accumulation may take over (a
+    copy; the copies are the stand-in's own ops, counted in ``_Standin.replay_ops`` and
+    subtracted)."""
 
     @staticmethod
-    def forward(ctx: Any, stand: Any, value: torch.Tensor, grads: list, *ps: torch.Tensor) -> Any:
-        ctx.stand, ctx.grads = stand, grads
-        return value.clone()
+    def forward(ctx: Any, stand: Any, grads: list, n: int, *tensors: torch.Tensor) -> Any:
+        ctx.stand, ctx.grads, ctx.n = stand, grads, n
+        return tuple(v.clone() for v in tensors[:n])
 
     @staticmethod
-    def backward(ctx: Any, _: torch.Tensor) -> tuple:
+    def backward(ctx: Any, *_: torch.Tensor) -> tuple:
         copies = [None if g is None else g.clone() for g in ctx.grads]
         ctx.stand.replay_ops += sum(c is not None for c in copies)
-        return (None, None, None, *copies)
+        return (None, None, None, *[None] * ctx.n, *copies)
 
 
 class _Standin:
-    """An objective whose ``step`` yields the recorded losses through ``Replay`` (its own ops are
-    counted apart and subtracted)."""
+    """An objective whose ``step`` yields the recorded passes' losses through ``_Replay``, one group
+    per pass as the objective yields them (its own ops are counted apart and subtracted)."""
 
-    def __init__(self, objective: Any, recorded: list, replay: Any, params: list) -> None:
-        self.objective, self.recorded, self.replay, self.params = (
-            objective,
-            recorded,
-            replay,
-            params,
-        )
-        self.terms = objective.terms
+    def __init__(self, recorded: list, params: list) -> None:
+        self.recorded, self.params = recorded, params
         self.replay_ops = 0
 
     def step(self, student: Any) -> Any:
         from benchmarks.perf.gpu_path import OpCounter
 
-        it = iter(self.recorded)
-        for name in self.objective.terms:
-            weight = {"kl": self.objective.hp.kl_weight, "nll": self.objective.hp.nll_weight}[name]
-            value, grads = next(it)
-            with OpCounter() as own:  # the stand-in's clone, not the step's
-                out = self.replay.apply(self, value, grads, *self.params)
+        for terms, grads in self.recorded:
+            values = [v for _, v in terms.values()]
+            with OpCounter() as own:  # the stand-in's clones, not the step's
+                outs = _Replay.apply(self, grads, len(values), *values, *self.params)
             self.replay_ops += own.ops
-            yield {name: (weight, out)}
+            yield {name: (w, out) for (name, (w, _)), out in zip(terms.items(), outs)}
 
 
 def _per_layer(one: dict, two: dict, depth: int) -> dict:

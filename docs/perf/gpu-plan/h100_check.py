@@ -27,7 +27,9 @@ workload = dataclasses.replace(
     passage_tokens=len(tok(passage)["input_ids"]),
     max_new_tokens=run["max_new_tokens"],
 )
-plan = plan_edit(hp.with_overrides({"max_new_tokens": run["max_new_tokens"]}), workload)
+# the measured edit's inner step was eager (its two passes), as compile_training: false plans it
+measured = {"max_new_tokens": run["max_new_tokens"], "compile_training": False}
+plan = plan_edit(hp.with_overrides(measured), workload)
 memory = run["memory"]
 json.dump(
     {
