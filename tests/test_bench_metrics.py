@@ -230,7 +230,8 @@ def test_self_bleu_is_texygens_nltk_loop_and_matches_the_former_plain_python_ble
     for texts in ANSWER_SETS + study:
         ours = self_bleu(texts)
         plain.append(_plain_self_bleu(texts))
-        assert ours == pytest.approx(_texygen_self_bleu(texts), abs=1e-12)
+        # nltk's own float (benchmarks.tasks.bleu counts each text's n-grams once)
+        assert ours == _texygen_self_bleu(texts)
         assert ours == pytest.approx(plain[-1], abs=1e-12)
     study_plain = plain[len(ANSWER_SETS) :]
     # Div's mean over the committed runs is the same to far below the printed 0.1 point
@@ -238,6 +239,29 @@ def test_self_bleu_is_texygens_nltk_loop_and_matches_the_former_plain_python_ble
         100 * abs(sum(diversity(t) for t in study) - sum(1 - p for p in study_plain)) / len(study)
         < 1e-9
     )
+
+
+@pytest.mark.slow
+def test_unkes_character_bleu_is_nltks_float_bit_for_bit():
+    """UnKE's BLEU (``sentence_bleu([reference], prediction)`` on characters, no smoothing) with
+    each text's n-grams counted once is nltk's float on the committed answers (each case's answers
+    against its first), texts shorter than 4 characters, no match at all and an answer equal to its
+    reference."""
+    import warnings
+
+    from nltk.translate.bleu_score import sentence_bleu
+
+    from benchmarks.tasks import unke_scores
+
+    pairs = [("abc", "abcd"), ("abcd", "a"), ("xyz", "abc"), ("same text.", "same text.")]
+    for texts in (ANSWER_SETS + _study_answer_sets())[:150]:
+        pairs += [(texts[0], t) for t in texts[1:] if t]
+    assert len(pairs) > 300
+    for reference, prediction in pairs:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            want = float(sentence_bleu([reference], prediction))
+        assert unke_scores.bleu.__wrapped__(reference, prediction) == want, (reference, prediction)
 
 
 def test_self_bleu_excludes_the_hypothesis_from_its_references():

@@ -49,6 +49,8 @@ def model_token_spans(model_name: str) -> tuple[Callable[[str], list[tuple[int, 
             "words and punctuation marks (fallback: the runs' tokenizer could not be loaded)",
         )
 
+    # the same answers are cut again by every table that reads their run (the study's ~40 tables)
+    @functools.lru_cache(maxsize=1 << 16)
     def spans(text: str) -> list[tuple[int, int]]:
         return [
             tuple(o)

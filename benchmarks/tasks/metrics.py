@@ -21,6 +21,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from hpse_easyedit.text import sentence_spans
 
+from .bleu import NgramCounts, sentence_bleu
+
 __all__ = [
     "answer_matches",
     "cut_to_tokens",
@@ -121,23 +123,26 @@ def word_tokens(text: str) -> list[str]:
 def bleu(hypothesis: Sequence[str], references: Sequence[Sequence[str]], max_n: int = 4) -> float:
     """Sentence BLEU of token lists: NLTK's ``sentence_bleu(references, hypothesis)`` with uniform
     weights up to ``max_n`` and ``SmoothingFunction().method1`` (epsilon 0.1 for empty orders), as
-    Texygen calls it.
+    Texygen calls it (the same float: ``bleu.sentence_bleu``).
 
     Modified n-gram precision clips each hypothesis n-gram count by its maximum count in any one
     reference; the brevity penalty uses the reference length closest to the hypothesis length
     (the shorter one on ties). No unigram match at all gives 0.
     """
-    from nltk.translate.bleu_score import (
-        SmoothingFunction,
-        sentence_bleu,
-    )  # nltk's import costs ~1 s: only here
+    return _bleu(
+        NgramCounts(list(hypothesis), max_n),
+        [NgramCounts(list(r), max_n) for r in references],
+        max_n,
+    )
 
-    if not references:
-        raise ValueError("BLEU needs at least one reference")
+
+def _bleu(hypothesis: NgramCounts, references: Sequence[NgramCounts], max_n: int) -> float:
+    from nltk.translate.bleu_score import SmoothingFunction  # nltk's import costs ~1 s: only here
+
     return float(
         sentence_bleu(
-            [list(r) for r in references],
-            list(hypothesis),
+            references,
+            hypothesis,
             (1.0 / max_n,) * max_n,
             smoothing_function=SmoothingFunction().method1,
         )
@@ -156,8 +161,10 @@ def self_bleu(texts: Sequence[str], max_n: int = 4) -> float | None:
 #: (``benchmarks.analysis.study`` regenerates RESULTS.md's tables): a process keeps the scores
 @functools.lru_cache(maxsize=1 << 15)
 def _self_bleu(texts: tuple[str, ...], max_n: int) -> float:
-    toks = [word_tokens(t) for t in texts]
-    return sum(bleu(toks[i], toks[:i] + toks[i + 1 :], max_n) for i in range(len(toks))) / len(toks)
+    counted = [NgramCounts(word_tokens(t), max_n) for t in texts]  # once per text, not per pair
+    return sum(
+        _bleu(counted[i], counted[:i] + counted[i + 1 :], max_n) for i in range(len(counted))
+    ) / len(counted)
 
 
 def diversity(texts: Sequence[str]) -> float | None:

@@ -37,6 +37,7 @@ import logging
 import warnings
 from typing import Any, Mapping, Protocol, Sequence
 
+from .bleu import NgramCounts, sentence_bleu
 from .metrics import mean
 
 __all__ = [
@@ -92,12 +93,19 @@ SCORE_CACHE = 1 << 17
 
 @functools.lru_cache(maxsize=SCORE_CACHE)
 def bleu(reference: str, prediction: str) -> float:
-    """nltk's ``sentence_bleu([reference], prediction)`` on the strings: character n-grams."""
-    from nltk.translate.bleu_score import sentence_bleu
-
+    """nltk's ``sentence_bleu([reference], prediction)`` on the strings: character n-grams (the
+    same float, each text's n-grams counted once: ``bleu.sentence_bleu``)."""
     with warnings.catch_warnings():  # nltk warns when an n-gram order has no match (the score is 0)
         warnings.simplefilter("ignore", UserWarning)
-        return float(sentence_bleu([reference], prediction))
+        return float(
+            sentence_bleu([_char_ngrams(reference)], _char_ngrams(prediction), (0.25,) * 4)
+        )
+
+
+@functools.lru_cache(maxsize=SCORE_CACHE)
+def _char_ngrams(text: str) -> NgramCounts:
+    """A text's character 1- to 4-grams: the same reference is scored against many answers."""
+    return NgramCounts(text, 4)
 
 
 @functools.lru_cache(maxsize=1)
