@@ -426,9 +426,8 @@ def plan_edit(
         close("rollout", start)
 
         rollouts = _placeholder_rollouts(prompts, hp, workload.max_new_tokens)
-        objective = HPSEObjective(
-            executor, prompts, hp, stop_ids=[0], pad_id=0, captured=_captures_step(hp, model)
-        )
+        captured = _captures_step(hp, model)
+        objective = HPSEObjective(executor, prompts, hp, stop_ids=[0], pad_id=0, captured=captured)
         objective.use_rollouts(rollouts if hp.kl_weight > 0 else None)
         mem.mark()
         start = mem.live
@@ -457,7 +456,8 @@ def plan_edit(
         del weights_copy, decoder
         close("answers", start)
         peak = mem.peak
-    return _report(hp, workload, weights, phases, peak, layers)
+    # whether the training phase is the captured step's one pass over both terms' rows
+    return {**_report(hp, workload, weights, phases, peak, layers), "captured_step": captured}
 
 
 def _planned_per_pass(hp: Any, model: Any) -> int | None:

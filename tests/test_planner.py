@@ -150,6 +150,7 @@ def test_the_7b_plan_and_its_knobs():
     # on a card the file's compile_training: auto captures the step, whose one pass over both
     # terms' stacked rows holds more activations than the eager step's larger pass
     eager = plan_edit(hp.with_overrides({"compile_training": False}), WORKLOADS["mquake"], layers=6)
+    assert six["captured_step"] and not eager["captured_step"]
     assert six["phases"]["training"]["own_gib"] > eager["phases"]["training"]["own_gib"]
     assert eager["phases"]["rollout"] == six["phases"]["rollout"]
 
