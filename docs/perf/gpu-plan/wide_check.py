@@ -11,7 +11,10 @@ import sys
 from hpse_easyedit import HPSEHyperParams
 from hpse_easyedit.planner import WORKLOADS, plan_edit
 
-hp = HPSEHyperParams.from_hparams("hparams/HPSE/qwen2.5-7b.yaml")
+# the eager step on both devices (the file's compile_training: auto would capture it on meta only)
+hp = HPSEHyperParams.from_hparams("hparams/HPSE/qwen2.5-7b.yaml").with_overrides(
+    {"compile_training": False}
+)
 meta = plan_edit(hp, WORKLOADS["unkebench"], layers=2)
 real = plan_edit(hp, WORKLOADS["unkebench"], layers=2, device="cpu")
 json.dump(
