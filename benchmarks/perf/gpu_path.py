@@ -352,6 +352,7 @@ def planner_check(model: Any, tok: Any, hparams: Any, passage: str) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     from hpse_easyedit import hpse_edit, restore_weights
+    from hpse_easyedit.captured import training_mode
     from hpse_easyedit.editor import edit_prompts
     from hpse_easyedit.planner import GIB, Workload, plan_edit
 
@@ -383,7 +384,12 @@ def planner_check(model: Any, tok: Any, hparams: Any, passage: str) -> dict:
         student_prompt_tokens=len(prompts.student_ids),
         teacher_overhead_tokens=len(prompts.teacher_ids) - len(prompts.passage_ids),
     )
-    plan = plan_edit(hp.with_overrides({"model_name": hparams.model_name}), workload)
+    # the step the edit ran (compile_training: auto captures it on a card only)
+    captured = training_mode(hp.compile_training, model, hp.gradient_checkpointing)
+    plan = plan_edit(
+        hp.with_overrides({"model_name": hparams.model_name, "compile_training": captured}),
+        workload,
+    )
     predicted = max(
         plan["phases"][p]["peak_gib"] for p in ("trainable_state", "rollout", "training")
     )
