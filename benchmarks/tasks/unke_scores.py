@@ -98,13 +98,16 @@ def bleu(reference: str, prediction: str) -> float:
     with warnings.catch_warnings():  # nltk warns when an n-gram order has no match (the score is 0)
         warnings.simplefilter("ignore", UserWarning)
         return float(
-            sentence_bleu([_char_ngrams(reference)], _char_ngrams(prediction), (0.25,) * 4)
+            sentence_bleu([_reference_ngrams(reference)], NgramCounts(prediction, 4), (0.25,) * 4)
         )
 
 
-@functools.lru_cache(maxsize=SCORE_CACHE)
-def _char_ngrams(text: str) -> NgramCounts:
-    """A text's character 1- to 4-grams: the same reference is scored against many answers."""
+#: the references (passages, gold answers) are few and each is scored against many answers; an
+#: answer's counts are made once per score (``bleu`` keeps the score itself), so only a bounded
+#: number of references' counts, a few hundred kB each for a long passage, stay in memory
+@functools.lru_cache(maxsize=1024)
+def _reference_ngrams(text: str) -> NgramCounts:
+    """A reference's character 1- to 4-grams."""
     return NgramCounts(text, 4)
 
 
