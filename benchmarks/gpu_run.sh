@@ -10,8 +10,8 @@
 # once). Each step has a time limit (`<STEP>_S` seconds; 0 skips the step; a step still running 20 s
 # after its limit is killed), so that one that hangs does not cost the others their figures. The
 # defaults (gpu-path 400 s, smoke 170 s; perf and batched off) fit in one 10-minute call: on an H200
-# the smoke tests took 167 s and gpu-path's loading and rollouts about 4 min. perf and batched need
-# a call of their own:
+# gpu-path took 232 s (its first edit, compiling the captured step, 99 s of it), the smoke tests
+# 129-167 s, batched at B = 1 and 8 197 s. perf and batched need a call of their own:
 #
 #   OUT=runs/gpu benchmarks/gpu_run.sh
 #   GPU_PATH_S=0 SMOKE_S=0 BATCHED_S=500 BATCHED_B="1 8" OUT=runs/gpu benchmarks/gpu_run.sh

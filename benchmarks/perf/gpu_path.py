@@ -420,9 +420,11 @@ def gpu_figures(
     static one and the compiled static one (CUDA graphs on CUDA; the best of ``repeats`` after a
     first run that compiles), the seconds of one single-request edit with the file's rounds and
     inner steps (the edit's own loop, ``training.train_edit``, on the compiled static decode), and
-    the peak reserved memory plus the CUDA context; with ``profile``, where the time of a rollout
-    token and of an inner step goes (``kernel_profile``). ``partial`` is called with the figures so
-    far after the rollouts and after each edit (a step stopped at its time limit keeps them)."""
+    the peak reserved memory plus the CUDA context (and, in ``edit_peak_gib``, each edit's own
+    allocated and reserved peak, without the context); with ``profile``, where the time of a
+    rollout token and of an inner step goes (``kernel_profile``). ``partial`` is called with the
+    figures so far after the rollouts and after each edit (a step stopped at its time limit keeps
+    them)."""
     from transformers import AutoModelForCausalLM
 
     from hpse_easyedit import restore_weights
@@ -484,11 +486,16 @@ def gpu_figures(
         ("steady", hp),
         ("eager_step", hp.with_overrides({"compile_training": False})),
     ]
+    peaks: dict[str, dict[str, float]] = {}
+    overall_reserved = 0
     for name, settings in runs:
         executor = make_executor(model, settings)
         unedited = executor.weights_copy()
         objective = HPSEObjective(executor, prompts, settings, stop_ids=[], pad_id=0)
         sync(target)
+        if target.type == "cuda":  # each edit's own peak (the process's is kept beside it)
+            overall_reserved = max(overall_reserved, torch.cuda.max_memory_reserved(target))
+            torch.cuda.reset_peak_memory_stats(target)
         t0 = time.perf_counter()
         try:
             train_edit(executor, settings, objective, rounds=hp.rounds, inner_steps=hp.inner_steps)
@@ -499,6 +506,12 @@ def gpu_figures(
             continue
         finally:
             model = restore_weights(executor.model, unedited)
+        if target.type == "cuda":
+            peaks[name] = {
+                "allocated_gib": torch.cuda.max_memory_allocated(target) / 2**30,
+                "reserved_gib": torch.cuda.max_memory_reserved(target) / 2**30,
+            }
+            out["edit_peak_gib"] = peaks
         print(
             f"edit {name} ({settings.static_decode=}, {objective.captured=}): {edits[name]:.1f} s",
             file=sys.stderr,
@@ -513,7 +526,9 @@ def gpu_figures(
         free, total = torch.cuda.mem_get_info(target)
         context = total - free - torch.cuda.memory_reserved(target)
         out["gpu_name"] = torch.cuda.get_device_name(target)
-        out["gpu_peak_reserved_gib"] = (torch.cuda.max_memory_reserved(target) + context) / 2**30
+        reserved = max(overall_reserved, torch.cuda.max_memory_reserved(target))
+        out["gpu_context_gib"] = context / 2**30
+        out["gpu_peak_reserved_gib"] = (reserved + context) / 2**30
     return out
 
 
