@@ -77,11 +77,45 @@ def saved_tiny_model(tmp_path_factory):
     assert not changed, f"a test wrote into a shared saved tiny model: {changed}"
 
 
+def benchmark_corpus() -> tuple[str, ...]:
+    """Text like what the runner tests feed their tiny model: HPSE's prompt templates and, where
+    the benchmark data is found (``$HPSE_DATA_DIR``, else ``../shared/data``), the first ten
+    MQuAKE-uns cases and UnKEBench records and the first MMLU questions of each subject, read with
+    the runner's own loaders. A tokenizer trained on it cuts that text about a word a token, where
+    the tokenizer of ``CORPUS`` alone cuts a passage into three times as many (a tiny run's time
+    goes mostly into attention over those rows). Nothing of it is stored in the repository."""
+    import dataclasses
+
+    from hpse_easyedit import prompts
+
+    texts = [prompts.DEFAULT_SYSTEM, prompts.LLAMA_SYSTEM, prompts.PRIVILEGED_QUESTION]
+    data = Path(os.environ.get("HPSE_DATA_DIR", REPO.parent / "shared" / "data"))
+    if not data.is_dir():
+        return tuple(texts)
+    from benchmarks.tasks.datasets import load_mmlu_subset, load_mquake_uns, load_unkebench
+
+    def strings(value) -> list[str]:  # every string inside a case, in order
+        if isinstance(value, str):
+            return [value]
+        if isinstance(value, dict):
+            return [s for key in sorted(value) for s in strings(value[key])]
+        if isinstance(value, list | tuple):
+            return [s for v in value for s in strings(v)]
+        return []
+
+    for case in [*load_mquake_uns(data, limit=10), *load_unkebench(data, limit=10)]:
+        texts += strings(dict(case))
+    for item in load_mmlu_subset(data, n=57):
+        texts += strings(dataclasses.asdict(item))
+    return tuple(texts)
+
+
 @pytest.fixture(scope="session")
 def tiny_model(saved_tiny_model) -> Path:
-    """The tiny Llama (``make_tiny_model_and_tokenizer("llama")``: seed 0, std 0.02) saved once per
-    session: what the runner tests' hparams files point at (read-only, see ``saved_tiny_model``)."""
-    return saved_tiny_model("llama")
+    """The tiny Llama (``make_tiny_model_and_tokenizer("llama")``: seed 0, std 0.02; its tokenizer's
+    4,000 tokens trained on ``benchmark_corpus`` besides ``CORPUS``) saved once per session: what
+    the runner tests' hparams files point at (read-only, see ``saved_tiny_model``)."""
+    return saved_tiny_model("llama", vocab_size=4000, extra_corpus=benchmark_corpus())
 
 
 @pytest.fixture(scope="module")

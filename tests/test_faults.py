@@ -372,23 +372,23 @@ def test_an_unwritable_out_is_one_line_before_the_model_loads(
 
 # -------------------------------------------------------------------------------------- two writers
 @needs_data
-def test_a_second_run_into_the_same_directory_stops_at_once(tiny, tmp_path):
+def test_a_second_run_into_the_same_directory_stops_at_once(tiny, tmp_path, caplog, capsys):
     out = tmp_path / "run"
-    cmd = _cmd(tiny, out, "single")
     first = subprocess.Popen(
-        cmd, env=_env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        _cmd(tiny, out, "single"),
+        env=_env(tmp_path),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         deadline = time.time() + 120
         while not (out / "config.json").is_file() and time.time() < deadline:
             time.sleep(0.05)
-        # the first run is held mid-run (stopped: it keeps its writer lock) while the second starts,
-        # however long that start takes; it then goes on and finishes its cases
+        # the first run is held mid-run (stopped: it keeps its writer lock) while the second, the
+        # same command's entry point in this process, starts; it then goes on and finishes its cases
         first.send_signal(signal.SIGSTOP)
         try:
-            second = subprocess.run(
-                cmd, env=_env(tmp_path), capture_output=True, text=True, timeout=120
-            )
+            code = cli_main("mquake-uns", _args(tiny, out, "single"))
             still_editing = first.poll() is None
         finally:
             first.send_signal(signal.SIGCONT)
@@ -396,9 +396,10 @@ def test_a_second_run_into_the_same_directory_stops_at_once(tiny, tmp_path):
     finally:
         if first.poll() is None:
             first.kill()
-    lines = [x for x in second.stderr.splitlines() if "error" in x.lower()]
-    assert second.returncode == 2 and len(lines) == 1
-    assert f"process {first.pid} is writing into this directory" in lines[0]
+    assert code == 2
+    assert f"process {first.pid} is writing into this directory" in _one_line(
+        caplog, capsys, "error"
+    )
     ids = [json.loads(x)["case_id"] for x in (out / "results.jsonl").read_text().splitlines()]
     assert (
         len(ids) == len(set(ids)) == 3
@@ -483,10 +484,9 @@ def test_sigterm_is_one_line_saying_what_is_kept_and_the_same_command_resumes(
     assert proc.returncode == 128 + signal.SIGTERM and len(said) == 1, stderr.decode()[-2000:]
     assert said[0].startswith("interrupted: stopped by SIGTERM; ")
     assert f"recorded in {out}; run the same command again to resume" in said[0]
-    done = subprocess.run(
-        _cmd(tiny, out, "single"), env=_env(tmp_path), capture_output=True, text=True, timeout=600
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+    # the same command resumes (its entry point, in this process: the SIGKILL test's last resume
+    # is the one that starts a new interpreter)
+    assert cli_main("mquake-uns", _args(tiny, out, "single")) == 0
     assert _outcome(out) == reference["single"]
 
 
@@ -516,10 +516,7 @@ def test_a_kill_inside_a_snapshot_write_leaves_no_temporary_file(tiny, tmp_path,
     assert killed.returncode == -signal.SIGKILL
     left = list((out / "sequence-state").glob("*.tmp"))
     assert len(left) == 1 and left[0].stat().st_size == 0
-    done = subprocess.run(
-        _cmd(tiny, out, "sequential"), env=_env(tmp_path), capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert cli_main("mquake-uns", _args(tiny, out, "sequential")) == 0  # the same command
     assert not list(out.rglob("*.tmp"))
     assert _outcome(out) == reference["sequential"]
 
@@ -622,8 +619,7 @@ def test_a_save_killed_half_way_leaves_the_directory_as_it_was(tiny, tmp_path):
     assert killed.returncode == -signal.SIGKILL
     assert save.is_dir() and not list(save.iterdir())
     assert len(list(tmp_path.glob(".saved.partial-*"))) == 1  # what the killed save had written
-    done = subprocess.run(_edit_cmd(*args), env=_env(tmp_path), capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert edit_cli.main(args) == 0  # the same command (its entry point, in this process)
     assert _saved_whole(save)
 
 

@@ -122,15 +122,17 @@ def make_tiny_model_and_tokenizer(
     seed: int = 0,
     layers: int = 2,
     init_std: float = 0.02,
+    vocab_size: int = 400,
+    extra_corpus: Iterable[str] = (),
 ):
     """A tiny random causal LM of ``family`` and its tokenizer; saved to ``tmp_path`` when given.
 
     ``init_std`` > 0.02 gives peakier next-token distributions (used where a test needs real gate
-    decisions).
+    decisions). ``vocab_size`` and ``extra_corpus``: the tokenizer's (``make_tokenizer``).
     """
     from transformers import AutoModelForCausalLM
 
-    tok = make_tokenizer(family)
+    tok = make_tokenizer(family, vocab_size=vocab_size, extra_corpus=extra_corpus)
     config = make_config(family, tok, layers=layers, init_std=init_std)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
