@@ -234,7 +234,9 @@ def check_machine(hparams: Any) -> None:
 
     source = getattr(hparams, "_source", None) or "the hparams"
     cards = _cuda_indices(hparams)
-    if hparams.dtype == "bfloat16" and not torch.version.hip:
+    # the dtype load_model loads in (``torch_dtype``: every hparams object it takes, a baseline's
+    # model spec included, has it; only this package's files have the ``dtype`` string as well)
+    if hparams.torch_dtype is torch.bfloat16 and not torch.version.hip:
         for i in cards:
             major, minor = torch.cuda.get_device_capability(i)
             if major < 8:

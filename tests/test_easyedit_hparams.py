@@ -456,3 +456,24 @@ def test_unke_locality_data_that_cannot_be_read_is_refused_before_any_model_load
         HParamsError, match=r"locality source 'editevery' needs .*no-data.*HPSE_DATA_DIR"
     ):
         B.check_locality_data(load_hparams(HP / "UnKE" / "smollm2-135m.yaml"))
+
+
+def test_a_memit_file_loads_its_model_the_projects_way_on_cpu(tmp_path):
+    """``load_checked_model`` for a MEMIT/AlphaEdit hparams object (EasyEdit's fields plus the
+    adapter's options) loads the model in the options' dtype and checks the layers it names: the
+    machine check before the weights load reads the dtype the model spec carries (it once asked the
+    spec for the HPSE files' ``dtype`` string, which a baseline's spec does not have)."""
+    from types import SimpleNamespace
+
+    from hpse_easyedit.integrations.factory import load_checked_model
+
+    make_tiny_model_and_tokenizer("llama", tmp_path=tmp_path / "m")
+    easyedit = SimpleNamespace(
+        model_name=str(tmp_path / "m"), device="cpu", layers=[1], v_loss_layer=1
+    )
+    hp = B.LocateThenEditHParams("MEMIT", easyedit, B.AdapterOptions(dtype="float32"))
+    model, tok = load_checked_model(hp)
+    assert model.dtype == torch.float32 and model.config.num_hidden_layers == 2 and tok is not None
+    easyedit.layers = [5]  # beyond the tiny model's two layers: refused before any edit
+    with pytest.raises(HParamsError, match="layers"):
+        load_checked_model(hp)

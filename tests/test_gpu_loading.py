@@ -171,19 +171,21 @@ def test_compile_without_a_compiler_is_refused_before_the_weights_load(
     from hpse_easyedit.static_decode import compiler_problem
 
     _no_weights(monkeypatch)
-    monkeypatch.setattr(config.cpp, "cxx", ("no-such-c++-compiler",))
     compiler_problem.cache_clear()
+    # torch's own patch of its config (monkeypatch.setattr on the config's proxy is undone by
+    # deleting the key on pytest >= 9.2, which reads the old value from the instance's __dict__)
     try:
-        with pytest.raises(
-            HParamsError,
-            match=f"{named} but torch.compile builds CPU kernels with a "
-            "C\\+\\+ compiler, and none was found.*set " + key,
-        ) as err:
-            load_model(tiny_hparams(model_name=tiny_dir, **{key: value}))
-        assert "\n" not in str(err.value)
-        # auto never refuses: on CPU it is the eager path, which needs no compiler
-        with pytest.raises(_Loaded):
-            load_model(tiny_hparams(model_name=tiny_dir, **{key: "auto"}))
+        with config.patch({"cpp.cxx": ("no-such-c++-compiler",)}):
+            with pytest.raises(
+                HParamsError,
+                match=f"{named} but torch.compile builds CPU kernels with a "
+                "C\\+\\+ compiler, and none was found.*set " + key,
+            ) as err:
+                load_model(tiny_hparams(model_name=tiny_dir, **{key: value}))
+            assert "\n" not in str(err.value)
+            # auto never refuses: on CPU it is the eager path, which needs no compiler
+            with pytest.raises(_Loaded):
+                load_model(tiny_hparams(model_name=tiny_dir, **{key: "auto"}))
     finally:
         compiler_problem.cache_clear()
     monkeypatch.undo()
