@@ -157,18 +157,22 @@ def _rouge_l_recall(reference: list[str], prediction: list[str]) -> float:
 def _lcs_words(x: list[str], y: list[str]) -> set[str]:
     """The words of ``x`` on the longest common subsequence that ``rouge_score._recon_lcs`` walks
     back: a match goes diagonally, otherwise up where the cell above is strictly larger, else
-    left."""
+    left. Sentences without a common word have none (no table)."""
     n, m = len(x), len(y)
+    if set(y).isdisjoint(x):
+        return set()
     table = [[0] * (m + 1)]
-    for i in range(1, n + 1):
-        xi, above = x[i - 1], table[i - 1]
-        row = [0] * (m + 1)
-        for j in range(1, m + 1):
-            if xi == y[j - 1]:
-                row[j] = above[j - 1] + 1
+    for xi in x:
+        above, left = table[-1], 0
+        row = [0]
+        for j, yj in enumerate(y):  # row[j + 1] from above[j] (diagonal), above[j + 1] and left
+            if xi == yj:
+                left = above[j] + 1
             else:
-                up, left = above[j], row[j - 1]
-                row[j] = up if up > left else left
+                up = above[j + 1]
+                if up > left:
+                    left = up
+            row.append(left)
         table.append(row)
     words: set[str] = set()
     i, j = n, m
