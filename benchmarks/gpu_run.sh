@@ -15,6 +15,10 @@
 #
 #   OUT=runs/gpu benchmarks/gpu_run.sh
 #   GPU_PATH_S=0 SMOKE_S=0 BATCHED_S=500 BATCHED_B="1 8" OUT=runs/gpu benchmarks/gpu_run.sh
+#   GPU_PATH_S=550 SMOKE_S=0 GPU_PATH_ARGS=--profile OUT=runs/gpu benchmarks/gpu_run.sh
+#
+# GPU_PATH_ARGS: more options of gpu-path (--profile: where a rollout token's and a captured inner
+# step's time goes, kernels and the card's idle time).
 #
 # A machine without network: wheels of the packages its python lacks in .whl/ (installed to
 # /tmp/site; on the lent H100/H200 image: transformers 5.24, and pydantic with pydantic_core,
@@ -50,8 +54,9 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to $OUT/NAM
     timeout -k 20 "$limit" "$@" >"$OUT/$name.log" 2>&1
     echo "== $name: exit $? after $((SECONDS - t0)) s" | tee -a "$OUT/steps.txt"
 }
+# shellcheck disable=SC2086  # GPU_PATH_ARGS is a list of options
 step gpu_path "${GPU_PATH_S:-400}" "$PY" -m benchmarks gpu-path --device cuda --hparams "$FILE" \
-    --repeats 1 --out "$OUT/gpu_path.json"
+    --repeats 1 ${GPU_PATH_ARGS:-} --out "$OUT/gpu_path.json"
 step smoke "${SMOKE_S:-170}" "$PY" -m pytest -q -p no:cacheprovider -rs --durations=0 \
     tests/test_cuda_smoke.py
 step perf "${PERF_S:-0}" "$PY" -m benchmarks perf --hparams "$FILE" --random-config qwen2.5-7b \
