@@ -86,10 +86,10 @@ def benchmark_corpus() -> tuple[str, ...]:
     goes mostly into attention over those rows). Nothing of it is stored in the repository."""
     import dataclasses
 
+    from bench_helpers import DATA_DIR as data
     from hpse_easyedit import prompts
 
     texts = [prompts.DEFAULT_SYSTEM, prompts.LLAMA_SYSTEM, prompts.PRIVILEGED_QUESTION]
-    data = Path(os.environ.get("HPSE_DATA_DIR", REPO.parent / "shared" / "data"))
     if not data.is_dir():
         return tuple(texts)
     from benchmarks.tasks.datasets import load_mmlu_subset, load_mquake_uns, load_unkebench
