@@ -195,13 +195,21 @@ def _wait(pid: int, seconds: float) -> bool:
 def test_sigkill_at_random_points_then_resume(tiny, tmp_path, reference, mode):
     """Ten kills per mode, each at a random moment of a process that resumes what the killed one
     left (each process forked with the modules imported, ``_forked_run``, so that every kill lands
-    in the run); then the same command, a new process, finishes it."""
+    in the run); then the same command, a new process, finishes it. The moments are drawn within
+    the time one uninterrupted process of the run takes on this host, timed first (from well under
+    a second to several on the hosts seen), so that the kills land across the whole run on any
+    host rather than mostly after it ended."""
+    timed = tmp_path / "timed"
+    start = time.monotonic()
+    os.waitpid(_forked_run(tiny, timed, mode, tmp_path), 0)
+    span = time.monotonic() - start
+    assert _outcome(timed) == reference[mode]
     rng = random.Random(f"kill-{mode}")
     out, kills, started = tmp_path / "run", 0, 0
-    while kills < 10 and started < 30:
+    while kills < 10 and started < 40:
         pid = _forked_run(tiny, out, mode, tmp_path)
         started += 1
-        if not _wait(pid, rng.uniform(0.05, 2.0)):  # a run of the 3 cases takes about 2-3 s
+        if not _wait(pid, rng.uniform(0.02, span)):
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
             kills += 1
