@@ -206,13 +206,14 @@ def test_perf_report_times_coin_on_the_same_passage_with_the_same_step_budget(tm
         "--rollout-repeats",
         "1",
         "--no-isolated-memory",
-        "--decode-hparams",
-        "hparams/HPSE/smollm2-135m.yaml",
+        "--no-gpu-path",  # test_perf_report_on_tiny_model counts the GPU path
         "--coin",
         str(coin_path),
     ]
     assert perf_main(args) == 0
     report = json.loads(out.read_text())
+    assert report["gpu_path"] == {"skipped": "--no-gpu-path"}
+    assert report["decode_ops_per_token"] is None and report["decode_graph_breaks"] is None
     assert "isolated" not in report["memory"] and report["peak_rss_ratio_isolated"] is None
     assert report["coin"]["steps"] == 4  # the HPSE edit's rounds x inner steps, not the file's 99
     assert (

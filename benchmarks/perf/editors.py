@@ -167,6 +167,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--no-sdft", action="store_true", help="skip timing SDFT (TRL)")
     parser.add_argument(
+        "--no-gpu-path",
+        action="store_true",
+        help="skip the GPU path's figures (kernels and host syncs per decoded token at the "
+        "backbone of --decode-hparams, the static decode step's graph breaks, the planner check): "
+        "the editors' times alone",
+    )
+    parser.add_argument(
         "--no-isolated-memory",
         dest="isolated_memory",
         action="store_false",

@@ -506,7 +506,10 @@ def measure(args: argparse.Namespace) -> dict:
     # 8. the GPU path without a GPU: kernels and host syncs per decoded token at the backbone of
     # --decode-hparams, graph breaks of the static decode step, the planner against this model's
     # measured CPU edit (SmolLM2).
-    report["gpu_path"], model = _gpu_path(model, tok, hp, passage, args, on_gpu)
+    if args.no_gpu_path:
+        report["gpu_path"] = {"skipped": "--no-gpu-path"}
+    else:
+        report["gpu_path"], model = _gpu_path(model, tok, hp, passage, args, on_gpu)
     report["machine"]["load_average"]["end"] = list(os.getloadavg())
     return report
 

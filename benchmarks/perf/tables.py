@@ -32,9 +32,9 @@ def headline(report: dict) -> dict:
         "sequential_rss": seq.get("bytes_after"),
         "machine": report["machine"],
         "dtype": report["dtype"],
-        "decode_ops_per_token": gpu["static"]["ops_per_token"],
-        "decode_graph_breaks": gpu["static_graph_breaks"],
-        "decode_host_syncs_per_token": gpu["static"]["host_syncs_per_token"],
+        "decode_ops_per_token": gpu.get("static", {}).get("ops_per_token"),
+        "decode_graph_breaks": gpu.get("static_graph_breaks"),
+        "decode_host_syncs_per_token": gpu.get("static", {}).get("host_syncs_per_token"),
         "planner_error_smollm2": gpu.get("planner_smollm2", {}).get("error"),
         "gpu_peak_reserved_gib": ((mem["reserved"] + mem["context"]) / 1024**3)
         if "reserved" in mem
