@@ -118,10 +118,10 @@ def count_step(
 ) -> dict:
     """Kernels of one inner step (see the module docstring) on the backbone cut to ``layers``."""
     from benchmarks.perf.gpu_batched import _FusedAdamCount
-    from benchmarks.perf.gpu_path import OpCounter, _at_depth
+    from benchmarks.perf.meta_ops import OpCounter, at_depth
     from hpse_easyedit.training import inner_step
 
-    hp = _at_depth(hparams, layers).with_overrides(
+    hp = at_depth(hparams, layers).with_overrides(
         {"compile_training": captured, "lora_dropout": 0.0}
     )
     # eager: counted on the meta device (no arithmetic), as the GPU path's counts are; captured:
@@ -157,7 +157,7 @@ def _outside_graphs(objective: Any, executor: Any, optimizer: Any) -> int:
     replaced by an autograd function that hands back the graph's losses and gradients as they are
     (no kernels), counted by ``OpCounter``."""
     from benchmarks.perf.gpu_batched import _FusedAdamCount
-    from benchmarks.perf.gpu_path import OpCounter
+    from benchmarks.perf.meta_ops import OpCounter
     from hpse_easyedit.training import inner_step
 
     params = executor.trainable_parameters()
@@ -201,7 +201,7 @@ class _Standin:
         self.replay_ops = 0
 
     def step(self, student: Any) -> Any:
-        from benchmarks.perf.gpu_path import OpCounter
+        from benchmarks.perf.meta_ops import OpCounter
 
         for terms, grads in self.recorded:
             values = [v for _, v in terms.values()]

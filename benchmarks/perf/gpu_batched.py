@@ -52,14 +52,14 @@ from typing import Any, Sequence
 
 import torch
 
-from .gpu_path import (
+from .meta_ops import (
     H100,
     ROLLOUT,
     STUDENT_PROMPT,
     TEACHER_PROMPT,
     OpCounter,
-    _at_depth,
-    _meta_model,
+    at_depth,
+    meta_model,
     static_step_graph_breaks,
 )
 
@@ -214,8 +214,8 @@ def _one_depth(hparams: Any, layers: int, cases: int | None, rollout: int, passa
 
     from hpse_easyedit.planner import fused_attention_on_meta
 
-    model = _meta_model(hparams, layers)
-    hp = _at_depth(hparams, layers).with_overrides(
+    model = meta_model(hparams, layers)
+    hp = at_depth(hparams, layers).with_overrides(
         {"static_decode": True, "fast_decode": False, "lora_dropout": 0.0}
     )
     draw, batches, step, params = _engine(hp, model, cases, rollout, passage)
@@ -331,7 +331,7 @@ def _decode_bytes(hparams: Any, cases: int, context: float) -> dict:
     dtype (the input embedding only gathered unless tied to the head), every case's adapters in
     float32 (LoRA: the stacked forward casts the rows to the adapters' dtype), and the KV cache of
     the 2 x ``cases`` rows at ``context`` tokens."""
-    model = _meta_model(hparams, None)
+    model = meta_model(hparams, None)
     size = hparams.torch_dtype.itemsize
     embedding = model.get_input_embeddings().weight
     tied = embedding is model.get_output_embeddings().weight

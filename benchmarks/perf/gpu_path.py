@@ -39,11 +39,21 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from hpse_easyedit.cli import OneLineParser
 
 from .machine import sync
+from .meta_ops import (
+    H100,
+    ROLLOUT,
+    STUDENT_PROMPT,
+    TEACHER_PROMPT,
+    OpCounter,
+    at_depth,
+    kernel_op,
+    meta_executor,
+    static_step_graph_breaks,
+)
 
 __all__ = [
     "H100",
@@ -55,89 +65,6 @@ __all__ = [
     "roofline",
     "static_step_graph_breaks",
 ]
-
-#: the aten ops that read a device value on the host (besides a ``_to_copy`` to the CPU)
-HOST_READS = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default)
-#: ops that only re-describe a storage although their schema does not say so (no kernel runs)
-KERNEL_FREE = (torch.ops.aten._unsafe_view.default,)
-#: the card of the roofline: H100 SXM, HBM3 bandwidth and dense bf16 tensor-core peak (NVIDIA's data
-#: sheet)
-H100 = {"card": "H100 SXM", "bandwidth_gb_s": 3350.0, "bf16_tflops": 989.0}
-#: the rollout lengths of the roofline and the GPU run: UnKEBench's (planner.WORKLOADS)
-STUDENT_PROMPT, TEACHER_PROMPT, ROLLOUT = 37, 171 + 157, 128
-
-
-def _is_view(func: Any) -> bool:
-    """An op that only re-describes its input's storage (a view: no kernel runs), unlike an in-place
-    op."""
-    return any(r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns)
-
-
-def _kernel_op(func: Any) -> bool:
-    """Does the aten op ``func`` run a kernel: not a view and not ``KERNEL_FREE``?"""
-    return not _is_view(func) and func not in KERNEL_FREE
-
-
-class OpCounter(TorchDispatchMode):
-    """Counts aten ops that run a kernel (views and ``KERNEL_FREE`` excluded), by op, and host
-    reads; on the meta device a host read returns 0 (``nonzero``: nothing found)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops = self.host_reads = 0
-        self.by_op: collections.Counter = collections.Counter()
-
-    def __torch_dispatch__(
-        self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
-    ) -> Any:
-        if _kernel_op(func):
-            self.ops += 1
-            self.by_op[func.overloadpacket.__name__] += 1
-        to_host = func is torch.ops.aten._to_copy.default and (kwargs or {}).get(
-            "device"
-        ) == torch.device("cpu")
-        if (
-            to_host and args[0].device.type != "cpu"
-        ):  # a copy to the host (``.tolist()``, ``.cpu()``)
-            self.host_reads += 1
-            if args[0].device.type == "meta":
-                return torch.zeros(args[0].shape, dtype=kwargs.get("dtype") or args[0].dtype)
-        if func in HOST_READS:
-            self.host_reads += 1
-            if args[0].device.type == "meta":
-                return (
-                    0
-                    if func is HOST_READS[0]
-                    else torch.zeros(0, args[0].dim(), dtype=torch.long, device="meta")
-                )
-        return func(*args, **(kwargs or {}))
-
-
-def _at_depth(hparams: Any, layers: int) -> Any:
-    """``hparams`` for the backbone cut to ``layers`` layers (FT-M trains the last of them)."""
-    return hparams.with_overrides({"ftm_layer": min(hparams.ftm_layer, layers - 1)})
-
-
-def _meta_model(hparams: Any, layers: int | None) -> Any:
-    """``hparams``' backbone (cut to ``layers`` layers) on the meta device, in eval mode."""
-    from transformers import AutoModelForCausalLM
-
-    from hpse_easyedit.planner import backbone_config
-
-    config = backbone_config(hparams.model_name, layers)
-    with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config, dtype=hparams.torch_dtype).eval()
-
-
-def _meta_executor(hparams: Any, layers: int | None, cases: int | None = None) -> Any:
-    """The executor of ``hparams`` around its backbone (cut to ``layers`` layers) on the meta
-    device; with ``cases``, the batched engine's stacked executor for that many cases."""
-    from hpse_easyedit.executors import make_executor
-    from hpse_easyedit.executors.stacked import make_stacked
-
-    model = _meta_model(hparams, layers)
-    hp = _at_depth(hparams, model.config.num_hidden_layers)
-    return make_executor(model, hp) if cases is None else make_stacked(model, hp, cases)
 
 
 def _requests(count: int) -> list[tuple[list[int], list[int]]]:
@@ -151,7 +78,7 @@ def _rollout_counts(
     from hpse_easyedit.planner import fused_attention_on_meta
     from hpse_easyedit.rollout import batched_hybrid_rollout, batched_hybrid_rollouts
 
-    executor = _meta_executor(hparams, layers)
+    executor = meta_executor(hparams, layers)
     gate = dict(
         tau=hparams.tau,
         kappa=hparams.kappa,
@@ -239,7 +166,7 @@ def _compiled_step_kernels(hparams: Any, layers: int, vocab: int) -> int:
     config.vocab_size = vocab
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=hparams.torch_dtype).eval()
-    executor = make_executor(model, _at_depth(hparams, layers))
+    executor = make_executor(model, at_depth(hparams, layers))
     decoder = StaticDecoder(executor.model, [[7] * 30, [9] * 60], 0, 8)
     with torch.no_grad(), executor.row_switch(torch.tensor([False, True])):
         tokens = decoder.prefill().argmax(-1).view(2, 1)
@@ -273,22 +200,6 @@ def compiled_decode_kernels(hparams: Any, vocab: int = 512) -> dict:
     }
 
 
-def static_step_graph_breaks(hparams: Any, layers: int = 2, cases: int | None = None) -> int:
-    """Graph breaks ``torch._dynamo.explain`` finds in one static decode step of the backbone cut to
-    ``layers`` layers, with the executor's row switch on (meta device); with ``cases``, the batched
-    engine's step: that many cases' student rows, each on its own adapter, and their teachers."""
-    from hpse_easyedit.static_decode import StaticDecoder
-
-    executor = _meta_executor(hparams, layers, cases)
-    rows = cases or 1
-    switch = executor.row_switch if cases is None else executor.row_switch_for(list(range(rows)))
-    decoder = StaticDecoder(executor.model, [[7] * 30] * rows + [[9] * 60] * rows, 0, 8)
-    with torch.no_grad(), switch(torch.tensor([False] * rows + [True] * rows)):
-        tokens = decoder.prefill().argmax(-1).view(2 * rows, 1)
-        torch._dynamo.reset()
-        return torch._dynamo.explain(decoder.step)(tokens).graph_break_count
-
-
 def roofline(hparams: Any, requests: int = 1) -> dict:
     """The H100 floor of one decode step of ``requests`` requests (student and teacher rows each) of
     ``hparams``' backbone at full depth, at UnKEBench's lengths: the bytes it reads over the
@@ -298,7 +209,7 @@ def roofline(hparams: Any, requests: int = 1) -> dict:
 
     from hpse_easyedit.static_decode import StaticDecoder
 
-    executor = _meta_executor(hparams, None)
+    executor = meta_executor(hparams, None)
     model = executor.model
     config = model.config.get_text_config(decoder=True)
     dtype_bytes = hparams.torch_dtype.itemsize
@@ -441,7 +352,7 @@ def gpu_figures(
     torch.manual_seed(0)
     with target:
         model = AutoModelForCausalLM.from_config(config, dtype=hparams.torch_dtype).eval()
-    hp = _at_depth(hparams, config.num_hidden_layers).with_overrides({"max_new_tokens": ROLLOUT})
+    hp = at_depth(hparams, config.num_hidden_layers).with_overrides({"max_new_tokens": ROLLOUT})
     if target.type == "cuda":
         torch.cuda.reset_peak_memory_stats(target)
     executor = make_executor(model, hp)
@@ -687,7 +598,7 @@ def kernel_profile(run: Callable[[], int], device: torch.device, top: int = 12) 
 
 
 def _runs_a_kernel(name: str) -> bool:
-    """Is the profiled CPU event ``name`` an aten op that runs a kernel (``_kernel_op``)?"""
+    """Is the profiled CPU event ``name`` an aten op that runs a kernel (``kernel_op``)?"""
     if not name.startswith("aten::"):
         return False
     packet = getattr(torch.ops.aten, name.removeprefix("aten::"), None)
@@ -695,7 +606,7 @@ def _runs_a_kernel(name: str) -> bool:
         func = getattr(packet, packet.overloads()[0])
     except (AttributeError, IndexError, RuntimeError):
         return True
-    return _kernel_op(func)
+    return kernel_op(func)
 
 
 def _cpu_figures(path: Path, compiled: bool) -> dict:
