@@ -296,7 +296,7 @@ def batched_counts(
             op: _scaled(by2.get(op, 0), by3.get(op, 0), depth) / n for op in by2.keys() | by3
         }
         out[f"{name}_top_ops_per_case"] = dict(
-            sorted(((k, v) for k, v in per_case.items() if v), key=lambda kv: -kv[1])[:10]
+            sorted(((k, v) for k, v in per_case.items() if v), key=lambda kv: (-kv[1], kv[0]))[:10]
         )
     return out
 
