@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 PYTEST_WORKERS ?= auto
 PYTEST := HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal
 
-.PHONY: demo test test-fast test-easyedit-env lint install clean-venv
+.PHONY: demo test test-fast test-avx2 test-easyedit-env lint install clean-venv
 
 install: $(STAMP)
 
@@ -39,6 +39,16 @@ test: $(STAMP)
 # the tests not marked slow: about a minute on 2 cores
 test-fast: $(STAMP)
 	$(PYTEST) -m "not slow" $(PYTEST_ARGS) tests
+
+# every test again on AVX2's kernels where the CPU has AVX-512 (torch's, oneDNN's and MKL's kernel
+# choice capped at AVX2: other bfloat16 and float32 rounding, and a bfloat16 matmul several times
+# slower, as on an AVX2-only host), so a result that holds only on one host's kernels fails here;
+# inductor's compiled kernels go to a cache of their own, since its key does not hold the cap and
+# AVX-512 kernels compiled earlier on this machine would be loaded (and crash)
+AVX2_ENV := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 \
+	TORCHINDUCTOR_CACHE_DIR=$${TMPDIR:-/tmp}/torchinductor-avx2-$$(id -u)
+test-avx2: $(STAMP)
+	$(AVX2_ENV) $(PYTEST) $(PYTEST_ARGS) tests
 
 # The tests that depend on transformers' internals (the static decode, the captured step, the
 # 7B-9B rehearsal, CUDA, EasyEdit) again in a second venv with the [easyedit] extra, whose
