@@ -59,7 +59,43 @@ QUICK = dict(
 )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _add_beside(parser: OneLineParser) -> None:
+    """The options of what is timed beside the HPSE edit: EasyEdit's LoRA, COIN*, SDFT (TRL) and the
+    GPU path's figures."""
+    parser.add_argument(
+        "--easyedit-lora-steps",
+        type=int,
+        default=None,
+        help="override num_steps of EasyEdit's LoRA file (default: the file's 70)",
+    )
+    parser.add_argument(
+        "--no-easyedit", action="store_true", help="skip timing EasyEdit's LoRA editor"
+    )
+    parser.add_argument(
+        "--coin",
+        metavar="FILE",
+        help="COIN* hparams to time on the same passage "
+        "(default: hparams/COIN/<the --hparams file's name>)",
+    )
+    parser.add_argument("--no-coin", action="store_true", help="skip timing COIN*")
+    parser.add_argument(
+        "--sdft",
+        metavar="FILE",
+        help="SDFT (TRL) hparams to time on the same passage and budget "
+        "(default: hparams/SDFT/<the --hparams file's name>; needs the trl extra)",
+    )
+    parser.add_argument("--no-sdft", action="store_true", help="skip timing SDFT (TRL)")
+    parser.add_argument(
+        "--no-gpu-path",
+        action="store_true",
+        help="skip the GPU path's figures (kernels and host syncs per decoded token at the "
+        "backbone of --decode-hparams, the static decode step's graph breaks, the planner check): "
+        "the editors' times alone",
+    )
+
+
+def _parser() -> OneLineParser:
+    """The perf command's options."""
     parser = OneLineParser(prog="python -m benchmarks perf", description=__doc__.split("\n")[0])
     parser.add_argument(
         "--hparams", default=str(REPO / "hparams" / "HPSE" / "smollm2-135m.yaml"), help="HPSE YAML"
@@ -143,36 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--mmlu-batch-size", type=int, default=4, help="MMLU batch size (the runner's default)"
     )
-    parser.add_argument(
-        "--easyedit-lora-steps",
-        type=int,
-        default=None,
-        help="override num_steps of EasyEdit's LoRA file (default: the file's 70)",
-    )
-    parser.add_argument(
-        "--no-easyedit", action="store_true", help="skip timing EasyEdit's LoRA editor"
-    )
-    parser.add_argument(
-        "--coin",
-        metavar="FILE",
-        help="COIN* hparams to time on the same passage "
-        "(default: hparams/COIN/<the --hparams file's name>)",
-    )
-    parser.add_argument("--no-coin", action="store_true", help="skip timing COIN*")
-    parser.add_argument(
-        "--sdft",
-        metavar="FILE",
-        help="SDFT (TRL) hparams to time on the same passage and budget "
-        "(default: hparams/SDFT/<the --hparams file's name>; needs the trl extra)",
-    )
-    parser.add_argument("--no-sdft", action="store_true", help="skip timing SDFT (TRL)")
-    parser.add_argument(
-        "--no-gpu-path",
-        action="store_true",
-        help="skip the GPU path's figures (kernels and host syncs per decoded token at the "
-        "backbone of --decode-hparams, the static decode step's graph breaks, the planner check): "
-        "the editors' times alone",
-    )
+    _add_beside(parser)
     parser.add_argument(
         "--no-isolated-memory",
         dest="isolated_memory",
@@ -210,6 +217,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--out", help="write the JSON report here (refuses to overwrite an existing file)"
     )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.quick:
         args.set = QUICK["overrides"] + args.set
