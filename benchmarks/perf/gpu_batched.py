@@ -61,6 +61,7 @@ from .meta_ops import (
     at_depth,
     meta_model,
     static_step_graph_breaks,
+    top_ops,
 )
 
 __all__ = [
@@ -295,9 +296,7 @@ def batched_counts(
         per_case = {
             op: _scaled(by2.get(op, 0), by3.get(op, 0), depth) / n for op in by2.keys() | by3
         }
-        out[f"{name}_top_ops_per_case"] = dict(
-            sorted(((k, v) for k, v in per_case.items() if v), key=lambda kv: (-kv[1], kv[0]))[:10]
-        )
+        out[f"{name}_top_ops_per_case"] = top_ops(per_case, 10)
     return out
 
 

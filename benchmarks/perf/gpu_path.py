@@ -53,6 +53,7 @@ from .meta_ops import (
     kernel_op,
     meta_executor,
     static_step_graph_breaks,
+    top_ops,
 )
 
 __all__ = [
@@ -136,9 +137,7 @@ def decode_counts(hparams: Any, static: bool, requests: int = 1) -> dict:
         "ops_per_step": step,
         "ops_per_token": step / requests,
         "host_syncs_per_token": per_step[2][1] / requests,
-        "top_ops_per_token": dict(
-            sorted(((k, v) for k, v in ops.items() if v), key=lambda kv: (-kv[1], kv[0]))[:8]
-        ),
+        "top_ops_per_token": top_ops(ops, 8),
     }
 
 

@@ -27,6 +27,7 @@ __all__ = [
     "meta_executor",
     "meta_model",
     "static_step_graph_breaks",
+    "top_ops",
 ]
 
 #: the aten ops that read a device value on the host (besides a ``_to_copy`` to the CPU)
@@ -127,3 +128,12 @@ def static_step_graph_breaks(hparams: Any, layers: int = 2, cases: int | None = 
         tokens = decoder.prefill().argmax(-1).view(2 * rows, 1)
         torch._dynamo.reset()
         return torch._dynamo.explain(decoder.step)(tokens).graph_break_count
+
+
+def top_ops(counts: dict[str, float], n: int) -> dict[str, float]:
+    """The ``n`` ops of ``counts`` (op name -> count) with the largest nonzero counts, largest
+    first; a tie goes by the op's name, so the list does not move with the order the names came
+    in."""
+    return dict(
+        sorted(((k, v) for k, v in counts.items() if v), key=lambda kv: (-kv[1], kv[0]))[:n]
+    )
