@@ -12,6 +12,7 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -55,10 +56,20 @@ def tiny_files(tiny_model):
     return {"hpse.yaml": HPARAMS.format(model=tiny_model)}
 
 
-@pytest.fixture(autouse=True)
-def _isolated(monkeypatch, tmp_path):
+def _isolate(monkeypatch, tmp_path):
+    """No judge, no waiting on a full disk, and the system's temporary directory (where records or
+    an edit that could not be written are saved whole) inside the test's own: nothing is left in
+    /tmp."""
     isolate_judge_env(monkeypatch, tmp_path)
     monkeypatch.setenv("HPSE_DISK_FULL_WAIT", "0")
+    aside = tmp_path / "tmp"
+    aside.mkdir(exist_ok=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(aside))
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch, tmp_path):
+    _isolate(monkeypatch, tmp_path)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -259,8 +270,7 @@ def _count_calls(monkeypatch, tiny, tmp_path, points, mode):
     calls = {point: _full_disk_once(monkeypatch, *point, at=0) for point in points}
     run_benchmark(_opts(tiny, tmp_path / "count", mode))
     monkeypatch.undo()
-    isolate_judge_env(monkeypatch, tmp_path)
-    monkeypatch.setenv("HPSE_DISK_FULL_WAIT", "0")
+    _isolate(monkeypatch, tmp_path)
     return {point: n[0] for point, n in calls.items()}
 
 
@@ -291,9 +301,9 @@ def test_a_full_disk_at_every_write_point_loses_no_case(
                 assert "finished record(s) were saved whole to" in str(info.value)
                 kept = Path(str(info.value).split("saved whole to ")[1].split(":")[0])
                 assert kept.is_file() and kept.read_text().count("\n") >= 1
+                assert kept.parent == tmp_path / "tmp"
             monkeypatch.undo()
-            isolate_judge_env(monkeypatch, tmp_path)
-            monkeypatch.setenv("HPSE_DISK_FULL_WAIT", "0")
+            _isolate(monkeypatch, tmp_path)
             run_benchmark(_opts(tiny, out, mode))
             assert _outcome(out) == reference[mode], (attr, at)
             tried += 1
@@ -347,6 +357,7 @@ def test_save_on_a_full_disk_keeps_the_edit_whole_elsewhere(
     err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error")]
     assert code == 2 and len(err) == 1 and "the edit was saved whole to" in err[0]
     fallback = Path(err[0].split("saved whole to ")[1].split(" instead")[0])
+    assert fallback.parent == tmp_path / "tmp"
     assert sorted(p.name for p in fallback.iterdir()) == ["adapter", "edit.json", "hparams.yaml"]
     assert not list(save.iterdir())  # nothing half-written; the same command may save there again
 
@@ -449,7 +460,7 @@ def test_ctrl_c_at_every_stage_is_one_line_and_the_same_command_resumes(
         capsys.readouterr()
         code = cli_main("mquake-uns", _args(tiny, out, mode))
         monkeypatch.undo()
-        isolate_judge_env(monkeypatch, tmp_path)
+        _isolate(monkeypatch, tmp_path)
         if (
             not calls[0] >= at
         ):  # a stage this mode does not reach that often (single mode has no checkpoint)

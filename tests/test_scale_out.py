@@ -223,6 +223,7 @@ def _env(tmp_path):
         OMP_NUM_THREADS="1",
         HF_HOME=str(tmp_path / "hf"),
         HF_HUB_OFFLINE="1",
+        TMPDIR=str(tmp_path),  # torchrun's own temporary files stay in the test's directory
     )
     return env
 
