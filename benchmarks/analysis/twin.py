@@ -4,7 +4,8 @@ round's token ids, and the first round's alone), identical step-ins and identica
 first difference of each differing case sits, and the paired Avg difference with its 95% interval
 (which must contain 0 when the two ways compute the same edits up to float rounding).
 
-    python -m benchmarks twin docs/study/mquake-uns/mq-hpse docs/study/mquake-uns/mq-hpse-b4 --limit 20
+    python -m benchmarks twin docs/study/mquake-uns/mq-hpse docs/study/mquake-uns/mq-hpse-b4 \\
+        --limit 20
 """
 
 from __future__ import annotations
