@@ -183,7 +183,7 @@ def test_results_md_agrees_with_the_committed_runs(tmp_path):
         :2
     ]
     altered = text.replace(
-        "in single editing (-8.2 [-13.5, -3.2]", f"in single editing (+{low} [+1.1, +{high}]", 1
+        "in single editing (-4.4 [-7.2, -1.7]", f"in single editing (+{low} [+1.1, +{high}]", 1
     )
     assert altered != text
     problems = check(altered, find_blocks(altered), generated)
