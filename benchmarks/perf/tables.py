@@ -3,6 +3,7 @@ and the table."""
 
 from __future__ import annotations
 
+from ..markdown import md_row
 from .machine import MATMUL_OPS
 
 __all__ = ["headline", "table"]
@@ -194,7 +195,7 @@ def table(report: dict) -> str:
             )
         )
     width = max(len(r[0]) for r in rows)
-    return "\n".join(f"| {k:<{width}} | {v} |" for k, v in rows)
+    return "\n".join(md_row((f"{k:<{width}}", v)) for k, v in rows)
 
 
 def _load_text(machine: dict) -> str:
