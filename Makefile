@@ -36,7 +36,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PYTEST) $(PYTEST_ARGS) tests
 
-# the tests not marked slow: about a minute on 2 cores
+# the tests not marked slow: about half a minute on 2 cores (README, Tests)
 test-fast: $(STAMP)
 	$(PYTEST) -m "not slow" $(PYTEST_ARGS) tests
 
