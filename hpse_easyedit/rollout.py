@@ -29,14 +29,12 @@ from .static_decode import compile_step, decode_mode, kept_decoder
 __all__ = [
     "DECODE_ROUTES",
     "Rollout",
-    "accepts_keyword",
     "batched_hybrid_rollout",
     "batched_hybrid_rollouts",
     "decode_route",
     "draw_rollout",
     "draw_rollouts",
     "hybrid_rollout",
-    "input_device",
 ]
 
 
