@@ -77,3 +77,27 @@ def test_command_line_mistakes_are_one_line(tmp_path, capsys):
     assert main(["--run", "x", a, "--run", "y", str(tmp_path / "nope"), "--reference", "x"]) == 2
     err = capsys.readouterr().err
     assert "nope" in err and len(err.strip().splitlines()) == 1
+
+
+def test_first_compares_the_sequences_every_variant_ran(tmp_path, capsys):
+    # ours went on to a second sequence of 2; nohp ran only the first
+    ours = _run(tmp_path / "ours", 2, [(1.0, 0.0), (1.0, 0.0), (0.0, 0.0), (1.0, 1.0)], [0.1])
+    nohp = _run(tmp_path / "nohp", 2, [(0.0, 0.0), (1.0, 0.0)], [0.0])
+    with pytest.raises(ValueError, match="hold different cases"):
+        variant_rows([("w/o HP", nohp), ("Ours", ours)], "Ours")
+    rows = variant_rows([("w/o HP", nohp), ("Ours", ours)], "Ours", resamples=100, first=2)
+    assert [r["cases"] for r in rows] == [2, 2] and [r["sequences"] for r in rows] == [1, 1]
+    assert rows[0]["diff"] == pytest.approx(-25.0) and rows[1]["Avg"] == pytest.approx(50.0)
+    assert "2 cases in every run (of them the runs hold: Ours 4)" in variants_table(rows)
+    args = ["--run", "w/o HP", nohp, "--run", "Ours", ours, "--reference", "Ours"]
+    assert main([*args, "--first", "2"]) == 0
+    assert (
+        "| Ours † | 2 | 1 | 2 | 100.0 | 0.0 | 50.0 | 50.0 | (reference) |"
+        in capsys.readouterr().out
+    )
+    assert main([*args, "--first", "3"]) == 2  # cuts a sequence
+    assert "--first 3 cuts a sequence of 2 cases" in capsys.readouterr().err
+    assert main([*args, "--first", "4"]) == 2  # more than nohp ran
+    assert "holds 2 cases; finish it on at least --limit 4" in capsys.readouterr().err
+    assert main([*args, "--first", "0"]) == 2
+    assert "--first must be >= 1" in capsys.readouterr().err

@@ -13,7 +13,9 @@ of the mean) and its step-in rate per round (the share of rollout tokens where t
 in, averaged over the cases; ``-`` for a run without rollouts). Where the runs are
 ``--sequential``, the table also gives T, the number of sequences and the Avg of each sequence.
 The runs must be at one T; single-editing runs are compared on the cases they all hold (the line
-above the table says how many each run holds), sequences must hold the same cases.
+above the table says how many each run holds), sequences must hold the same cases. ``--first N``
+reads every run's first N cases in data order only (for sequences a multiple of T), e.g. the
+sequences that every variant ran when some have gone on to more.
 """
 
 from __future__ import annotations
@@ -37,12 +39,14 @@ def variant_rows(
     *,
     resamples: int = 10000,
     seed: int = 0,
+    first: int | None = None,
 ) -> list[dict]:
     """One dict per ``(label, run directory)``: its label, T, sequences, cases, metrics, Avg, Avg
     per sequence, step-in rate per round and, but for the reference, its paired Avg difference from
-    the reference with the interval."""
+    the reference with the interval. ``first``: each run's first N cases in data order only (None:
+    all of them)."""
     from ..tasks.metrics import stepin_rate_by_round
-    from .continual import _case_avg, _run, run_row
+    from .continual import _case_avg, _first, _run, run_row
     from .stats import bootstrap_ci
 
     labels = [label for label, _ in runs]
@@ -51,6 +55,20 @@ def variant_rows(
     if reference not in labels:
         raise UsageError(f"--reference {reference!r} is none of the --run labels {labels}")
     loaded = [(label, path, *_run(path)) for label, path in runs]
+    held = {label: len(recs) for label, _, _, _, recs in loaded}
+    if first is not None:
+        for _, path, _, t, recs in loaded:
+            if first % t:
+                raise UsageError(
+                    f"--first {first} cuts a sequence of {t} cases of {path}; "
+                    f"give a multiple of {t}"
+                )
+            if len(recs) < first:
+                raise UsageError(
+                    f"--first {first}: {path} holds {len(recs)} cases; finish it on at least "
+                    f"--limit {first}"
+                )
+        loaded = [(label, path, b, t, _first(recs, first)) for label, path, b, t, recs in loaded]
     _, ref_path, benchmark, T, ref_recs = next(r for r in loaded if r[0] == reference)
     common = set(ref_recs)
     for _, path, bench, t, recs in loaded:
@@ -73,7 +91,7 @@ def variant_rows(
     for label, _, _, _, recs in loaded:
         row = {
             **run_row(task, label, T, recs, ids),
-            "held": len(recs),
+            "held": held[label],
             "stepin": stepin_rate_by_round([recs[c] for c in ids]),
             "reference": label == reference,
         }
@@ -154,13 +172,26 @@ def _main(argv: Sequence[str]) -> int:
     parser.add_argument(
         "--column", default="run", help="the heading of the label column (default: run)"
     )
+    parser.add_argument(
+        "--first",
+        type=int,
+        metavar="N",
+        help="read every run's first N cases in data order only (for sequences a multiple of T); "
+        "default: all the cases the runs hold",
+    )
     add_reading_arguments(parser)
     args = parser.parse_args(argv)
     check_positive("--resamples", args.resamples)
+    check_positive("--first", args.first)
     if len(args.run) < 2:
         raise UsageError(f"{len(args.run)} --run; give at least two, one of them the --reference")
     try:
-        rows = variant_rows([tuple(r) for r in args.run], args.reference, resamples=args.resamples)
+        rows = variant_rows(
+            [tuple(r) for r in args.run],
+            args.reference,
+            resamples=args.resamples,
+            first=args.first,
+        )
     except ValueError as err:  # a run directory that is not what the tool reads
         raise UsageError(str(err)) from None
     print(variants_table(rows, args.column))
