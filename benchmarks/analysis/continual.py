@@ -37,7 +37,15 @@ from ..tasks.task import TASKS
 from .recitation import CUTS
 from .runs import add_reading_arguments
 
-__all__ = ["UNKE_COLUMNS", "continual_rows", "continual_table", "main", "plot_continual", "run_row"]
+__all__ = [
+    "UNKE_COLUMNS",
+    "check_whole_sequences",
+    "continual_rows",
+    "continual_table",
+    "main",
+    "plot_continual",
+    "run_row",
+]
 
 #: UnKE's own judge-free metrics in the table and the figure with ``--unke`` (``benchmarks.
 #: unke_scores``): (column, group, metric) in percent
@@ -77,6 +85,15 @@ def _first(recs: dict[str, dict], n: int | None) -> dict[str, dict]:
     if n is None:
         return recs
     return dict(sorted(recs.items(), key=lambda kv: kv[1].get("index", 0))[:n])
+
+
+def check_whole_sequences(n: int, T: int, path: str) -> None:
+    """``UsageError`` unless ``--first n`` keeps whole sequences of ``T`` cases of the run at
+    ``path`` (``continual`` and ``variants``)."""
+    if n % T:
+        raise UsageError(
+            f"--first {n} cuts a sequence of {T} cases of {path}; give a multiple of {T}"
+        )
 
 
 def _per_sequence_metrics(task, records: Sequence[Mapping], T: int) -> dict[str, list[float]]:
@@ -141,11 +158,7 @@ def continual_rows(
                 "one benchmark at one T"
             )
         if n is not None:
-            if n % b_T:
-                raise UsageError(
-                    f"--first {n} cuts a sequence of {b_T} "
-                    f"cases of {base}; give a multiple of {b_T}"
-                )
+            check_whole_sequences(n, b_T, base)
             if min(len(b_recs), len(h_recs)) < n:
                 raise UsageError(
                     f"--first {n}: {base} holds {len(b_recs)} cases and {hpse} {len(h_recs)}; "

@@ -46,7 +46,7 @@ def variant_rows(
     the reference with the interval. ``first``: each run's first N cases in data order only (None:
     all of them)."""
     from ..tasks.metrics import stepin_rate_by_round
-    from .continual import _case_avg, _first, _run, run_row
+    from .continual import _case_avg, _first, _run, check_whole_sequences, run_row
     from .stats import bootstrap_ci
 
     labels = [label for label, _ in runs]
@@ -58,11 +58,7 @@ def variant_rows(
     held = {label: len(recs) for label, _, _, _, recs in loaded}
     if first is not None:
         for _, path, _, t, recs in loaded:
-            if first % t:
-                raise UsageError(
-                    f"--first {first} cuts a sequence of {t} cases of {path}; "
-                    f"give a multiple of {t}"
-                )
+            check_whole_sequences(first, t, path)
             if len(recs) < first:
                 raise UsageError(
                     f"--first {first}: {path} holds {len(recs)} cases; finish it on at least "
