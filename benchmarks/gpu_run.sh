@@ -5,20 +5,23 @@
 # edit first (compiling the captured inner step), at steady state and with the eager step; its JSON
 # is rewritten after each part), then the CUDA smoke tests (float32 tokens against the CPU's; bf16
 # LoRA and FT-M edits with the compiled decode and the captured inner step; 20 sequential edits
-# whose allocated and reserved memory must stop growing); and, when given a time, `perf
+# whose allocated and reserved memory must stop growing; bf16 LoRA edits with the captured step
+# under CUDA graphs, `compile_training: graphs`); and, when given a time, `perf
 # --random-config` and `perf-batched --random-config` (cases per hour of B one-request edits at
 # once). Each step has a time limit (`<STEP>_S` seconds; 0 skips the step; a step still running 20 s
 # after its limit is killed), so that one that hangs does not cost the others their figures. The
-# defaults (gpu-path 400 s, smoke 170 s; perf and batched off) fit in one 10-minute call: on an H200
+# defaults (gpu-path 340 s, smoke 230 s; perf and batched off) fit in one 10-minute call: on an H200
 # gpu-path took 232 s (its first edit, compiling the captured step, 99 s of it), the smoke tests
-# 129-167 s, batched at B = 1 and 8 197 s. perf and batched need a call of their own:
+# 129-167 s before the CUDA-graphs test was added, batched at B = 1 and 8 197 s. perf and batched
+# need a call of their own:
 #
 #   OUT=runs/gpu benchmarks/gpu_run.sh
 #   GPU_PATH_S=0 SMOKE_S=0 BATCHED_S=500 BATCHED_B="1 8" OUT=runs/gpu benchmarks/gpu_run.sh
-#   GPU_PATH_S=550 SMOKE_S=0 GPU_PATH_ARGS=--profile OUT=runs/gpu benchmarks/gpu_run.sh
+#   GPU_PATH_S=550 SMOKE_S=0 GPU_PATH_ARGS="--profile --graphs" OUT=runs/gpu benchmarks/gpu_run.sh
 #
 # GPU_PATH_ARGS: more options of gpu-path (--profile: where a rollout token's and a captured inner
-# step's time goes, kernels and the card's idle time).
+# step's time goes, kernels and the card's idle time; --graphs: also a first and a steady-state
+# edit with the captured step under CUDA graphs, `compile_training: graphs`).
 #
 # A machine without network: wheels of the packages its python lacks in .whl/ (installed to
 # /tmp/site; on the lent H100/H200 image: transformers 5.24, and pydantic with pydantic_core,
@@ -55,9 +58,9 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to $OUT/NAM
     echo "== $name: exit $? after $((SECONDS - t0)) s" | tee -a "$OUT/steps.txt"
 }
 # shellcheck disable=SC2086  # GPU_PATH_ARGS is a list of options
-step gpu_path "${GPU_PATH_S:-400}" "$PY" -m benchmarks gpu-path --device cuda --hparams "$FILE" \
+step gpu_path "${GPU_PATH_S:-340}" "$PY" -m benchmarks gpu-path --device cuda --hparams "$FILE" \
     --repeats 1 ${GPU_PATH_ARGS:-} --out "$OUT/gpu_path.json"
-step smoke "${SMOKE_S:-170}" "$PY" -m pytest -q -p no:cacheprovider -rs --durations=0 \
+step smoke "${SMOKE_S:-230}" "$PY" -m pytest -q -p no:cacheprovider -rs --durations=0 \
     tests/test_cuda_smoke.py
 step perf "${PERF_S:-0}" "$PY" -m benchmarks perf --hparams "$FILE" --random-config qwen2.5-7b \
     "${TOKENIZER[@]}" --mmlu-n 0 --no-easyedit --sequential 1 2 --rollout-repeats 2 \

@@ -24,6 +24,15 @@ rounding), and the KL's scored positions to a multiple of ``POSITION_STEP`` (pad
 0). The rounds of an edit, whose rollouts differ in length, then mostly reuse one compiled graph,
 and dynamo compiles a shape-generic one once it has seen two.
 
+With ``compile_training: graphs`` the passes compile under inductor's ``reduce-overhead`` mode: on
+CUDA each of the pass's forward and backward graphs is recorded once as a CUDA graph and then
+replayed as one launch, so its ~70 kernels a layer stop costing host time. A replay writes its
+outputs where the last replay wrote them: an inner step marks its start
+(``torch.compiler.cudagraph_mark_step_begin``) and keeps no graph output past it (the losses it
+reports are the objective's, computed from the outputs outside the graphs), which
+``tests/test_captured.py`` checks on CPU with a backend that overwrites a graph's earlier outputs
+the way a replay does.
+
 The losses are the eager ones' (``losses.topk_forward_kl``, ``losses.sequence_nll``) on the same
 positions: the trained tensors after a captured step equal the eager step's within float rounding
 (``tests/test_captured.py``), not bit for bit, which is why the switch is off by default and
@@ -64,11 +73,15 @@ def _round_up(n: int, step: int) -> int:
     return -(-n // step) * step
 
 
-def training_mode(setting: bool | str, model: Any, checkpointing: bool = False) -> bool:
+def training_mode(setting: bool | str, model: Any, checkpointing: bool = False) -> bool | str:
     """Whether a ``compile_training`` setting captures the inner step for ``model``: ``"auto"`` is
     on for a model on a CUDA device where ``torch.compile`` finds its compiler (Triton), off
     elsewhere and under gradient checkpointing (``checkpointing``: its recomputation marks tensors
-    that a captured graph cannot return); true and false are themselves."""
+    that a captured graph cannot return); true and false are themselves, and ``"graphs"`` (the
+    captured step under CUDA graphs, which ``load_model`` refuses off CUDA) is itself: on a model
+    loaded elsewhere and not on a card it runs as true (inductor records no CUDA graphs there)."""
+    if setting == "graphs":
+        return "graphs"
     if setting != "auto":
         return bool(setting)
     if checkpointing:
@@ -177,15 +190,18 @@ def uncompiled() -> Iterator[None]:
         _UNCOMPILED = before
 
 
-def _compiled(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    """``fn`` under ``torch.compile(fullgraph=True)``, made once per process and ``BACKEND`` (``fn``
-    itself inside ``uncompiled``)."""
+def _compiled(fn: Callable[..., torch.Tensor], graphs: bool = False) -> Callable[..., torch.Tensor]:
+    """``fn`` under ``torch.compile(fullgraph=True)``, made once per process, ``BACKEND`` and
+    ``graphs`` (inductor's ``reduce-overhead``: its forward and backward graphs each replayed as a
+    CUDA graph on CUDA; ``fn`` itself inside ``uncompiled``)."""
     if _UNCOMPILED:
         return fn
     backend = BACKEND
-    key = (fn, backend)
+    key = (fn, backend, graphs)
     if key not in _COMPILED:
-        kwargs = {"backend": backend} if backend is not None else {}
+        kwargs: dict[str, Any] = {"backend": backend} if backend is not None else {}
+        if graphs and backend is None:
+            kwargs["mode"] = "reduce-overhead"
         _COMPILED[key] = torch.compile(fn, fullgraph=True, **kwargs)
     return _COMPILED[key]
 
@@ -204,14 +220,16 @@ def logits_window(model: Any, width: int, first: int, scored_only: bool) -> tupl
 
 class CapturedNLL:
     """The NLL anchor's rows (prompt + passage, labels on the passage) padded to ``WIDTH_STEP``:
-    ``loss`` is ``nll_loss`` compiled."""
+    ``loss`` is ``nll_loss`` compiled (under CUDA graphs with ``graphs``)."""
 
     def __init__(
         self,
         prompts: Sequence[Any],
         pad_id: int,
         device: torch.device,
+        graphs: bool = False,
     ) -> None:
+        self.graphs = graphs
         seqs = [p.student_ids + p.passage_ids for p in prompts]
         width = _round_up(max(len(s) for s in seqs), WIDTH_STEP)
         ids, mask = pad_rows([*seqs, [pad_id] * width], pad_id)
@@ -228,13 +246,13 @@ class CapturedNLL:
         return self._fn()(model, self.ids, self.mask, keep, self.labels[:, first:])
 
     def _fn(self) -> Callable[..., torch.Tensor]:
-        return _compiled(nll_loss) if torch.is_grad_enabled() else nll_loss
+        return _compiled(nll_loss, self.graphs) if torch.is_grad_enabled() else nll_loss
 
 
 class CapturedKL:
     """The KL term's rows (prompt + rollout) padded to ``WIDTH_STEP`` and its scored positions to
     ``POSITION_STEP``, with the teacher's cached top-K per position: ``loss`` is ``kl_loss``
-    compiled."""
+    compiled (under CUDA graphs with ``graphs``)."""
 
     def __init__(
         self,
@@ -242,7 +260,9 @@ class CapturedKL:
         rollouts: Sequence[Any],
         pad_id: int,
         device: torch.device,
+        graphs: bool = False,
     ) -> None:
+        self.graphs = graphs
         seqs = [p.student_ids + r.tokens.tolist() for p, r in zip(prompts, rollouts)]
         width = _round_up(max(len(s) for s in seqs), WIDTH_STEP)
         ids, mask = pad_rows([*seqs, [pad_id] * width], pad_id)
@@ -293,7 +313,7 @@ class CapturedKL:
         return positions
 
     def _fn(self) -> Callable[..., torch.Tensor]:
-        return _compiled(kl_loss) if torch.is_grad_enabled() else kl_loss
+        return _compiled(kl_loss, self.graphs) if torch.is_grad_enabled() else kl_loss
 
 
 class CapturedJoint:
@@ -318,7 +338,7 @@ class CapturedJoint:
         self, model: Any, student: str = "full", scored_only: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor]:
         keep, first = logits_window(model, self.ids.shape[1], self.first, scored_only)
-        fn = _compiled(joint_losses) if torch.is_grad_enabled() else joint_losses
+        fn = _compiled(joint_losses, self.kl.graphs) if torch.is_grad_enabled() else joint_losses
         return fn(
             model,
             self.ids,

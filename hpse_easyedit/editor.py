@@ -183,8 +183,13 @@ class HPSEObjective:
             if captured is None
             else captured
         )
-        nll = CapturedNLL if self.captured else _NLLBatch
-        self.nll_batch = nll(prompts, pad_id, self.device) if hparams.nll_weight > 0 else None
+        self.nll_batch = None
+        if hparams.nll_weight > 0:
+            self.nll_batch = (
+                CapturedNLL(prompts, pad_id, self.device, graphs=self.captured == "graphs")
+                if self.captured
+                else _NLLBatch(prompts, pad_id, self.device)
+            )
         self.kl_batch: _KLBatch | None = None
         #: the captured step's one pass over both terms' rows (both terms on, ``captured`` only)
         self.joint: CapturedJoint | None = None
@@ -215,10 +220,15 @@ class HPSEObjective:
         """Train the inner steps that follow on ``rollouts`` (one per request; None: no KL term), as
         a round does after drawing them (``start_round``); the memory planner hands in rollouts of
         the planned length."""
-        kl = CapturedKL if self.captured else _KLBatch
-        self.kl_batch = (
-            kl(self.prompts, rollouts, self.pad_id, self.device) if rollouts is not None else None
-        )
+        self.kl_batch = None
+        if rollouts is not None:
+            self.kl_batch = (
+                CapturedKL(
+                    self.prompts, rollouts, self.pad_id, self.device, self.captured == "graphs"
+                )
+                if self.captured
+                else _KLBatch(self.prompts, rollouts, self.pad_id, self.device)
+            )
         self.joint = (
             CapturedJoint(self.kl_batch, self.nll_batch, self.pad_id)
             if self.captured and self.kl_batch is not None and self.nll_batch is not None

@@ -481,10 +481,13 @@ class HPSEHyperParams(ExecutorHParams):
         "the eager step's within float rounding, not bit for bit; the first edit pays the "
         "compilation. 'auto' = on for a CUDA device with Triton, off elsewhere (the shipped 7B-9B "
         "files; off under gradient_checkpointing, which true refuses). true needs a working "
-        "compiler (a C++ compiler on CPU), checked before the weights load. Solo edits only: the "
-        "batched engine's inner step stays eager.",
+        "compiler (a C++ compiler on CPU), checked before the weights load. 'graphs' = true with "
+        "the step's forward and backward under CUDA graphs as well (torch.compile's "
+        "reduce-overhead: each replayed as one launch; a CUDA device only, refused elsewhere; "
+        "not yet timed on a card, docs/GPU.md). Solo edits only: the batched engine's inner "
+        "step stays eager.",
         types=(bool, str),
-        choices=(True, False, "auto"),
+        choices=(True, False, "auto", "graphs"),
     )
     cases_per_pass: int | str = hp_field(
         "auto",
@@ -530,9 +533,13 @@ class HPSEHyperParams(ExecutorHParams):
                 "builds; set static_decode: auto (the dynamic decode under flash attention) or "
                 "false, or attn_implementation: sdpa"
             )
-        if self.compile_training is True and getattr(self, "gradient_checkpointing", False):
+        if self.compile_training in (True, "graphs") and getattr(
+            self, "gradient_checkpointing", False
+        ):
             raise HParamsError(
-                f"{source}: key 'compile_training' is true but gradient_checkpointing is true, "
+                f"{source}: key 'compile_training' is "
+                f"{'true' if self.compile_training is True else repr(self.compile_training)} but "
+                "gradient_checkpointing is true, "
                 "whose recomputation a captured step cannot hold; set compile_training: auto (the "
                 "eager step under gradient checkpointing) or gradient_checkpointing: false"
             )

@@ -225,8 +225,9 @@ def _attention_kwargs(hparams: Any) -> dict:
 def check_machine(hparams: Any) -> None:
     """Refuse, in one line and before any weights load, settings this machine cannot run:
     ``dtype: bfloat16`` on a CUDA card without bfloat16 arithmetic (compute capability below 8.0,
-    before Ampere), and ``static_decode: compile`` or ``compile_training: true`` where
-    ``torch.compile`` finds no compiler (Triton on CUDA, a C++ compiler on CPU). ``auto`` never
+    before Ampere), ``static_decode: compile`` or ``compile_training: true``/``graphs`` where
+    ``torch.compile`` finds no compiler (Triton on CUDA, a C++ compiler on CPU), and
+    ``compile_training: graphs`` off CUDA. ``auto`` never
     fails here: it falls back to what works (``static_decode.decode_mode``,
     ``captured.training_mode``)."""
     from .hparams import HParamsError
@@ -253,11 +254,19 @@ def check_machine(hparams: Any) -> None:
                 f"{source}: key 'static_decode' is 'compile' but {problem}; or set static_decode: "
                 "true (the same decode uncompiled) or auto"
             )
-    if getattr(hparams, "compile_training", None) is True:
+    training = getattr(hparams, "compile_training", None)
+    if training == "graphs" and not cards:
+        raise HParamsError(
+            f"{source}: key 'compile_training' is 'graphs' but the model goes to "
+            f"{hparams.device!r}, and CUDA graphs need a CUDA device; set compile_training: true "
+            "(the captured step without CUDA graphs) or auto"
+        )
+    if training is True or training == "graphs":
         problem = compiler_problem("cuda" if cards else "cpu")
         if problem is not None:
             raise HParamsError(
-                f"{source}: key 'compile_training' is true but {problem}; or set "
+                f"{source}: key 'compile_training' is "
+                f"{'true' if training is True else repr(training)} but {problem}; or set "
                 "compile_training: false (the eager inner step) or auto"
             )
 

@@ -297,6 +297,11 @@ def inner_step(objective: Objective, student: Any, optimizer: torch.optim.Optimi
     numbers (once a round in ``train_edit``, so the device never waits for the host inside the inner
     steps)."""
     optimizer.zero_grad(set_to_none=True)
+    # under CUDA graphs (``compile_training: graphs``) this step's replays write over the last
+    # step's graph outputs, none of which is kept (the losses kept are computed from them outside
+    # the graphs): marked as a new step, the replays need not check that
+    if getattr(objective, "captured", False) == "graphs":
+        torch.compiler.cudagraph_mark_step_begin()
     terms: dict[str, tuple[float, torch.Tensor]] = {}
     for group in objective.step(student):
         loss = None

@@ -39,6 +39,84 @@ class Compiles:
         return gm.forward
 
 
+class Replays:
+    """A ``torch.compile`` backend that does on CPU what CUDA-graph trees (``reduce-overhead``) do
+    where a training step can go wrong under them: AOTAutograd splits each graph into a forward and
+    a backward, and when a forward runs again (the next step), every tensor the earlier forwards
+    and backwards returned is overwritten with NaN, as a replay writes its outputs into the memory
+    of the last replay's (tensors that share an input's memory, such as a parameter's view, are
+    the input's, not the graph's, and are left alone). ``records``: the distinct (graph, addresses
+    of its static inputs: parameters and tensors marked static) it was called with, each of which
+    CUDA-graph trees record as a graph of its own. The graphs run eagerly."""
+
+    def __init__(self) -> None:
+        self.compiles = 0
+        self.addresses: set = set()
+        self._returned: list = []  # weak references to the outputs since the last forward
+
+    @property
+    def records(self) -> int:
+        return len(self.addresses)
+
+    def _overwrite(self) -> None:
+        with torch.no_grad():
+            for ref in self._returned:
+                t = ref()
+                if t is not None:
+                    t.fill_(float("nan"))
+        self._returned = []
+
+    def _compiler(self, forward: bool):
+        import weakref
+
+        from torch.fx.graph import _BoxedCodeGen
+
+        def compile_(gm, example_inputs):
+            gm.graph.set_codegen(_BoxedCodeGen())
+            gm.recompile()
+
+            def run(args):
+                if forward:
+                    self._overwrite()
+                inputs = {
+                    a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)
+                }
+                outputs = gm.forward(args)
+                self._returned += [
+                    weakref.ref(t)
+                    for t in outputs
+                    if isinstance(t, torch.Tensor)
+                    and t.is_floating_point()
+                    and t.untyped_storage().data_ptr() not in inputs
+                ]
+                return outputs
+
+            run._boxed_call = True
+            return run
+
+        return compile_
+
+    def __call__(self, gm, inputs):
+        from torch._dynamo.backends.common import aot_autograd
+
+        self.compiles += 1
+        graph = self.compiles
+        static = [
+            i
+            for i, t in enumerate(inputs)
+            if isinstance(t, torch.nn.Parameter) or hasattr(t, "_dynamo_static_input_type")
+        ]
+        compiled = aot_autograd(
+            fw_compiler=self._compiler(True), bw_compiler=self._compiler(False)
+        )(gm, inputs)
+
+        def run(*args):
+            self.addresses.add((graph, *(args[i].data_ptr() for i in static)))
+            return compiled(*args)
+
+        return run
+
+
 @pytest.fixture
 def backend(monkeypatch):
     """The captured passes traced whole (``fullgraph=True``) and run eagerly: the graph and the
@@ -134,6 +212,12 @@ def test_a_captured_edit_trains_the_eager_edits_tensors(backend, family, executo
     assert backend.graphs == 0
     got_result, got = _edit(model, tok, executor=executor, rounds=3, compile_training=True)
     assert backend.graphs == 1
+    _same_edit(got_result, got, eager, want)
+
+
+def _same_edit(got_result, got: dict, eager, want: dict) -> None:
+    """The same rollouts and step-ins as the eager edit, its losses, and its trained tensors within
+    float32 rounding."""
     for a, b in zip(eager.rollouts, got_result.rollouts):
         for x, y in zip(a, b):
             assert torch.equal(x.tokens, y.tokens) and torch.equal(x.stepped_in, y.stepped_in)
@@ -223,6 +307,10 @@ def test_gradient_checkpointing_keeps_the_eager_step():
     ) as err:
         tiny_hparams(compile_training=True, gradient_checkpointing=True)
     assert "\n" not in str(err.value)
+    with pytest.raises(
+        HParamsError, match="key 'compile_training' is 'graphs' but gradient_checkpointing is true"
+    ):
+        tiny_hparams(compile_training="graphs", gradient_checkpointing=True)
     tiny_hparams(compile_training="auto", gradient_checkpointing=True)
 
 
@@ -308,3 +396,94 @@ def test_the_captured_step_at_7b_widths_gives_the_eager_gradients(backend, stem)
     assert backend.graphs == 1  # both terms' pass, whole
     assert len(grads[True]) > 0
     _close(grads[True], grads[False], 1e-4)
+
+
+@pytest.fixture
+def replays(monkeypatch):
+    """The captured passes under ``Replays``: CUDA graphs' overwriting of outputs, on CPU."""
+    replaying = Replays()
+    monkeypatch.setattr(captured, "BACKEND", replaying)
+    monkeypatch.setattr(captured, "_COMPILED", {})
+    torch._dynamo.reset()
+    return replaying
+
+
+def test_replays_overwrite_a_graphs_earlier_outputs(replays):
+    """What the check below relies on: under ``Replays`` a graph output kept past the next forward
+    reads NaN, as it reads another replay's values under CUDA graphs, while what was computed from
+    it outside the graph, and the parameters, keep theirs."""
+    weight = torch.nn.Parameter(torch.ones(3))
+    fn = torch.compile(lambda x: (x * weight).sum() * 2, fullgraph=True, backend=replays)
+    first = fn(torch.ones(3))
+    outside = first.detach() / 2
+    first.backward()
+    second = fn(torch.full((3,), 2.0))
+    assert torch.isnan(first.detach()).all()
+    assert outside.item() == 3.0 and second.item() == 12.0
+    assert torch.equal(weight.detach(), torch.ones(3)) and replays.records == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("executor", ["lora", "ft_m"])
+def test_a_graphs_edit_under_replays_trains_the_eager_edits_tensors(replays, executor):
+    """``compile_training: graphs`` under replays that overwrite earlier outputs: no step keeps a
+    graph output past the next step's replay, so three rounds x three inner steps give the eager
+    edit's rollouts, losses and trained tensors (within float32 rounding), with one graph compiled
+    for all rounds."""
+    model, tok = make_tiny_model_and_tokenizer("llama", init_std=0.2)
+    eager, want = _edit(model, tok, executor=executor, rounds=3)
+    got_result, got = _edit(model, tok, executor=executor, rounds=3, compile_training="graphs")
+    assert replays.compiles == 1
+    _same_edit(got_result, got, eager, want)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("executor", ["lora", "ft_m"])
+@pytest.mark.parametrize("sequential", [False, True], ids=["single", "sequential"])
+def test_graphs_are_recorded_once_over_rounds_and_edits(replays, executor, sequential):
+    """3 edits x 3 rounds with ``compile_training: graphs``: the pass is compiled once and a card
+    would record its graphs once, in the first round of the first edit, and replay them in every
+    other round and edit: single edits restored in between (each LoRA edit's new adapter is written
+    into the last one's memory, so the parameters keep their addresses) and edits in sequence."""
+    from hpse_easyedit.executors import EXECUTORS, copy_back
+
+    model, tok = make_tiny_model_and_tokenizer("llama", init_std=0.2)
+    hp = tiny_hparams(
+        executor=executor, rounds=3, inner_steps=2, max_new_tokens=6, compile_training="graphs"
+    )
+    request = [{"subject": "AJ Lee", "target_new": "AJ Lee is a wrestler who speaks Russian."}]
+    seen = []
+    for _ in range(3):
+        result = hpse_edit(model, tok, request, hp)
+        seen.append((replays.compiles, replays.records))
+        if sequential:
+            model = result.model
+        else:
+            copy_back(result.model, result.weights_copy)
+            model = EXECUTORS[executor].release(result.model)
+    assert seen == [(1, 1)] * 3
+
+
+def test_a_single_edits_new_adapter_reuses_the_last_ones_memory_and_trains_the_same(backend):
+    """LoRA's kept memory under ``compile_training: graphs``: the adapter of a single edit after a
+    restored one lies in the same memory as the first (where a copy of the model, without the kept
+    memory, allocates anew), and the edit in it trains the same tensors bit for bit."""
+    from hpse_easyedit import apply_hpse_to_model, restore_weights
+
+    model, tok = make_tiny_model_and_tokenizer("llama", init_std=0.2)
+    hp = tiny_hparams(rounds=1, inner_steps=2, max_new_tokens=4, compile_training="graphs")
+
+    def adapter(model):
+        return {n: p for n, p in model.named_parameters() if "lora_" in n}
+
+    edited, handle = apply_hpse_to_model(model, tok, REQUESTS[:1], hp)
+    first = {n: p.data_ptr() for n, p in adapter(edited).items()}
+    model = restore_weights(edited, handle)
+    twin = copy.deepcopy(model)
+    ours, _ = apply_hpse_to_model(model, tok, REQUESTS[:1], hp)
+    theirs, _ = apply_hpse_to_model(twin, tok, REQUESTS[:1], hp)
+    assert {n: p.data_ptr() for n, p in adapter(ours).items()} == first
+    assert not set(first.values()) & {p.data_ptr() for p in adapter(theirs).values()}
+    assert adapter(ours).keys() == adapter(theirs).keys()
+    for name, p in adapter(ours).items():
+        assert torch.equal(p.detach(), adapter(theirs)[name].detach()), name

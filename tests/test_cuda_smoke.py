@@ -207,3 +207,40 @@ def test_twenty_sequential_edits_keep_the_cards_memory_flat(tmp_path):
     print("allocated", allocated, "reserved", reserved)
     assert max(allocated[5:]) <= allocated[5] + 2**20  # flat within a MiB after edit 6
     assert reserved[-10:] == [reserved[-10]] * 10
+
+
+def test_bf16_edits_under_cuda_graphs_train_as_the_captured_step(tmp_path):
+    """``compile_training: graphs`` on the card: a bfloat16 LoRA edit whose captured inner step is
+    replayed as CUDA graphs trains the adapters of the same edit without graphs (within bfloat16
+    rounding), moves the logits and restores them bit for bit; then 12 single edits, each restored,
+    leave the card's allocated memory flat after the first few (the graphs are replayed on the new
+    adapters, not recorded again)."""
+    hp = _bf16_on_the_card(tmp_path)
+    model, tok = load_model(hp)
+    before, snapshot = _logits(model, tok), weights_snapshot(model)
+    trained = {}
+    for mode in (True, "graphs"):
+        edited, weights_copy = apply_hpse_to_model(
+            model, tok, THREE, hp.with_overrides({"compile_training": mode})
+        )
+        assert all(torch.isfinite(torch.tensor(r["loss_last"])) for r in weights_copy.result.rounds)
+        assert not torch.equal(_logits(edited, tok), before)
+        trained[mode] = {
+            n: p.detach().float().clone() for n, p in edited.named_parameters() if "lora_" in n
+        }
+        model = restore_weights(edited, weights_copy)
+        assert same_weights(model, snapshot) and torch.equal(_logits(model, tok), before)
+    assert trained[True].keys() == trained["graphs"].keys()
+    for name, want in trained[True].items():
+        scale = want.abs().max().clamp(min=1e-12)
+        assert ((trained["graphs"][name] - want).abs().max() / scale).item() < 2e-2, name
+    graphs = hp.with_overrides({"compile_training": "graphs"})
+    allocated = []
+    for i in range(12):
+        request = [{"subject": f"Person {i}", "target_new": f"Person {i} lives in City {i}."}]
+        edited, weights_copy = apply_hpse_to_model(model, tok, request, graphs)
+        model = restore_weights(edited, weights_copy)
+        torch.cuda.synchronize()
+        allocated.append(torch.cuda.memory_allocated())
+    print("allocated", allocated)
+    assert max(allocated[4:]) <= allocated[4] + 2**20  # flat within a MiB after edit 5

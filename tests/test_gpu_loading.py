@@ -154,6 +154,31 @@ def test_bfloat16_on_a_card_without_it_is_refused_before_the_weights_load(tiny_d
         load_model(tiny_hparams(model_name=tiny_dir, device="cuda", dtype="bfloat16"))
 
 
+def test_cuda_graphs_of_the_training_step_off_cuda_are_refused_before_the_weights_load(
+    tiny_dir, monkeypatch
+):
+    """``compile_training: graphs`` needs a CUDA device: on CPU one line names the key and the fix
+    before the weights load; on a card (stood in for) the weights go on to load."""
+    _no_weights(monkeypatch)
+    with pytest.raises(
+        HParamsError,
+        match="key 'compile_training' is 'graphs' but the model goes to 'cpu', and CUDA graphs "
+        "need a CUDA device; set compile_training: true",
+    ) as err:
+        load_model(tiny_hparams(model_name=tiny_dir, compile_training="graphs"))
+    assert "\n" not in str(err.value)
+    _a_card(monkeypatch, (9, 0), "NVIDIA H100")
+    from hpse_easyedit import static_decode
+
+    monkeypatch.setattr(static_decode, "compiler_problem", lambda device_type: None)
+    with pytest.raises(_Loaded):
+        load_model(
+            tiny_hparams(
+                model_name=tiny_dir, device="cuda", dtype="bfloat16", compile_training="graphs"
+            )
+        )
+
+
 @pytest.mark.parametrize(
     "key,value,named",
     [

@@ -235,19 +235,22 @@ def test_roofline_reads_every_multiplied_weight_once_per_step():
 
 
 def test_the_gpu_script_runs_on_cpu(tmp_path, monkeypatch):
-    """``python -m benchmarks gpu-path --device ... --profile`` end to end on a 1-layer SmolLM2
-    architecture on the CPU (its compiled decode traced by dynamo's eager backend here): the figures
-    a lent GPU fills in, and the profile of a rollout token and an inner step (leaf aten ops here,
-    kernels on a GPU)."""
+    """``python -m benchmarks gpu-path --device ... --profile --graphs`` end to end on a 1-layer
+    SmolLM2 architecture on the CPU (its compiled decode traced by dynamo's eager backend here, and
+    the captured step of the ``graphs`` edits by AOTAutograd's): the figures a lent GPU fills in,
+    and the profile of a rollout token and an inner step (leaf aten ops here, kernels on a GPU)."""
     import json
 
     import hpse_easyedit.rollout as rollout_module
     from benchmarks.perf import gpu_path
+    from hpse_easyedit import captured
     from hpse_easyedit.static_decode import compile_step
 
     monkeypatch.setattr(
         rollout_module, "compile_step", lambda decoder: compile_step(decoder, backend="eager")
     )
+    monkeypatch.setattr(captured, "BACKEND", "aot_eager")
+    monkeypatch.setattr(captured, "_COMPILED", {})
     monkeypatch.setattr(gpu_path, "ROLLOUT", 4)
     out = tmp_path / "gpu.json"
     # what the file holds after each part: a step stopped at its time limit keeps them
@@ -277,6 +280,7 @@ def test_the_gpu_script_runs_on_cpu(tmp_path, monkeypatch):
                 "--set",
                 "inner_steps=1",
                 "--profile",
+                "--graphs",
                 "--out",
                 str(out),
             ]
@@ -284,13 +288,19 @@ def test_the_gpu_script_runs_on_cpu(tmp_path, monkeypatch):
         == 0
     )
     figures = json.loads(out.read_text())["smollm2-135m"]
-    assert [len(w["edit_seconds"]) for w in written] == [0, 1, 2, 3]
+    assert [len(w["edit_seconds"]) for w in written] == [0, 1, 2, 3, 4, 5]
     assert all(w["partial"] and w["rollout_tok_s"] and w["roofline"] for w in written)
     assert "partial" not in figures
     assert figures["layers"] == 1 and figures["rollout_tokens"] == 4
     assert figures["gpu_rollout_tok_s"] > 0 and figures["gpu_edit_seconds"] > 0
     assert set(figures["rollout_tok_s"]) == {"dynamic", "static", "compiled"}
-    assert set(figures["edit_seconds"]) == {"first", "steady", "eager_step"}
+    assert set(figures["edit_seconds"]) == {
+        "first",
+        "steady",
+        "graphs_first",
+        "graphs_steady",
+        "eager_step",
+    }
     assert figures["roofline"]["gpu_bandwidth_floor_tok_s"] > 0
     profile = figures["profile"]
     assert profile["rollout_token"]["units"] == 4 and profile["inner_step"]["units"] == 2

@@ -24,9 +24,10 @@ over the memory bandwidth, against its FLOPs (``torch.utils.flop_counter.FlopCou
 step at the backbone's full depth on the meta device) over the bf16 dense peak; the larger is the
 floor.
 
-``--profile`` (with ``--device``): where a rollout token's and an inner step's time goes on the
-device (``kernel_profile``: ``torch.profiler``'s kernels, their summed and overlapping time, the
-device's idle time, by kernel family)."""
+``--graphs`` (with ``--device``): also an edit's time with ``compile_training: graphs``, first and
+at steady state. ``--profile`` (with ``--device``): where a rollout token's and an inner step's
+time goes on the device (``kernel_profile``: ``torch.profiler``'s kernels, their summed and
+overlapping time, the device's idle time, by kernel family)."""
 
 from __future__ import annotations
 
@@ -322,6 +323,7 @@ def gpu_figures(
     vocab: int | None = None,
     repeats: int = 3,
     profile: bool = False,
+    graphs: bool = False,
     partial: Callable[[dict], None] | None = None,
 ) -> dict:
     """What only a GPU measures, on a random-weight model of ``hparams``' backbone (its published
@@ -332,7 +334,9 @@ def gpu_figures(
     inner steps (the edit's own loop, ``training.train_edit``, on the compiled static decode), and
     the peak reserved memory plus the CUDA context (and, in ``edit_peak_gib``, each edit's own
     allocated and reserved peak, without the context); with ``profile``, where the time of a
-    rollout token and of an inner step goes (``kernel_profile``). ``partial`` is called with the
+    rollout token and of an inner step goes (``kernel_profile``); with ``graphs``, also a first and
+    a steady-state edit with ``compile_training: graphs`` (the captured step under CUDA graphs,
+    ``graphs_first`` and ``graphs_steady``). ``partial`` is called with the
     figures so far after the rollouts and after each edit (a step stopped at its time limit keeps
     them)."""
     from transformers import AutoModelForCausalLM
@@ -390,12 +394,13 @@ def gpu_figures(
         EditPrompts(subject="s", student_ids=student, teacher_ids=teacher, passage_ids=[5] * 157)
     ]
     # the file's inner step (compile_training: auto captures it on a card): a first edit that
-    # compiles it, then one at steady state; then the eager step for comparison
-    runs = [
-        ("first", hp),
-        ("steady", hp),
-        ("eager_step", hp.with_overrides({"compile_training": False})),
-    ]
+    # compiles it, then one at steady state; with ``graphs`` the same two under CUDA graphs; then
+    # the eager step for comparison
+    runs = [("first", hp), ("steady", hp)]
+    if graphs:
+        under_graphs = hp.with_overrides({"compile_training": "graphs"})
+        runs += [("graphs_first", under_graphs), ("graphs_steady", under_graphs)]
+    runs.append(("eager_step", hp.with_overrides({"compile_training": False})))
     peaks: dict[str, dict[str, float]] = {}
     overall_reserved = 0
     for name, settings in runs:
@@ -678,6 +683,12 @@ def main(argv: list[str] | None = None) -> int:
         "the device's idle time; torch.profiler)",
     )
     parser.add_argument(
+        "--graphs",
+        action="store_true",
+        help="with --device: also time a first and a steady-state edit with compile_training: "
+        "graphs (the captured inner step under CUDA graphs)",
+    )
+    parser.add_argument(
         "--batched",
         type=int,
         nargs="+",
@@ -740,6 +751,7 @@ def main(argv: list[str] | None = None) -> int:
                     vocab=args.vocab,
                     repeats=args.repeats,
                     profile=args.profile,
+                    graphs=args.graphs,
                     partial=partial,
                 ),
                 "roofline": floor,

@@ -37,9 +37,14 @@ class LoRAExecutor(Executor):
             and not keep_original_weight
         )
         state = edit_state(model)
+        alone = state.adapter_model is None  # no adapter of ours left on this model
         if reuse:
             self.model = model
-            self.model.set_adapter(ADAPTER_NAME)
+            # peft's set_adapter writes each layer's active-adapter list anew even where it is
+            # ours already, which a captured step's guards see as a change (a recompilation):
+            # called only where another adapter is on the model
+            if list(model.active_adapters) != [ADAPTER_NAME] or len(model.peft_config) > 1:
+                self.model.set_adapter(ADAPTER_NAME)
             if (
                 state.adapter_model is not model
             ):  # an adapter from elsewhere: remembered, never unloaded
@@ -76,6 +81,8 @@ class LoRAExecutor(Executor):
         self._params = [
             p for n, p in self.model.named_parameters() if "lora_" in n and f".{ADAPTER_NAME}." in n
         ]
+        if not reuse and getattr(hparams, "compile_training", False) == "graphs":
+            _into_kept_memory(self.model, self._params, reuse_kept=alone)
         if not self._params:
             raise ValueError(
                 "no LoRA parameters were created: none of target_modules "
@@ -228,6 +235,29 @@ class LoRAExecutor(Executor):
             if n in flags:
                 p.requires_grad_(flags[n])
         return base
+
+
+def _into_kept_memory(model: Any, params: list[torch.nn.Parameter], reuse_kept: bool) -> None:
+    """Under ``compile_training: graphs``: a new adapter's matrices moved into the memory of the
+    last adapter created on ``model`` (kept in its workspace, ``state.workspace``) when that
+    adapter is gone (``reuse_kept``) and its shapes were the same: the new values copied there and
+    each parameter pointed at it. So the captured inner step's CUDA graphs, recorded on the
+    parameters' addresses, are replayed in every single edit of a run, not recorded again for each
+    new adapter; the values, and so the edit, are the same either way."""
+    space = workspace(model)
+    kept = space.get("lora_params")
+    if (
+        reuse_kept
+        and kept is not None
+        and [(k.shape, k.dtype, k.device) for k in kept]
+        == [(p.shape, p.dtype, p.device) for p in params]
+    ):
+        with torch.no_grad():
+            for k, p in zip(kept, params):
+                k.copy_(p)
+                p.data = k
+        return
+    space["lora_params"] = [p.detach() for p in params]
 
 
 def _plain_lora_linear(layer: Any) -> bool:
