@@ -81,14 +81,14 @@ class LoRAExecutor(Executor):
         self._params = [
             p for n, p in self.model.named_parameters() if "lora_" in n and f".{ADAPTER_NAME}." in n
         ]
-        if not reuse and getattr(hparams, "compile_training", False) == "graphs":
-            _into_kept_memory(self.model, self._params, reuse_kept=alone)
         if not self._params:
             raise ValueError(
                 "no LoRA parameters were created: none of target_modules "
                 f"{hparams.target_modules} matched a module of {type(model).__name__} in layers "
                 f"{hparams.layers}; fix 'target_modules'/'layers' in the hparams"
             )
+        if not reuse and getattr(hparams, "compile_training", False) == "graphs":
+            _into_kept_memory(self.model, self._params, reuse_kept=alone)
         for p in self._params:
             p.requires_grad_(True)
         from peft.tuners.lora import LoraLayer
