@@ -440,12 +440,16 @@ def test_a_graphs_edit_under_replays_trains_the_eager_edits_tensors(replays, exe
 @pytest.mark.slow
 @pytest.mark.parametrize("executor", ["lora", "ft_m"])
 @pytest.mark.parametrize("sequential", [False, True], ids=["single", "sequential"])
-def test_graphs_are_recorded_once_over_rounds_and_edits(replays, executor, sequential):
+def test_graphs_are_recorded_once_over_rounds_and_edits(replays, monkeypatch, executor, sequential):
     """3 edits x 3 rounds with ``compile_training: graphs``: the pass is compiled once and a card
     would record its graphs once, in the first round of the first edit, and replay them in every
     other round and edit: single edits restored in between (each LoRA edit's new adapter is written
-    into the last one's memory, so the parameters keep their addresses) and edits in sequence."""
+    into the last one's memory, so the parameters keep their addresses) and edits in sequence.
+    Every inner step is marked as a new step for the graphs."""
     from hpse_easyedit.executors import EXECUTORS, copy_back
+
+    marks = []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
 
     model, tok = make_tiny_model_and_tokenizer("llama", init_std=0.2)
     hp = tiny_hparams(
@@ -462,6 +466,7 @@ def test_graphs_are_recorded_once_over_rounds_and_edits(replays, executor, seque
             copy_back(result.model, result.weights_copy)
             model = EXECUTORS[executor].release(result.model)
     assert seen == [(1, 1)] * 3
+    assert len(marks) == 3 * 3 * 2  # edits x rounds x inner steps
 
 
 def test_a_single_edits_new_adapter_reuses_the_last_ones_memory_and_trains_the_same(backend):
