@@ -12,6 +12,7 @@ from unittest import mock
 import pytest
 import torch
 
+from graph_backends import Replays
 from hpse_easyedit import captured
 from hpse_easyedit.editor import HPSEObjective, edit_prompts, hpse_edit
 from hpse_easyedit.executors import make_executor
@@ -37,84 +38,6 @@ class Compiles:
     def __call__(self, gm, inputs):
         self.graphs += 1
         return gm.forward
-
-
-class Replays:
-    """A ``torch.compile`` backend that does on CPU what CUDA-graph trees (``reduce-overhead``) do
-    where a training step can go wrong under them: AOTAutograd splits each graph into a forward and
-    a backward, and when a forward runs again (the next step), every tensor the earlier forwards
-    and backwards returned is overwritten with NaN, as a replay writes its outputs into the memory
-    of the last replay's (tensors that share an input's memory, such as a parameter's view, are
-    the input's, not the graph's, and are left alone). ``records``: the distinct (graph, addresses
-    of its static inputs: parameters and tensors marked static) it was called with, each of which
-    CUDA-graph trees record as a graph of its own. The graphs run eagerly."""
-
-    def __init__(self) -> None:
-        self.compiles = 0
-        self.addresses: set = set()
-        self._returned: list = []  # weak references to the outputs since the last forward
-
-    @property
-    def records(self) -> int:
-        return len(self.addresses)
-
-    def _overwrite(self) -> None:
-        with torch.no_grad():
-            for ref in self._returned:
-                t = ref()
-                if t is not None:
-                    t.fill_(float("nan"))
-        self._returned = []
-
-    def _compiler(self, forward: bool):
-        import weakref
-
-        from torch.fx.graph import _BoxedCodeGen
-
-        def compile_(gm, example_inputs):
-            gm.graph.set_codegen(_BoxedCodeGen())
-            gm.recompile()
-
-            def run(args):
-                if forward:
-                    self._overwrite()
-                inputs = {
-                    a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)
-                }
-                outputs = gm.forward(args)
-                self._returned += [
-                    weakref.ref(t)
-                    for t in outputs
-                    if isinstance(t, torch.Tensor)
-                    and t.is_floating_point()
-                    and t.untyped_storage().data_ptr() not in inputs
-                ]
-                return outputs
-
-            run._boxed_call = True
-            return run
-
-        return compile_
-
-    def __call__(self, gm, inputs):
-        from torch._dynamo.backends.common import aot_autograd
-
-        self.compiles += 1
-        graph = self.compiles
-        static = [
-            i
-            for i, t in enumerate(inputs)
-            if isinstance(t, torch.nn.Parameter) or hasattr(t, "_dynamo_static_input_type")
-        ]
-        compiled = aot_autograd(
-            fw_compiler=self._compiler(True), bw_compiler=self._compiler(False)
-        )(gm, inputs)
-
-        def run(*args):
-            self.addresses.add((graph, *(args[i].data_ptr() for i in static)))
-            return compiled(*args)
-
-        return run
 
 
 @pytest.fixture
@@ -420,7 +343,7 @@ def test_replays_overwrite_a_graphs_earlier_outputs(replays):
     second = fn(torch.full((3,), 2.0))
     assert torch.isnan(first.detach()).all()
     assert outside.item() == 3.0 and second.item() == 12.0
-    assert torch.equal(weight.detach(), torch.ones(3)) and replays.records == 1
+    assert torch.equal(weight.detach(), torch.ones(3)) and replays.captures == 1
 
 
 @pytest.mark.slow
@@ -459,7 +382,7 @@ def test_graphs_are_recorded_once_over_rounds_and_edits(replays, monkeypatch, ex
     seen = []
     for _ in range(3):
         result = hpse_edit(model, tok, request, hp)
-        seen.append((replays.compiles, replays.records))
+        seen.append((replays.compiles, replays.captures))
         if sequential:
             model = result.model
         else:

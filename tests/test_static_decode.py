@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from graph_backends import Captures
 from hpse_easyedit.executors import make_executor
 from hpse_easyedit.padding import pad_rows
 from hpse_easyedit.rollout import batched_hybrid_rollout, batched_hybrid_rollouts, draw_rollouts
@@ -402,37 +403,6 @@ def test_auto_falls_back_to_what_works_on_cuda(monkeypatch):
     assert static_decode.decode_mode("auto", model) is False
     model.config._attn_implementation = "sdpa"
     assert static_decode.decode_mode("auto", model) == "compile"
-
-
-class Captures:
-    """A ``torch.compile`` backend that counts what a CUDA-graph backend (``reduce-overhead``)
-    would do: ``compiles``, each new graph dynamo hands over, and ``captures``, each distinct set
-    of addresses of the graph's static inputs (parameters, buffers and tensors marked static, such
-    as the KV cache) it is called with, since CUDA-graph trees capture a graph again when one of
-    those addresses changes. Runs the graph eagerly."""
-
-    def __init__(self) -> None:
-        self.compiles = 0
-        self.addresses: set = set()
-
-    @property
-    def captures(self) -> int:
-        return len(self.addresses)
-
-    def __call__(self, gm, inputs):
-        self.compiles += 1
-        static = [
-            i
-            for i, t in enumerate(inputs)
-            if isinstance(t, torch.nn.Parameter) or hasattr(t, "_dynamo_static_input_type")
-        ]
-        graph = self.compiles
-
-        def run(*args):
-            self.addresses.add((graph, *(args[i].data_ptr() for i in static)))
-            return gm.forward(*args)
-
-        return run
 
 
 @pytest.mark.slow
