@@ -29,12 +29,9 @@ mkdir -p .whl
 mkdir -p .gpu
 HF_HUB_OFFLINE=1 "$PY" - <<'EOF'
 from hpse_easyedit import HPSEHyperParams, load_model
-from hpse_easyedit.loading import EMBEDDED_MODEL
 
-hp = HPSEHyperParams.from_hparams("hparams/HPSE/smollm2-135m.yaml").with_overrides(
-    {"model_name": EMBEDDED_MODEL, "device": "cpu", "dtype": "float32"}
-)
-_, tok = load_model(hp)
+# the shipped SmolLM2 file: the embedded model, on the CPU
+_, tok = load_model(HPSEHyperParams.from_hparams("hparams/HPSE/smollm2-135m.yaml"))
 tok.save_pretrained(".gpu/tokenizer")
 EOF
 ls .whl
