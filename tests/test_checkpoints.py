@@ -139,6 +139,33 @@ def test_a_sequence_stopped_midway_resumes_to_the_uninterrupted_records(
 
 
 @pytest.mark.slow
+def test_a_replay_stopped_part_way_resumes_after_its_last_replayed_edit(
+    tiny, tmp_path, monkeypatch, reference, caplog
+):
+    ref_out, _ = reference
+    out = tmp_path / "run"
+    _stop_after(monkeypatch, 3)
+    with pytest.raises(KeyboardInterrupt):
+        run_benchmark(_opts(tiny, out))
+    monkeypatch.undo()
+    for p in (out / STATE_DIR).iterdir():  # no snapshot: the three edits are replayed
+        p.unlink()
+    _stop_after(monkeypatch, 2)  # stopped while replaying the third
+    with pytest.raises(KeyboardInterrupt):
+        run_benchmark(_opts(tiny, out))
+    monkeypatch.undo()
+    isolate_judge_env(monkeypatch, tmp_path)
+    assert len((out / "sequence.jsonl").read_text().splitlines()) == 3
+    with caplog.at_level(logging.INFO, logger="benchmarks.run.case_loop"):
+        run_benchmark(_opts(tiny, out))
+    assert "resuming after edit 2 of 4" in caplog.text
+    assert "replaying 1 recorded edit(s) (3 to 3)" in caplog.text
+    assert "computes other values" not in caplog.text
+    assert _untimed(out / "results.jsonl") == _untimed(ref_out / "results.jsonl")
+    assert _untimed(out / "checkpoints.jsonl") == _untimed(ref_out / "checkpoints.jsonl")
+
+
+@pytest.mark.slow
 def test_a_replayed_edit_that_differs_redoes_the_block_from_there(
     tiny, tmp_path, monkeypatch, reference, caplog
 ):

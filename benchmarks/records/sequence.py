@@ -12,8 +12,9 @@ what it had edited:
   after the 10th, 20th and 50th edit of each block (one line per case and checkpoint, ``checkpoint``
   = edits made).
 - ``sequence-state/``: the tensors the sequence has changed so far (and their values before its
-  first edit), rewritten after each edit (replaced whole; a write a kill cut short leaves a
-  temporary file there that the next start removes). Weights: never commit this folder.
+  first edit), rewritten after each edit, and after each replayed one that matches its record
+  (replaced whole; a write a kill cut short leaves a temporary file there that the next start
+  removes). Weights: never commit this folder.
 - ``sequence-answers.jsonl``: the answers of an evaluation in progress (after the block's last edit
   or at a checkpoint), one line per batch of questions as it finishes; an evaluation stopped
   part-way goes on from the first batch it lacks (each line carries a fingerprint of its questions

@@ -336,7 +336,8 @@ class SequentialLoop(CaseLoop):
     def _resume_block(self, b: int, block: list[int]) -> tuple[Any, Any, list[dict], list[Any]]:
         """The model as the recorded edits of block ``b`` left it, the values before its first edit,
         and those edits' records: loaded from the snapshot, or the edits replayed (each checked
-        against its record; from the first that differs on, the block is redone)."""
+        against its record; from the first that differs on, the block is redone; the snapshot
+        rewritten after each that matches, so a replay stopped part-way resumes after it)."""
         e, edits, results = self.editing, self.sequence.recorded(b), []
         if not edits:  # checkpoints and answers an earlier try left belong to other edits
             self.sequence.forget_from(b, 0)
@@ -377,6 +378,8 @@ class SequentialLoop(CaseLoop):
                 if e.method.resume is not None:
                     self.sequence.save_state(model, b, j + 1, weights0)
                 return model, weights0, edits, results
+            if e.method.resume is not None:  # a replay stopped part-way goes on from here
+                self.sequence.save_state(model, b, j + 1, weights0)
         return model, weights0, edits, results
 
     def _sequence_edit(
