@@ -86,6 +86,14 @@ def _stop_after(monkeypatch, n_edits):
     return calls
 
 
+def _stopped_run(monkeypatch, opts, n_edits):
+    """``run_benchmark(opts)`` stopped (as a Ctrl-C would) when it starts edit ``n_edits + 1``."""
+    _stop_after(monkeypatch, n_edits)
+    with pytest.raises(KeyboardInterrupt):
+        run_benchmark(opts)
+    monkeypatch.undo()
+
+
 @pytest.fixture(scope="module")
 def reference(tiny, tmp_path_factory):
     out = tmp_path_factory.mktemp("ref") / "run"
@@ -144,16 +152,10 @@ def test_a_replay_stopped_part_way_resumes_after_its_last_replayed_edit(
 ):
     ref_out, _ = reference
     out = tmp_path / "run"
-    _stop_after(monkeypatch, 3)
-    with pytest.raises(KeyboardInterrupt):
-        run_benchmark(_opts(tiny, out))
-    monkeypatch.undo()
+    _stopped_run(monkeypatch, _opts(tiny, out), 3)
     for p in (out / STATE_DIR).iterdir():  # no snapshot: the three edits are replayed
         p.unlink()
-    _stop_after(monkeypatch, 2)  # stopped while replaying the third
-    with pytest.raises(KeyboardInterrupt):
-        run_benchmark(_opts(tiny, out))
-    monkeypatch.undo()
+    _stopped_run(monkeypatch, _opts(tiny, out), 2)  # stopped while replaying the third
     isolate_judge_env(monkeypatch, tmp_path)
     assert len((out / "sequence.jsonl").read_text().splitlines()) == 3
     with caplog.at_level(logging.INFO, logger="benchmarks.run.case_loop"):
@@ -171,10 +173,7 @@ def test_a_replayed_edit_that_differs_redoes_the_block_from_there(
 ):
     ref_out, _ = reference
     out = tmp_path / "run"
-    _stop_after(monkeypatch, 2)
-    with pytest.raises(KeyboardInterrupt):
-        run_benchmark(_opts(tiny, out))
-    monkeypatch.undo()
+    _stopped_run(monkeypatch, _opts(tiny, out), 2)
     isolate_judge_env(monkeypatch, tmp_path)
     lines = [json.loads(x) for x in (out / "sequence.jsonl").read_text().splitlines()]
     lines[1]["rounds"][0]["loss"] += 1.0  # as if recorded on another machine
@@ -194,10 +193,7 @@ def test_a_block_without_recorded_edits_starts_over_and_redoes_its_checkpoints(
 ):
     ref_out, _ = reference
     out = tmp_path / "run"
-    _stop_after(monkeypatch, 2)  # the checkpoint after 1 edit is evaluated
-    with pytest.raises(KeyboardInterrupt):
-        run_benchmark(_opts(tiny, out))
-    monkeypatch.undo()
+    _stopped_run(monkeypatch, _opts(tiny, out), 2)  # the checkpoint after 1 edit is evaluated
     isolate_judge_env(monkeypatch, tmp_path)
     # the edit lines lost, the checkpoint's record left: it belongs to edits no longer known
     (out / "sequence.jsonl").write_text("")
@@ -284,10 +280,9 @@ def test_ftm_sequence_resumes_from_its_snapshot(tiny, tmp_path, monkeypatch):
         _opts(tiny, tmp_path / "ref", "ftm.yaml", limit=3, sequential=3, checkpoints=[2])
     )
     out = tmp_path / "run"
-    _stop_after(monkeypatch, 2)
-    with pytest.raises(KeyboardInterrupt):
-        run_benchmark(_opts(tiny, out, "ftm.yaml", limit=3, sequential=3, checkpoints=[2]))
-    monkeypatch.undo()
+    _stopped_run(
+        monkeypatch, _opts(tiny, out, "ftm.yaml", limit=3, sequential=3, checkpoints=[2]), 2
+    )
     isolate_judge_env(monkeypatch, tmp_path)
     again = run_benchmark(_opts(tiny, out, "ftm.yaml", limit=3, sequential=3, checkpoints=[2]))
     assert _untimed(out / "results.jsonl") == _untimed(tmp_path / "ref" / "results.jsonl")
