@@ -152,16 +152,16 @@ def test_a_replay_stopped_part_way_resumes_after_its_last_replayed_edit(
 ):
     ref_out, _ = reference
     out = tmp_path / "run"
-    _stopped_run(monkeypatch, _opts(tiny, out), 3)
-    for p in (out / STATE_DIR).iterdir():  # no snapshot: the three edits are replayed
+    _stopped_run(monkeypatch, _opts(tiny, out), 2)
+    for p in (out / STATE_DIR).iterdir():  # no snapshot: the two edits are replayed
         p.unlink()
-    _stopped_run(monkeypatch, _opts(tiny, out), 2)  # stopped while replaying the third
+    _stopped_run(monkeypatch, _opts(tiny, out), 1)  # stopped while replaying the second
     isolate_judge_env(monkeypatch, tmp_path)
-    assert len((out / "sequence.jsonl").read_text().splitlines()) == 3
+    assert len((out / "sequence.jsonl").read_text().splitlines()) == 2
     with caplog.at_level(logging.INFO, logger="benchmarks.run.case_loop"):
         run_benchmark(_opts(tiny, out))
-    assert "resuming after edit 2 of 4" in caplog.text
-    assert "replaying 1 recorded edit(s) (3 to 3)" in caplog.text
+    assert "resuming after edit 1 of 4" in caplog.text
+    assert "replaying 1 recorded edit(s) (2 to 2)" in caplog.text
     assert "computes other values" not in caplog.text
     assert _untimed(out / "results.jsonl") == _untimed(ref_out / "results.jsonl")
     assert _untimed(out / "checkpoints.jsonl") == _untimed(ref_out / "checkpoints.jsonl")
