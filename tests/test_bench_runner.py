@@ -278,6 +278,13 @@ def test_each_invocation_that_edits_records_its_environment(tiny, tmp_path, monk
     assert [line["cases"] for line in lines] == [ids[:2], ids[2:]]
     assert all(line["transformers"] == transformers.__version__ and line["torch"] for line in lines)
     assert [line["torch_threads"] for line in lines] == [1, 2]
+    assert lines[0]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    repo = Path(__file__).resolve().parents[1]
+    if (repo / ".git").exists():  # the commit the run came from, marked where the tree differs
+        head = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
+        assert lines[0]["commit"] in (head, f"{head}-dirty")
     assert lines[0]["easyedit"] == {"src": str(tmp_path / "not-a-checkout"), "commit": None}
     assert (lines[0]["rank"], lines[0]["world"]) == (0, 1)
     assert "environments" not in json.dumps(

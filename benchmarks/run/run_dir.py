@@ -203,17 +203,48 @@ class RunDirectory:
         return current
 
 
+#: the checkout this package runs from (an installed copy has no ``.git`` here: no commit recorded)
+_SOURCE = Path(__file__).resolve().parents[2]
+
+
+def _git_commit(path: str | os.PathLike) -> str | None:
+    """The commit checked out at ``path``, with ``-dirty`` after it where tracked files differ from
+    it (None where it is not a git checkout or git is absent)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            [
+                "git",
+                "-C",
+                str(path),
+                "describe",
+                "--always",
+                "--dirty",
+                "--abbrev=40",
+                "--exclude=*",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out or None
+
+
 def environment_record(case_ids: Sequence[str], ctx: ProcessContext) -> dict:
-    """What produced the cases one invocation edits: package versions, the EasyEdit checkout, the
-    machine and torch's intra-op thread count (a different count can change sums in their last
-    digits, so a resume under another ``OMP_NUM_THREADS`` is visible here).
+    """What produced the cases one invocation edits: package versions, this project's commit and the
+    EasyEdit checkout's, the machine, the instruction set torch's CPU kernels dispatch to and its
+    intra-op thread count (another instruction set or thread count can change sums in their last
+    digits, so a resume on another host or under another ``OMP_NUM_THREADS`` is visible here, and a
+    replay that computes other values than its record can be traced to it).
 
     A run that resumes in another environment (a newer transformers, another EasyEdit commit) keeps
     one such line per invocation in ``environments.jsonl``, so every record can be traced to the
     versions that made it; none of this is part of ``config.json``, which a resume must match.
     """
     import platform
-    import subprocess
     from datetime import datetime, timezone
     from importlib import metadata
 
@@ -225,22 +256,8 @@ def environment_record(case_ids: Sequence[str], ctx: ProcessContext) -> dict:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             versions[name] = None
-    easyedit = None
     src = os.environ.get("EASYEDIT_SRC")
-    if src:
-        try:
-            commit = (
-                subprocess.run(
-                    ["git", "-C", src, "rev-parse", "HEAD"],
-                    capture_output=True,
-                    text=True,
-                    timeout=10,
-                ).stdout.strip()
-                or None
-            )
-        except (OSError, subprocess.SubprocessError):
-            commit = None
-        easyedit = {"src": src, "commit": commit}
+    easyedit = {"src": src, "commit": _git_commit(src)} if src else None
     return {
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "rank": ctx.rank,
@@ -248,9 +265,11 @@ def environment_record(case_ids: Sequence[str], ctx: ProcessContext) -> dict:
         "cases": list(case_ids),
         "python": platform.python_version(),
         **versions,
+        "commit": _git_commit(_SOURCE) if (_SOURCE / ".git").exists() else None,
         "easyedit": easyedit,
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "torch_threads": torch.get_num_threads(),
     }
 
