@@ -164,6 +164,23 @@ def _cmd(tiny, out, mode):
 
 
 # ------------------------------------------------------------------------------------------ SIGKILL
+def _own_progress_bar_lock() -> None:
+    """Give this (forked) process a tqdm write lock of its own. tqdm's default lock holds a
+    multiprocessing semaphore that a forked child shares with its parent: a child killed while it
+    writes a progress bar leaves the semaphore taken, and the parent's next progress bar (a later
+    test in the same pytest worker) would wait for it forever."""
+    import threading
+
+    from tqdm import std as tqdm_std
+
+    lock, classes = threading.RLock(), [tqdm_std.tqdm]
+    while classes:
+        cls = classes.pop()
+        if cls is tqdm_std.tqdm or "_lock" in vars(cls):
+            cls.set_lock(lock)
+        classes.extend(cls.__subclasses__())
+
+
 def _forked_run(tiny, out, mode, tmp_path) -> int:
     """The run of ``_cmd(tiny, out, mode)`` in a child forked from this process (``cli_main``, the
     script's own entry point, with ``_env``'s environment and its output thrown away): the modules
@@ -176,6 +193,7 @@ def _forked_run(tiny, out, mode, tmp_path) -> int:
         return pid
     code = 1
     try:  # the child: never back into pytest, whatever happens
+        _own_progress_bar_lock()
         devnull = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(devnull, fd)
@@ -199,6 +217,24 @@ def _wait(pid: int, seconds: float) -> bool:
             return True
         time.sleep(0.01)
     return False
+
+
+def test_a_forked_run_killed_while_writing_a_progress_bar_leaves_the_parents_bars_usable():
+    from tqdm import std as tqdm_std
+
+    tqdm_std.tqdm.get_lock()  # the default lock and its shared semaphore exist before the fork
+    pid = os.fork()
+    if not pid:  # the child takes the lock as a progress bar's write does, and is killed holding it
+        try:
+            _own_progress_bar_lock()
+            tqdm_std.tqdm.get_lock().acquire()
+            os.kill(os.getpid(), signal.SIGKILL)
+        finally:
+            os._exit(1)
+    os.waitpid(pid, 0)
+    shared = tqdm_std.TqdmDefaultWriteLock.mp_lock
+    assert shared.acquire(timeout=5), "the killed child left tqdm's shared semaphore taken"
+    shared.release()
 
 
 @needs_data
